@@ -1,0 +1,56 @@
+"""Shared fixtures.
+
+The test process gets 2 virtual CPU devices at start-up (before TensorFlow initialises), so
+multi-replica code (MirroredStrategy) runs here without a GPU. Tests that need a single-device process
+run a subprocess through the harness.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # `import harness`
+
+import harness  # noqa: E402
+
+from tfaccel.launch.procs import pid_alive  # noqa: E402
+
+NUM_VIRTUAL_CPUS = 2
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    import tfaccel
+
+    tfaccel.configure_devices(virtual_cpus=NUM_VIRTUAL_CPUS)
+
+
+@pytest.fixture
+def cpu_replicas() -> list:
+    """Names of the logical CPU devices of this test process (2 virtual CPUs)."""
+    import tensorflow as tf
+
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+    assert len(devices) == NUM_VIRTUAL_CPUS, devices
+    return devices
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes():
+    """Every process a test started through the harness must be gone when the test ends."""
+    before = len(harness.STARTED_PIDS)
+    yield
+    started = harness.STARTED_PIDS[before:]
+    alive = [pid for pid in started if pid_alive(pid)]
+    assert not alive, f"processes left alive by the test: {alive}"
+
+
+@pytest.fixture
+def clean_tf_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No TF_CONFIG / SLURM / Horovod variables leak into the test."""
+    for name in list(os.environ):
+        if name == "TF_CONFIG" or name.startswith(("SLURM_", "HOROVOD_", "OMPI_COMM_WORLD", "PMI_")) \
+                or name in ("COLAB_TPU_ADDR", "TPU_NAME"):
+            monkeypatch.delenv(name, raising=False)

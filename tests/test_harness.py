@@ -1,0 +1,39 @@
+"""The multi-process harness itself: real MultiWorkerMirroredStrategy start-up in 2 processes."""
+
+import textwrap
+
+import harness
+from tfaccel.launch.procs import pid_alive
+
+MWMS_STARTUP = textwrap.dedent("""
+    import json, tensorflow as tf
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    total = strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+    print(json.dumps({"replicas": strategy.num_replicas_in_sync, "sum": float(total),
+                      "task": strategy.cluster_resolver.task_id}))
+""")
+
+
+def test_two_real_processes_start_mwms_in_sync():
+    results = harness.run_tasks(MWMS_STARTUP, workers=2, timeout=180)
+    harness.assert_all_ok(results)
+    reports = [harness.last_json_line(r.stdout) for r in results]
+    assert [r["replicas"] for r in reports] == [2, 2]
+    assert [r["sum"] for r in reports] == [2.0, 2.0]  # an all-reduce across both processes
+    assert sorted(r["task"] for r in reports) == [0, 1]
+    assert not any(pid_alive(r.pid) for r in results)
+
+
+def test_timeout_kills_every_process():
+    results = harness.run_tasks("import time; time.sleep(600)", workers=2, timeout=3)
+    assert all(r.timed_out and r.returncode is None for r in results)
+    assert not any(pid_alive(r.pid) for r in results)
+
+
+def test_failure_is_collected_and_peers_ended():
+    code = "import os, sys, time, json\nt = json.loads(os.environ['TF_CONFIG'])['task']['index']\n" \
+           "sys.exit(3) if t == 1 else time.sleep(600)"
+    results = harness.run_tasks(code, workers=2, timeout=60, fail_fast_grace=1)
+    assert results[1].returncode == 3
+    assert results[0].returncode is None and not results[0].timed_out
+    assert not any(pid_alive(r.pid) for r in results)

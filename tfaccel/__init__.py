@@ -1,0 +1,40 @@
+"""tfaccel: take a Keras model from one CPU to many GPUs, many hosts or a TPU without rewriting it.
+
+Importing tfaccel is cheap: TensorFlow is imported only when a name that needs it is first used.
+
+Example:
+    >>> import tfaccel
+    >>> tfaccel.__version__  # doctest: +SKIP
+    '0.1.0'
+"""
+
+import importlib
+from typing import Any
+
+from tfaccel._version import __version__
+from tfaccel.errors import BackendUnavailableError, ConfigError, DeviceError, TfaccelError
+
+# Public name -> module that defines it (loaded on first use, so `import tfaccel` does not import TensorFlow).
+_LAZY = {
+    "env_report": "tfaccel.report",
+    "configure_devices": "tfaccel.devices",
+    "detect_devices": "tfaccel.devices",
+    "DeviceInfo": "tfaccel.devices",
+    "get_logger": "tfaccel.log",
+    "configure_logging": "tfaccel.log",
+}
+
+__all__ = ["__version__", "TfaccelError", "ConfigError", "DeviceError", "BackendUnavailableError", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tfaccel' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list:
+    return sorted(__all__)

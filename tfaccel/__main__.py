@@ -1,0 +1,5 @@
+import sys
+
+from tfaccel.cli.main import main
+
+sys.exit(main())

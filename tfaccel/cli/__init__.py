@@ -1,0 +1,1 @@
+"""The ``tfaccel`` command line: small verbs (env, tf-config, launch, fit, bench)."""

@@ -1,0 +1,1 @@
+"""Process launching: local loopback clusters, one host's task, horovodrun."""

@@ -1,0 +1,106 @@
+"""Process primitives shared by the launcher and the test harness.
+
+Every child gets its own session (process group) so that it and everything it started can be ended by
+PID, even when the parent is interrupted. Ports come from the OS (bind port 0 on 127.0.0.1).
+"""
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+__all__ = ["free_ports", "start_process", "terminate", "pid_alive", "wait_for_ports", "port_open"]
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_ports(count: int, host: str = LOOPBACK) -> List[int]:
+    """Returns ``count`` distinct ports the OS reports free on ``host`` (all sockets held until all are chosen)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, 0))
+            sockets.append(sock)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def start_process(cmd: Sequence[str], *, env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+                  stdout: int = subprocess.PIPE, stderr: int = subprocess.PIPE) -> subprocess.Popen:
+    """Starts ``cmd`` (never through a shell) in a new session so it can be ended with its children."""
+    return subprocess.Popen(list(cmd), env=dict(env) if env is not None else None, cwd=cwd, stdout=stdout,
+                            stderr=stderr, stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def pid_alive(pid: int) -> bool:
+    """True while a process with this PID exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().split(b") ", 1)[1][:1] != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)  # the child leads its own session: its group id is its pid
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(sig)
+
+
+def terminate(procs: Iterable[subprocess.Popen], *, grace: float = 5.0) -> None:
+    """Ends every process (and its group): SIGTERM, then SIGKILL after ``grace`` seconds; reaps them all."""
+    procs = list(procs)
+    for proc in procs:
+        if proc.poll() is None:
+            _signal_group(proc, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        # SIGKILL the group even when the leader is gone: its children may still be alive.
+        _signal_group(proc, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+
+
+def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    """True when something accepts TCP connections at host:port."""
+    with contextlib.suppress(OSError):
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    return False
+
+
+def wait_for_ports(addresses: Sequence[Tuple[str, int]], *, timeout: float,
+                   poll: float = 0.2) -> List[Tuple[str, int]]:
+    """Waits until every address accepts connections; returns those that never did within ``timeout``."""
+    pending = list(addresses)
+    deadline = time.monotonic() + timeout
+    while pending:
+        pending = [addr for addr in pending if not port_open(*addr)]
+        if not pending or time.monotonic() >= deadline:
+            break
+        time.sleep(poll)
+    return pending
+
+
+def child_env(extra: Optional[Dict[str, str]] = None, *, drop: Iterable[str] = ()) -> Dict[str, str]:
+    """A copy of this process's environment with ``extra`` set and the names in ``drop`` removed."""
+    env = {k: v for k, v in os.environ.items() if k not in set(drop)}
+    env.update(extra or {})
+    return env

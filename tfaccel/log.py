@@ -1,0 +1,96 @@
+"""tfaccel's logger: speaks on the chief only by default, and can prefix lines with the task.
+
+Library code never prints; it logs through :func:`get_logger`. Whether this process is the chief is
+read from TF_CONFIG / Horovod's environment when the logger is set up (it never writes the environment).
+"""
+
+import json
+import logging
+import os
+import sys
+from typing import Optional, Tuple
+
+_LOGGER_NAME = "tfaccel"
+_configured = False
+
+
+def _task_from_environment() -> Tuple[Optional[str], Optional[int]]:
+    """Returns (task_type, task_index) of this process from TF_CONFIG or Horovod/MPI rank, or (None, None)."""
+    raw = os.environ.get("TF_CONFIG")
+    if raw:
+        try:
+            task = json.loads(raw).get("task") or {}
+            if "type" in task:
+                return str(task["type"]), int(task.get("index", 0))
+        except (ValueError, AttributeError, TypeError):
+            return None, None  # a malformed TF_CONFIG is reported by the cluster module, not here
+    for var in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        if var in os.environ:
+            try:
+                return "rank", int(os.environ[var])
+            except ValueError:
+                return None, None
+    return None, None
+
+
+def is_chief_process() -> bool:
+    """True when this process is the chief: no cluster, task ``chief``, or ``worker 0`` with no chief."""
+    task_type, index = _task_from_environment()
+    if task_type is None:
+        return True
+    if task_type in ("chief", "master"):
+        return True
+    if task_type == "rank":
+        return index == 0
+    if task_type == "worker" and index == 0:
+        try:
+            cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
+        except ValueError:
+            return False
+        return "chief" not in cluster and "master" not in cluster
+    return False
+
+
+class _ChiefOnlyFilter(logging.Filter):
+    def __init__(self, chief: bool) -> None:
+        super().__init__()
+        self._chief = chief
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self._chief or record.levelno >= logging.WARNING or getattr(record, "all_tasks", False)
+
+
+def configure_logging(*, level: int = logging.INFO, all_tasks: bool = False, prefix: Optional[bool] = None) -> logging.Logger:
+    """Sets up tfaccel's logger.
+
+    Args:
+        level: logging level. Defaults to INFO.
+        all_tasks: log INFO from every task, not only the chief. Warnings always show. Defaults to False.
+        prefix: prefix each line with ``[worker 1]``. Defaults to True when this process is part of a cluster.
+
+    Returns:
+        The ``tfaccel`` logger.
+    """
+    global _configured
+    logger = logging.getLogger(_LOGGER_NAME)
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+    task_type, index = _task_from_environment()
+    if prefix is None:
+        prefix = task_type is not None
+    tag = f"[{task_type} {index}] " if prefix and task_type is not None else ""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"{tag}tfaccel %(levelname)s: %(message)s"))
+    handler.addFilter(_ChiefOnlyFilter(all_tasks or is_chief_process()))
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    logger.propagate = False
+    _configured = True
+    return logger
+
+
+def get_logger() -> logging.Logger:
+    """Returns the ``tfaccel`` logger, configuring it with defaults the first time."""
+    if not _configured:
+        return configure_logging()
+    return logging.getLogger(_LOGGER_NAME)
