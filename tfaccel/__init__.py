@@ -22,6 +22,10 @@ _LAZY = {
     "DeviceInfo": "tfaccel.devices",
     "get_logger": "tfaccel.log",
     "configure_logging": "tfaccel.log",
+    "ClusterSpec": "tfaccel.cluster",
+    "TaskInfo": "tfaccel.cluster",
+    "ClusterConfigError": "tfaccel.cluster",
+    "task_from_env": "tfaccel.cluster",
 }
 
 __all__ = ["__version__", "TfaccelError", "ConfigError", "DeviceError", "BackendUnavailableError", *_LAZY]

@@ -1,0 +1,269 @@
+"""Reading a cluster from SLURM's environment (inside ``srun``).
+
+SLURM gives every task of a job step its global rank (``SLURM_PROCID``), the step's nodes in compressed
+form (``SLURM_STEP_NODELIST=node[01-03,07]``) and how many tasks run on each node
+(``SLURM_STEP_TASKS_PER_NODE=2(x3),1``). With the default *block* distribution, ranks fill node 0 first,
+then node 1, and so on; task ``k`` on a node listens on ``port + k``.
+
+Roles: with no parameter servers every rank is a worker (worker 0 acts as chief). With ``ps=P``, rank 0 is
+the chief (the ParameterServerStrategy coordinator), ranks 1..P are ps and the rest are workers.
+"""
+
+import os
+import re
+from typing import Dict, List, Mapping, Optional, Tuple
+
+from tfaccel.cluster.spec import ClusterConfigError, ClusterSpec, TaskInfo
+
+__all__ = ["expand_nodelist", "parse_tasks_per_node", "slurm_task", "DEFAULT_SLURM_PORT", "SLURM_PORT_ENV",
+           "SLURM_PS_ENV"]
+
+DEFAULT_SLURM_PORT = 8888
+SLURM_PORT_ENV = "TFACCEL_SLURM_PORT"
+SLURM_PS_ENV = "TFACCEL_SLURM_PS"
+NODELIST_VARS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+TASKS_PER_NODE_VARS = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+
+_RANGE_RE = re.compile(r"^(\d+)(?:-(\d+))?$")
+_TPN_RE = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
+
+
+def _fail(var: str, value: str, problem: str) -> ClusterConfigError:
+    return ClusterConfigError(f"SLURM: {var} \"{value}\": {problem}")
+
+
+def _split_top_level(text: str, var: str) -> List[str]:
+    """Splits on commas that are not inside brackets."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "[":
+            depth += 1
+            if depth > 1:
+                raise _fail(var, text, "nested brackets are not a valid host list")
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise _fail(var, text, "']' without a matching '['")
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    if depth:
+        raise _fail(var, text, "'[' without a matching ']'")
+    parts.append(text[start:])
+    return parts
+
+
+def _expand_one(name: str, var: str, whole: str) -> List[str]:
+    """Expands one host expression, possibly with several bracket groups (``rack[1-2]-n[01-02]``)."""
+    if not name:
+        raise _fail(var, whole, "empty host name (check for stray commas)")
+    open_at = name.find("[")
+    if open_at < 0:
+        return [name]
+    close_at = name.index("]", open_at)
+    prefix, body, rest = name[:open_at], name[open_at + 1:close_at], name[close_at + 1:]
+    values: List[str] = []
+    for item in body.split(","):
+        match = _RANGE_RE.match(item)
+        if not match:
+            raise _fail(var, whole, f"bad range {item!r} in [{body}]; expected e.g. [01-03,07]")
+        lo_text, hi_text = match.group(1), match.group(2)
+        lo, hi = int(lo_text), int(hi_text if hi_text is not None else lo_text)
+        if hi < lo:
+            raise _fail(var, whole, f"range {item!r} runs backwards; write it low-high")
+        if hi - lo > 100000:
+            raise _fail(var, whole, f"range {item!r} is implausibly large")
+        width = len(lo_text)
+        values.extend(str(n).zfill(width) for n in range(lo, hi + 1))
+    tails = _expand_one(rest, var, whole) if rest else [""]
+    return [f"{prefix}{v}{t}" for v in values for t in tails]
+
+
+def expand_nodelist(nodelist: str, *, var: str = "SLURM_JOB_NODELIST") -> List[str]:
+    """Expands SLURM's compressed host list.
+
+    Args:
+        nodelist: e.g. ``"node[01-03,07]"``, ``"a[1-2],b3"`` or ``"rack[1-2]-n[1-2]"``.
+        var: the variable name used in error messages. Defaults to ``"SLURM_JOB_NODELIST"``.
+
+    Returns:
+        The host names in order, zero padding kept (``node01``, ``node02``, ...).
+
+    Raises:
+        ClusterConfigError: the list is malformed or names a host twice.
+
+    Example:
+        >>> expand_nodelist("node[01-03,07]")
+        ['node01', 'node02', 'node03', 'node07']
+        >>> expand_nodelist("a[1-2],b3")
+        ['a1', 'a2', 'b3']
+    """
+    text = nodelist.strip()
+    if not text:
+        raise _fail(var, nodelist, "is empty; run inside an allocation (salloc / sbatch) and srun")
+    if any(ch.isspace() for ch in text):
+        raise _fail(var, nodelist, "contains whitespace")
+    hosts: List[str] = []
+    for part in _split_top_level(text, var):
+        hosts.extend(_expand_one(part, var, nodelist))
+    dupes = sorted({h for h in hosts if hosts.count(h) > 1})
+    if dupes:
+        raise _fail(var, nodelist, f"names host(s) {', '.join(dupes)} twice")
+    return hosts
+
+
+def parse_tasks_per_node(value: str, num_nodes: int, *, var: str = "SLURM_TASKS_PER_NODE") -> List[int]:
+    """Parses ``"2(x3),1"`` (or a single ``"2"`` for every node) into one count per node.
+
+    Args:
+        value: SLURM's tasks-per-node string.
+        num_nodes: the number of nodes in the node list.
+        var: the variable name used in error messages. Defaults to ``"SLURM_TASKS_PER_NODE"``.
+
+    Returns:
+        One task count per node.
+
+    Raises:
+        ClusterConfigError: the string is malformed or does not match the number of nodes.
+
+    Example:
+        >>> parse_tasks_per_node("2(x3),1", 4)
+        [2, 2, 2, 1]
+    """
+    counts: List[int] = []
+    for item in value.strip().split(","):
+        match = _TPN_RE.match(item)
+        if not match:
+            raise _fail(var, value, f"bad item {item!r}; expected counts like 2(x3),1")
+        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+    if len(counts) == 1 and num_nodes > 1:
+        counts = counts * num_nodes
+    if len(counts) != num_nodes:
+        raise _fail(var, value, f"gives {len(counts)} node count(s) but the node list has {num_nodes} node(s)")
+    if any(c < 1 for c in counts):
+        raise _fail(var, value, "every node needs at least 1 task")
+    return counts
+
+
+def _int_var(environ: Mapping[str, str], var: str, *, minimum: int = 0) -> Optional[int]:
+    raw = environ.get(var)
+    if raw is None or raw == "":
+        return None
+    if not raw.strip().isdigit():
+        raise _fail(var, raw, f"must be an integer >= {minimum}")
+    value = int(raw)
+    if value < minimum:
+        raise _fail(var, raw, f"must be an integer >= {minimum}")
+    return value
+
+
+def slurm_task(environ: Optional[Mapping[str, str]] = None, *, port: Optional[int] = None,
+               ps: Optional[int] = None) -> Optional[TaskInfo]:
+    """This SLURM task's place in a cluster built from SLURM's variables; None outside ``srun``.
+
+    Args:
+        environ: the environment to read. Defaults to ``os.environ``.
+        port: first port on every node; task ``k`` of a node uses ``port + k``. Defaults to
+            ``$TFACCEL_SLURM_PORT``, else 8888.
+        ps: number of parameter servers (rank 0 becomes the chief, ranks 1..ps the ps). Defaults to
+            ``$TFACCEL_SLURM_PS``, else 0 (all workers).
+
+    Returns:
+        A ``TaskInfo`` with ``source="SLURM"``, or None when ``SLURM_PROCID`` or a node list is missing.
+
+    Raises:
+        ClusterConfigError: a SLURM variable is malformed or inconsistent, or the port / ps count is invalid.
+
+    Example:
+        >>> env = {"SLURM_PROCID": "1", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_TASKS_PER_NODE": "1(x2)"}
+        >>> slurm_task(env, port=2222).spec.roles
+        {'worker': ('node1:2222', 'node2:2222')}
+    """
+    env = os.environ if environ is None else environ
+    nodelist_var = next((v for v in NODELIST_VARS if env.get(v)), None)
+    if "SLURM_PROCID" not in env or nodelist_var is None:
+        return None
+    rank = _int_var(env, "SLURM_PROCID")
+    assert rank is not None
+    nodes = expand_nodelist(env[nodelist_var], var=nodelist_var)
+
+    tpn_var = next((v for v in TASKS_PER_NODE_VARS if env.get(v)), None)
+    if tpn_var is not None:
+        counts = parse_tasks_per_node(env[tpn_var], len(nodes), var=tpn_var)
+    elif env.get("SLURM_NTASKS_PER_NODE"):
+        per_node = _int_var(env, "SLURM_NTASKS_PER_NODE", minimum=1)
+        counts = [int(per_node or 1)] * len(nodes)
+    else:
+        counts = [1] * len(nodes)
+
+    ntasks = _int_var(env, "SLURM_STEP_NUM_TASKS", minimum=1) or _int_var(env, "SLURM_NTASKS", minimum=1)
+    total = sum(counts)
+    if ntasks is not None and ntasks > total:
+        raise _fail("SLURM_NTASKS", str(ntasks), f"is more than the {total} task slot(s) of {nodelist_var} "
+                    f"and tasks per node {counts}")
+    if ntasks is not None and ntasks < total:
+        counts = _trim(counts, ntasks)
+        total = ntasks
+    if rank >= total:
+        raise _fail("SLURM_PROCID", str(rank), f"task rank out of range: the step has {total} task(s), 0-{total - 1}")
+
+    if port is None:
+        port = _int_var(env, SLURM_PORT_ENV, minimum=1)
+        port_source = SLURM_PORT_ENV
+    else:
+        port_source = "port"
+    if port is None:
+        port = DEFAULT_SLURM_PORT
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ClusterConfigError(f"SLURM: {port_source} {port!r}: port must be 1-65535")
+    if port + max(counts) - 1 > 65535:
+        raise ClusterConfigError(f"SLURM: {port_source} {port!r}: port + tasks per node - 1 = "
+                                 f"{port + max(counts) - 1} is above 65535; choose a lower port")
+
+    if ps is None:
+        ps = _int_var(env, SLURM_PS_ENV) or 0
+        ps_source = SLURM_PS_ENV
+    else:
+        ps_source = "ps"
+    if isinstance(ps, bool) or not isinstance(ps, int) or ps < 0:
+        raise ClusterConfigError(f"SLURM: {ps_source} {ps!r}: must be an integer >= 0")
+    if ps and total < ps + 2:
+        raise ClusterConfigError(f"SLURM: {ps_source} {ps!r}: parameter-server training needs a chief, {ps} ps "
+                                 f"and at least one worker, i.e. {ps + 2} task(s), but the step has {total}; "
+                                 "ask srun for more tasks or lower the ps count")
+
+    addresses: List[str] = []
+    rank_node: List[str] = []
+    for node, count in zip(nodes, counts):
+        for local in range(count):
+            addresses.append(f"{node}:{port + local}")
+            rank_node.append(node)
+
+    node_name = env.get("SLURMD_NODENAME")
+    if node_name and node_name != rank_node[rank]:
+        raise _fail("SLURMD_NODENAME", node_name, f"rank {rank} should run on {rank_node[rank]} under the block "
+                    "distribution tfaccel assumes; run srun with --distribution=block")
+
+    roles: Dict[str, List[str]] = {}
+    if ps:
+        roles["chief"] = addresses[:1]
+        roles["ps"] = addresses[1:1 + ps]
+        roles["worker"] = addresses[1 + ps:]
+        task: Tuple[str, int] = ("chief", 0) if rank == 0 else (("ps", rank - 1) if rank <= ps
+                                                                 else ("worker", rank - 1 - ps))
+    else:
+        roles["worker"] = addresses
+        task = ("worker", rank)
+    spec = ClusterSpec.from_dict(roles, source="SLURM")
+    return TaskInfo(spec, task[0], task[1], environment=None, source="SLURM")
+
+
+def _trim(counts: List[int], ntasks: int) -> List[int]:
+    out: List[int] = []
+    left = ntasks
+    for count in counts:
+        if left <= 0:
+            break
+        out.append(min(count, left))
+        left -= out[-1]
+    return out
