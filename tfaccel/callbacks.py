@@ -1,0 +1,215 @@
+"""Callbacks compile_and_fit adds: step-granular atomic backups, chief-only checkpoints, throughput.
+
+Backups are what a restarted job resumes from (``backup_dir``); checkpoints are what a user keeps
+(``checkpoint_dir``). Both are written so that a crash never leaves a half-written state behind: data
+files first under a temporary name, renamed into place, then a small JSON pointer replaced atomically.
+"""
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from typing import Any, Dict, List, Optional
+
+from tfaccel.errors import ConfigError
+from tfaccel.log import get_logger
+
+__all__ = ["BackupState", "read_backup", "StepBackup", "ChiefCheckpoint", "Throughput", "atomic_write_text"]
+
+_STATE_FILE = "tfaccel_backup.json"
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    """Writes ``text`` to ``path`` so readers see the old or the new content, never a mix."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+class BackupState(dict):
+    """``{"epoch": e, "step": s, "global_step": g, "weights": file}``: resume at step ``s`` of epoch ``e``."""
+
+    @property
+    def epoch(self) -> int:
+        return int(self["epoch"])
+
+    @property
+    def step(self) -> int:
+        return int(self["step"])
+
+
+def read_backup(backup_dir: Optional[str]) -> Optional[BackupState]:
+    """The last complete backup in ``backup_dir``, or None when there is none."""
+    if not backup_dir:
+        return None
+    path = os.path.join(backup_dir, _STATE_FILE)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as fh:
+            state = BackupState(json.load(fh))
+        weights = os.path.join(backup_dir, state["weights"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"backup_dir {backup_dir}: {_STATE_FILE} is unreadable ({exc}); remove the directory to "
+                          "start from scratch") from exc
+    if not os.path.exists(weights):
+        raise ConfigError(f"backup_dir {backup_dir}: {_STATE_FILE} names {state['weights']}, which is missing; "
+                          "remove the directory to start from scratch")
+    state["weights_path"] = weights
+    return state
+
+
+def save_weights_atomically(model: Any, path: str) -> None:
+    tmp = f"{path[:-len('.weights.h5')]}.tmp-{os.getpid()}.weights.h5"
+    model.save_weights(tmp, overwrite=True)
+    os.replace(tmp, path)
+
+
+class StepBackup:
+    """Builds the Keras callback that backs up model + optimizer every ``save_freq`` steps and each epoch end.
+
+    Only the chief writes (Keras 3 reads mirrored variables locally, so saving needs no collective and the
+    other workers have nothing to contribute). ``epoch_offset``/``step_offset`` let a resumed partial epoch
+    report its true position.
+    """
+
+    def __new__(cls, backup_dir: str, *, save_freq: Optional[int], is_chief: bool, step_offset: int = 0,
+                steps_per_epoch: int) -> Any:
+        import keras
+
+        class _StepBackup(keras.callbacks.Callback):
+            def __init__(self) -> None:
+                super().__init__()
+                self.epoch = 0
+                self.step_offset = step_offset
+                self.last_saved: Optional[tuple] = None
+                self.saves = 0
+
+            def on_epoch_begin(self, epoch: int, logs: Optional[Dict] = None) -> None:
+                self.epoch = epoch
+
+            def on_train_batch_end(self, batch: int, logs: Optional[Dict] = None) -> None:
+                step = self.step_offset + batch + 1
+                if save_freq and step % save_freq == 0 and step < steps_per_epoch:
+                    self._save(self.epoch, step)
+
+            def on_epoch_end(self, epoch: int, logs: Optional[Dict] = None) -> None:
+                self.step_offset = 0  # only the first (resumed) epoch starts mid-way
+                self._save(epoch + 1, 0)
+
+            def _save(self, epoch: int, step: int) -> None:
+                if not is_chief or self.last_saved == (epoch, step):
+                    return
+                os.makedirs(backup_dir, exist_ok=True)
+                global_step = epoch * steps_per_epoch + step
+                name = f"backup-{global_step}.weights.h5"
+                save_weights_atomically(self.model, os.path.join(backup_dir, name))
+                previous = read_backup(backup_dir)
+                atomic_write_text(os.path.join(backup_dir, _STATE_FILE), json.dumps(
+                    {"epoch": epoch, "step": step, "global_step": global_step, "weights": name}))
+                if previous and previous["weights"] != name:
+                    with contextlib.suppress(OSError):
+                        os.unlink(previous["weights_path"])
+                self.last_saved = (epoch, step)
+                self.saves += 1
+
+        return _StepBackup()
+
+
+def remove_backup(backup_dir: str) -> None:
+    """Removes the files StepBackup wrote (only those), and the directory if it is then empty."""
+    if not os.path.isdir(backup_dir):
+        return
+    for name in os.listdir(backup_dir):
+        if name == _STATE_FILE or (name.startswith("backup-") and name.endswith(".weights.h5")):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(backup_dir, name))
+    with contextlib.suppress(OSError):
+        os.rmdir(backup_dir)
+
+
+class ChiefCheckpoint:
+    """Builds the callback that writes ``tf.train.Checkpoint``s of model + optimizer at each epoch end.
+
+    The chief writes into ``checkpoint_dir``. Under MultiWorkerMirroredStrategy every worker saves (TF's
+    rule for collective-backed variables); non-chief workers write into a private temporary directory
+    that is removed right after.
+    """
+
+    def __new__(cls, checkpoint_dir: str, *, is_chief: bool, every_worker_saves: bool, max_to_keep: int = 3) -> Any:
+        import keras
+        import tensorflow as tf
+
+        class _ChiefCheckpoint(keras.callbacks.Callback):
+            def __init__(self) -> None:
+                super().__init__()
+                self.saved: List[str] = []
+                self._manager = None
+
+            def _ckpt(self) -> Any:
+                return tf.train.Checkpoint(model=self.model, optimizer=self.model.optimizer)
+
+            def on_epoch_end(self, epoch: int, logs: Optional[Dict] = None) -> None:
+                if is_chief:
+                    if self._manager is None:
+                        self._manager = tf.train.CheckpointManager(self._ckpt(), checkpoint_dir, max_to_keep=max_to_keep,
+                                                                   checkpoint_name="ckpt")
+                    self.saved.append(self._manager.save(checkpoint_number=epoch + 1))
+                elif every_worker_saves:
+                    tmp = tempfile.mkdtemp(prefix="tfaccel-worker-ckpt-")
+                    try:
+                        self._ckpt().write(os.path.join(tmp, "ckpt"))
+                    finally:
+                        shutil.rmtree(tmp, ignore_errors=True)
+
+        return _ChiefCheckpoint()
+
+
+class Throughput:
+    """Builds the callback that times epochs; the first epoch (tracing, XLA compilation) is reported apart."""
+
+    def __new__(cls, *, examples_per_step: int) -> Any:
+        import keras
+
+        class _Throughput(keras.callbacks.Callback):
+            def __init__(self) -> None:
+                super().__init__()
+                self.epoch_seconds: List[float] = []
+                self.epoch_steps: List[int] = []
+                self._t0 = 0.0
+                self._steps = 0
+
+            def on_epoch_begin(self, epoch: int, logs: Optional[Dict] = None) -> None:
+                self._t0 = time.perf_counter()
+                self._steps = 0
+
+            def on_train_batch_end(self, batch: int, logs: Optional[Dict] = None) -> None:
+                self._steps = batch + 1
+
+            def on_epoch_end(self, epoch: int, logs: Optional[Dict] = None) -> None:
+                self.epoch_seconds.append(time.perf_counter() - self._t0)
+                self.epoch_steps.append(self._steps)
+
+            def examples_per_sec(self) -> float:
+                secs, steps = self.epoch_seconds, self.epoch_steps
+                if len(secs) > 1:  # leave out the first epoch: it pays for tracing and compilation
+                    secs, steps = secs[1:], steps[1:]
+                total = sum(secs)
+                return float(sum(steps) * examples_per_step / total) if total > 0 else 0.0
+
+        return _Throughput()
+
+
+def log_progress(message: str) -> None:
+    get_logger().info(message)
