@@ -10,6 +10,7 @@ This module never imports TensorFlow: ``tfaccel tf-config`` must stay fast.
 """
 
 import dataclasses
+import difflib
 import ipaddress
 import json
 import os
@@ -48,8 +49,8 @@ def _err(source: str, field: Optional[str], received: Any, problem: str) -> Clus
         parts.append(field)
     if received is not _NOTHING:
         parts.append(json.dumps(received) if isinstance(received, str) else repr(received))
-    what = " ".join(parts)
-    return ClusterConfigError(f"{source}: {what}: {problem}" if what else f"{source}: {problem}")
+    head = ": ".join(p for p in (source, " ".join(parts)) if p)
+    return ClusterConfigError(f"{head}: {problem}")
 
 
 _NOTHING = object()
@@ -113,44 +114,49 @@ def _raise(source: str, field: Optional[str], received: Any, problem: str) -> An
 # Tasks
 # ----------------------------------------------------------------------------------------------------------
 
-def parse_task(task: TaskLike, *, source: str = "task") -> Tuple[str, int]:
+def parse_task(task: TaskLike, *, source: str = "", field: str = "task") -> Tuple[str, int]:
     """Parses ``"worker:1"``, ``("worker", 1)`` or ``"chief"`` (index 0) into ``(type, index)``.
 
     Only the syntax is checked here; :meth:`ClusterSpec.check_task` checks it against a cluster.
 
     Args:
         task: the task.
-        source: what to name in an error message. Defaults to ``"task"``.
+        source: what error messages name first (e.g. ``"cluster file x.yaml"``). Defaults to nothing.
+        field: the name of the task in error messages. Defaults to ``"task"``.
 
     Returns:
         ``(task_type, task_index)`` with ``master`` mapped to ``chief``.
 
     Raises:
         ClusterConfigError: the task is not of one of these forms.
+
+    Example:
+        >>> parse_task("worker:1"), parse_task(("ps", 0)), parse_task("chief")
+        (('worker', 1), ('ps', 0), ('chief', 0))
     """
     if isinstance(task, str):
         role, sep, index_text = task.partition(":")
         if not sep:
             index_text = "0"
         if not index_text.isdigit() or not index_text.isascii():
-            _raise(source, None, task, "must be \"role:index\" with a non-negative index, e.g. \"worker:1\"")
+            _raise(source, field, task, "must be \"role:index\" with a non-negative index, e.g. \"worker:1\"")
         index: Any = int(index_text)
     elif isinstance(task, (tuple, list)) and len(task) == 2:
         role, index = task[0], task[1]
         if not isinstance(role, str):
-            _raise(source, None, task, "task type must be a string, e.g. (\"worker\", 1)")
+            _raise(source, field, task, "task type must be a string, e.g. (\"worker\", 1)")
         if isinstance(index, bool) or not isinstance(index, int):
-            _raise(source, None, task, "task index must be an int, e.g. (\"worker\", 1)")
+            _raise(source, field, task, "task index must be an int, e.g. (\"worker\", 1)")
     else:
-        return _raise(source, None, task, "must be \"role:index\" (e.g. \"worker:1\") or a (role, index) pair")
+        return _raise(source, field, task, "must be \"role:index\" (e.g. \"worker:1\") or a (role, index) pair")
     if role in LEGACY_ROLES:
-        _warn(f"{source}: task type {role!r} is the legacy name of {LEGACY_ROLES[role]!r}; "
-              f"use {LEGACY_ROLES[role]!r}")
+        _warn(f"{source + ': ' if source else ''}{field} {task!r}: {role!r} is the legacy name of "
+              f"{LEGACY_ROLES[role]!r}; use {LEGACY_ROLES[role]!r}")
         role = LEGACY_ROLES[role]
     if role not in ROLES:
-        _raise(source, "task type", role, _unknown_role_hint(role))
+        _raise(source, field, task, _unknown_role_hint(role))
     if index < 0:
-        _raise(source, "task index", index, "must be >= 0")
+        _raise(source, field, task, "task index must be >= 0")
     return role, index
 
 
@@ -158,6 +164,10 @@ def _unknown_role_hint(role: Any) -> str:
     msg = f"unknown role; valid roles are {', '.join(ROLES)}"
     if isinstance(role, str) and role.lower() in ROLES + tuple(LEGACY_ROLES):
         msg += f" (roles are lowercase: write {role.lower()!r})"
+    elif isinstance(role, str):
+        close = difflib.get_close_matches(role.lower(), ROLES, n=1, cutoff=0.6)
+        if close:
+            msg += f"; did you mean {close[0]!r}?"
     return msg
 
 
@@ -450,7 +460,7 @@ class ClusterSpec:
             ClusterConfigError: the task is malformed, its role is not in the cluster or its index is out of range.
         """
         label = field or "task"
-        role, index = parse_task(task, source=f"{self.source}: {label}")
+        role, index = parse_task(task, source=self.source, field=label)
         roles = self.roles
         if role not in roles:
             _raise(self.source, label, f"{role}:{index}", f"the cluster has no {role!r} role; its roles are "
