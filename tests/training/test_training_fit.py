@@ -1,0 +1,179 @@
+"""compile_and_fit on every strategy, learning a real small task (scikit-learn's digits)."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import harness
+import tfaccel
+from tfaccel.datasets import load_dataset
+from tfaccel.errors import ConfigError
+
+SCRIPT = harness.REPO_ROOT / "tests" / "training" / "scripts" / "fit_job.py"
+TARGET_ACCURACY = 0.90  # digits, 3 epochs of a 32-unit MLP: ~0.95 on the held-out split
+
+
+def build():
+    import keras
+
+    return keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(32, activation="relu"),
+                             keras.layers.Dense(10, activation="softmax")])
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_dataset("digits", split="train"), load_dataset("digits", split="test")
+
+
+@pytest.mark.parametrize("strategy,replicas", [("default", 1), ("one_device", 1), ("mirrored", 2)])
+def test_in_process_strategies_learn_digits(strategy, replicas, digits, clean_tf_config, cpu_replicas):
+    (x, y), (xv, yv) = digits
+    result = tfaccel.compile_and_fit(build, (x, y), validation_data=(xv, yv), epochs=3, global_batch_size=64,
+                                     strategy=strategy, loss="sparse_categorical_crossentropy",
+                                     metrics=["accuracy"], learning_rate=0.003, seed=0, verbose=0)
+    assert result.plan.strategy == strategy and result.plan.num_replicas == replicas
+    assert result.history["val_accuracy"][-1] >= TARGET_ACCURACY, result.history
+    assert len(result.history["loss"]) == 3 and result.history["loss"][-1] < result.history["loss"][0]
+    assert result.steps == 3 * result.steps_per_epoch and result.examples_per_sec > 0
+    assert result.details["learning_rate"] == pytest.approx(0.003 * replicas)  # linear scaling by replicas
+
+
+def test_checkpoints_appear_only_where_specified(tmp_path, digits, clean_tf_config):
+    (x, y), _ = digits
+    ckpt = tmp_path / "ckpt"
+    before = set(os.listdir(tmp_path))
+    result = tfaccel.compile_and_fit(build, (x[:256], y[:256]), epochs=2, global_batch_size=64, strategy="default",
+                                     loss="sparse_categorical_crossentropy", checkpoint_dir=str(ckpt), verbose=0)
+    assert set(os.listdir(tmp_path)) - before == {"ckpt"}
+    assert len(result.details["checkpoints"]) == 2
+    import tensorflow as tf
+
+    assert tf.train.latest_checkpoint(str(ckpt)).endswith("ckpt-2")
+
+
+def test_gradient_accumulation_and_clipping_through_compile_and_fit(digits, clean_tf_config, cpu_replicas):
+    (x, y), (xv, yv) = digits
+    result = tfaccel.compile_and_fit(build, (x, y), validation_data=(xv, yv), epochs=3, global_batch_size=32,
+                                     strategy="mirrored", gradient_accumulation_steps=2, global_clipnorm=5.0,
+                                     loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+                                     learning_rate=0.003, seed=0, verbose=0)
+    assert result.history["val_accuracy"][-1] >= TARGET_ACCURACY
+    import keras
+
+    updates = int(keras.ops.convert_to_numpy(result.model.optimizer.iterations))
+    assert updates == 3 * result.steps_per_epoch // 2
+
+
+def _calls():
+    calls = []
+
+    def counted():
+        calls.append(1)
+        return build()
+
+    return calls, counted
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"global_batch_size": 64, "per_replica_batch_size": 16}, "disagrees with per_replica_batch_size"),
+    ({"epochs": 0}, r"epochs must be a whole number >= 1; received 0"),
+    ({"steps_per_execution": "fast"}, r"steps_per_execution must be 'auto' or a whole number >= 1; received 'fast'"),
+    ({"strategy": "mirroredd"}, r"mirroredd"),
+    ({"optimizer": "adamm"}, r"optimizer: unknown value 'adamm'"),
+    ({"verbose": 3}, r"verbose: unknown value 3"),
+    ({"callbacks": "tb"}, r"callbacks must be a list of keras callbacks"),
+    ({"warmup_epochs": -1}, r"warmup_epochs must be a number >= 0; received -1"),
+    ({"loss": None}, r"loss is required"),
+    ({"backup_freq": 0}, r"backup_freq must be None or a whole number >= 1; received 0"),
+])
+def test_bad_combinations_fail_before_training(kwargs, message, clean_tf_config):
+    x, y = np.zeros((64, 8, 8, 1), "float32"), np.zeros(64, "int64")
+    args = {"loss": "sparse_categorical_crossentropy", "strategy": "default", "verbose": 0}
+    args.update(kwargs)
+    calls, counted = _calls()
+    with pytest.raises(ConfigError, match=message):
+        tfaccel.compile_and_fit(counted, (x, y), **args)
+    if "loss" not in kwargs:
+        assert calls == []  # nothing was built, nothing trained
+
+
+def test_non_callable_build_model(clean_tf_config):
+    with pytest.raises(ConfigError, match=r"build_model must be a callable .* Pass the function, not its result"):
+        tfaccel.compile_and_fit(build(), (np.zeros((4, 8, 8, 1)), np.zeros(4)), loss="mse")
+
+
+def test_batched_dataset_with_global_batch_is_refused(clean_tf_config):
+    import tensorflow as tf
+
+    ds = tf.data.Dataset.from_tensor_slices((np.zeros((64, 8, 8, 1), "float32"), np.zeros(64))).batch(8)
+    calls, counted = _calls()
+    with pytest.raises(ConfigError, match="already batched"):
+        tfaccel.compile_and_fit(counted, ds, global_batch_size=32, loss="mse", strategy="default")
+    assert calls == []
+
+
+def test_batched_dataset_used_as_given(digits, clean_tf_config):
+    import tensorflow as tf
+
+    (x, y), _ = digits
+    ds = tf.data.Dataset.from_tensor_slices((x[:256], y[:256])).batch(32)
+    result = tfaccel.compile_and_fit(build, ds, loss="sparse_categorical_crossentropy", strategy="default",
+                                     verbose=0, steps_per_epoch=8)
+    assert result.global_batch_size is None and "used as given" in result.details["data"]
+
+
+def test_multi_worker_two_processes_identical_weights_and_history(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    results = harness.run_tasks(SCRIPT, workers=2, timeout=300,
+                                env={"FIT_STRATEGY": "auto", "FIT_CHECKPOINT_DIR": str(ckpt), "FIT_EPOCHS": "3"})
+    harness.assert_all_ok(results)
+    a, b = (harness.last_json_line(r.stdout) for r in results)
+    assert a["strategy"] == b["strategy"] == "multi_worker" and a["replicas"] == 2
+    assert a["digest"] == b["digest"]  # identical weights
+    assert a["history"]["loss"] == b["history"]["loss"]  # identical loss history
+    assert a["history"]["val_accuracy"][-1] >= TARGET_ACCURACY
+    # Only the chief (worker 0) keeps checkpoints; worker 1's temporary directories are gone.
+    assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith("ckpt-3"))
+    assert not any(p.name.startswith("tfaccel-worker-ckpt-") for p in tmp_path.iterdir())
+
+
+def test_parameter_server_exact_steps_and_learns(tmp_path):
+    cluster = harness.loopback_cluster(2, ps=1, chief=True)
+    tasks = harness.tf_configs_for(cluster, roles=("chief", "worker", "ps"))
+    results = harness.run_tasks(SCRIPT, tasks=tasks, timeout=400,
+                                env={"FIT_STRATEGY": "auto", "FIT_EPOCHS": "3", "FIT_CHECKPOINT_DIR": str(tmp_path / "c")})
+    chief = results[0]
+    assert chief.returncode == 0, chief.describe()
+    report = harness.last_json_line(chief.stdout)
+    assert report["strategy"] == "parameter_server"
+    steps_per_epoch = 1437 // 64  # digits train split, drop_remainder batches
+    assert report["steps"] == 3 * steps_per_epoch  # exact, although 2 workers update concurrently
+    assert report["details"]["optimizer_iterations"] == 3 * steps_per_epoch
+    assert report["history"]["val_accuracy"][-1] >= TARGET_ACCURACY
+    assert (tmp_path / "c" / "checkpoint").exists()
+
+
+def test_killed_mid_epoch_resumes_from_backup_with_same_result(tmp_path):
+    """A single process SIGKILLed at epoch 1, step 7 resumes from the step-5 backup and ends with the same
+    weights as an uninterrupted run (data order is a function of (seed, epoch))."""
+    base = {"FIT_STRATEGY": "default", "FIT_EPOCHS": "3", "FIT_BACKUP_FREQ": "5", "FIT_SPE": "1"}
+    ref = harness.run_tasks(SCRIPT, tasks=[("local", 0, None)], timeout=200,
+                            env={**base, "FIT_BACKUP_DIR": str(tmp_path / "ref_backup")})
+    harness.assert_all_ok(ref)
+    reference = harness.last_json_line(ref[0].stdout)
+    job = {**base, "FIT_BACKUP_DIR": str(tmp_path / "backup"), "FIT_KILL_AT": "1:7",
+           "FIT_KILL_MARKER": str(tmp_path / "killed")}
+    first = harness.run_tasks(SCRIPT, tasks=[("local", 0, None)], timeout=200, env=job)
+    assert first[0].returncode == -9
+    state = json.loads((tmp_path / "backup" / "tfaccel_backup.json").read_text())
+    assert (state["epoch"], state["step"]) == (1, 5)
+    second = harness.run_tasks(SCRIPT, tasks=[("local", 0, None)], timeout=200, env=job)
+    harness.assert_all_ok(second)
+    resumed = harness.last_json_line(second[0].stdout)
+    assert resumed["resumed_from"] == [1, 5]
+    assert resumed["steps"] == reference["steps"] - (1 * reference["details"]["steps_per_execution"] * 0
+                                                     + 1 * (reference["steps"] // 3) + 5)
+    np.testing.assert_equal(resumed["digest"], reference["digest"])
+    assert not (tmp_path / "backup").exists()  # removed once training completed
