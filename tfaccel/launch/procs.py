@@ -61,12 +61,12 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         proc.send_signal(sig)
 
 
-def terminate(procs: Iterable[subprocess.Popen], *, grace: float = 5.0) -> None:
-    """Ends every process (and its group): SIGTERM, then SIGKILL after ``grace`` seconds; reaps them all."""
+def terminate(procs: Iterable[subprocess.Popen], *, grace: float = 5.0, sig: int = signal.SIGTERM) -> None:
+    """Ends every process (and its group): ``sig`` (SIGTERM), then SIGKILL after ``grace`` seconds; reaps them all."""
     procs = list(procs)
     for proc in procs:
         if proc.poll() is None:
-            _signal_group(proc, signal.SIGTERM)
+            _signal_group(proc, sig)
     deadline = time.monotonic() + grace
     for proc in procs:
         with contextlib.suppress(subprocess.TimeoutExpired):

@@ -1,0 +1,187 @@
+"""``tfaccel launch``: start every task of a cluster on this machine, or this host's task of a cluster.
+
+Local mode::
+
+    tfaccel launch --workers 2 -- python train.py            # MultiWorkerMirrored on 127.0.0.1
+    tfaccel launch --ps 1 --workers 2 -- python coord.py     # chief runs coord.py; ps/workers run servers
+    tfaccel launch --cluster tf_config/local.yaml -- python train.py
+
+Per-host mode::
+
+    tfaccel launch --cluster tf_config/two_hosts.yaml --task worker:1 -- python train.py
+
+Exit status: 0, the failing task's code (128 + N when it was killed by signal N), 124 on --timeout,
+128 + N when the launcher got signal N, 1 when peers never came up, 2 for bad options.
+"""
+
+import argparse
+import json
+import shlex
+import sys
+from typing import List, Optional
+
+from tfaccel.errors import ConfigError
+
+DEFAULT_WORKERS = 2
+DEFAULT_GRACE_S = 10.0
+DEFAULT_CONNECT_TIMEOUT_LOCAL_S = 60.0
+DEFAULT_CONNECT_TIMEOUT_HOST_S = 300.0
+CAPTURE_LINES = 200  # the CLI streams output; it only keeps the tail of each task for its failure report
+
+
+def register(subparsers: "argparse._SubParsersAction") -> None:
+    """Adds the ``launch`` verb."""
+    parser = subparsers.add_parser(
+        "launch", help="run every task of a cluster locally on 127.0.0.1, or this host's task of a cluster",
+        description="Start one process per task with its own TF_CONFIG, prefix their output with the task, "
+                    "stop them all when one fails. Put the command after `--`.",
+        epilog="examples:\n  tfaccel launch --workers 2 -- python train.py\n"
+               "  tfaccel launch --ps 1 --workers 2 -- python coordinator.py\n"
+               "  tfaccel launch --cluster cluster.yaml --task worker:1 -- python train.py",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    layout = parser.add_argument_group("cluster (local mode unless --task is given)")
+    layout.add_argument("--workers", type=int, default=None, metavar="N",
+                        help=f"number of worker tasks on 127.0.0.1 (default: {DEFAULT_WORKERS})")
+    layout.add_argument("--ps", type=int, default=None, metavar="M",
+                        help="number of parameter-server tasks; the command then runs on the chief only (a chief "
+                             "is added), ps and worker tasks run tf.distribute servers (default: 0)")
+    layout.add_argument("--chief", action="store_true", default=None, help="add a chief task")
+    layout.add_argument("--evaluator", action="store_true", default=None,
+                        help="add an evaluator task (it runs the command too)")
+    layout.add_argument("--cluster", metavar="FILE", default=None,
+                        help="cluster file (YAML/JSON); without --task every address must be on this machine")
+    layout.add_argument("--task", metavar="NAME", default=None,
+                        help="per-host mode: run only this task of --cluster, e.g. worker:1")
+    run = parser.add_argument_group("supervision")
+    run.add_argument("--max-restarts", type=int, default=None, metavar="K",
+                     help="restart the whole job (fresh ports) up to K times after a failure (default: 0)")
+    run.add_argument("--timeout", type=float, default=None, metavar="S",
+                     help="stop everything after S seconds, restarts included; exit 124 (default: none)")
+    run.add_argument("--grace", type=float, default=None, metavar="S",
+                     help=f"seconds between SIGTERM and SIGKILL when tasks are stopped (default: {DEFAULT_GRACE_S:g})")
+    run.add_argument("--connect-timeout", type=float, default=None, metavar="S",
+                     help="seconds the other tasks (per-host mode) or the server tasks (local mode) get to accept "
+                          f"connections (default: {DEFAULT_CONNECT_TIMEOUT_HOST_S:g} per host, "
+                          f"{DEFAULT_CONNECT_TIMEOUT_LOCAL_S:g} local)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the tasks, their TF_CONFIG and commands; start nothing")
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command every task runs")
+    parser.set_defaults(func=run_cli)
+
+
+def _positive(name: str, value: Optional[float]) -> None:
+    if value is not None and value <= 0:
+        raise ConfigError(f"{name}: must be a positive number of seconds; received {value:g}")
+
+
+def _options(args: argparse.Namespace) -> dict:
+    """Validates the options, fills defaults and lists which defaults were filled in."""
+    cmd: List[str] = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise ConfigError("command: none given; put it after `--`, e.g. `tfaccel launch --workers 2 -- python "
+                          "train.py`")
+    counts = {"--workers": args.workers, "--ps": args.ps, "--chief": args.chief, "--evaluator": args.evaluator}
+    if args.task is not None and args.cluster is None:
+        raise ConfigError(f"--task: needs --cluster FILE (per-host mode reads the whole cluster from it); received "
+                          f"--task {args.task} without --cluster")
+    if args.cluster is not None:
+        given = [name for name, value in counts.items() if value is not None]
+        if given:
+            raise ConfigError(f"--cluster: given together with {', '.join(given)}; the cluster file already says "
+                              "how many tasks of each role there are: pass either --cluster or the counts")
+    if args.max_restarts is not None and args.max_restarts < 0:
+        raise ConfigError(f"--max-restarts: must be >= 0; received {args.max_restarts}")
+    for name, value in (("--timeout", args.timeout), ("--grace", args.grace),
+                        ("--connect-timeout", args.connect_timeout)):
+        _positive(name, value)
+    filled: List[str] = []
+    per_host = args.task is not None
+    if args.cluster is None:
+        if args.workers is None:
+            filled.append(f"--workers {DEFAULT_WORKERS}")
+        filled.append("ports chosen by the OS on 127.0.0.1")
+    if args.max_restarts is None:
+        filled.append("--max-restarts 0")
+    if args.timeout is None:
+        filled.append("--timeout none")
+    if args.grace is None:
+        filled.append(f"--grace {DEFAULT_GRACE_S:g}")
+    connect_default = DEFAULT_CONNECT_TIMEOUT_HOST_S if per_host else DEFAULT_CONNECT_TIMEOUT_LOCAL_S
+    if args.connect_timeout is None:
+        filled.append(f"--connect-timeout {connect_default:g}")
+    return {
+        "cmd": cmd, "per_host": per_host, "filled": filled,
+        "workers": DEFAULT_WORKERS if args.workers is None else args.workers, "ps": args.ps or 0,
+        "chief": bool(args.chief), "evaluator": bool(args.evaluator),
+        "max_restarts": args.max_restarts or 0, "timeout": args.timeout,
+        "grace": DEFAULT_GRACE_S if args.grace is None else args.grace,
+        "connect_timeout": connect_default if args.connect_timeout is None else args.connect_timeout,
+    }
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """Runs ``tfaccel launch``; returns the exit status."""
+    from tfaccel.log import get_logger
+
+    opts = _options(args)
+    log = get_logger()
+    if opts["filled"]:
+        log.info("launch: defaults filled in (pass the options to set them): %s", ", ".join(opts["filled"]))
+    if args.dry_run:
+        return _dry_run(args, opts)
+    if opts["per_host"]:
+        from tfaccel.launch.host import run_host
+
+        result = run_host(opts["cmd"], cluster=args.cluster, task=args.task, timeout=opts["timeout"],
+                          max_restarts=opts["max_restarts"], grace=opts["grace"],
+                          connect_timeout=opts["connect_timeout"], capture_lines=CAPTURE_LINES)
+    else:
+        from tfaccel.launch.local import run_local
+
+        local = {"cluster": args.cluster} if args.cluster is not None else {
+            "workers": opts["workers"], "ps": opts["ps"], "chief": opts["chief"], "evaluator": opts["evaluator"]}
+        result = run_local(opts["cmd"], timeout=opts["timeout"], max_restarts=opts["max_restarts"],
+                           grace=opts["grace"], connect_timeout=opts["connect_timeout"], capture_lines=CAPTURE_LINES,
+                           **local)
+    return result.returncode
+
+
+def _dry_run(args: argparse.Namespace, opts: dict) -> int:
+    from tfaccel.launch.local import build_tasks, child_base_env, local_specs, normalize_command
+    from tfaccel.log import get_logger
+
+    peers: List = []
+    if opts["per_host"]:
+        from tfaccel.launch.host import host_plan
+
+        spec, task, peers, notes = host_plan(opts["cmd"], cluster=args.cluster, task=args.task)
+        tasks = [task]
+    else:
+        if args.cluster is not None:
+            make_spec, notes = local_specs(cluster=args.cluster)
+        else:
+            make_spec, notes = local_specs(workers=opts["workers"], ps=opts["ps"], chief=opts["chief"],
+                                           evaluator=opts["evaluator"])
+        argv, cmd_notes = normalize_command(opts["cmd"])
+        notes = notes + cmd_notes
+        spec = make_spec(0)
+        tasks = build_tasks(spec, lambda _name: argv, env=child_base_env())
+    for note in notes:
+        get_logger().info("launch: %s", note)
+    mode = f"per-host mode, task {tasks[0].name}" if opts["per_host"] else "local mode"
+    out = [f"tfaccel launch --dry-run ({mode}): would start {len(tasks)} task(s) of a {spec.num_tasks}-task cluster, "
+           f"strategy hint {spec.strategy_hint}; nothing was started"]
+    for task in tasks:
+        role = "server" if task.server else "command"
+        out.append(f"{task.name}  {task.address or '-'}  {role}: {shlex.join(task.cmd)}")
+        out.append(f"    TF_CONFIG={task.tf_config}")
+    if peers:
+        out.append(f"would wait up to {opts['connect_timeout']:g} s for: "
+                   + ", ".join(f"{name} ({address})" for name, address in peers))
+    if not opts["per_host"] and args.cluster is None:
+        out.append("ports are chosen again by the OS when the job starts (and on every restart)")
+    out.append("options: " + json.dumps({k: opts[k] for k in ("max_restarts", "timeout", "grace", "connect_timeout")}))
+    sys.stdout.write("\n".join(out) + "\n")
+    return 0

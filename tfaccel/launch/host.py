@@ -1,0 +1,86 @@
+"""Per-host mode: this host's task of a cluster described in a file.
+
+``tfaccel launch --cluster FILE --task worker:1 -- CMD`` gives the command that task's TF_CONFIG (in the
+child's environment, through ``ClusterSpec.export``) and runs it -- or the tfaccel server for a ps task and
+for the worker tasks of a parameter-server cluster. Meanwhile it waits up to ``connect_timeout`` seconds
+for every other task of the cluster (the evaluator excepted: it does not listen) to accept connections, and
+stops with an error naming the tasks that never came up.
+"""
+
+from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
+
+from tfaccel.errors import ConfigError
+from tfaccel.launch.local import _check_ps_has_chief, _load_spec, build_tasks, child_base_env, normalize_command
+from tfaccel.launch.supervisor import LaunchResult, LaunchTask, run_job
+from tfaccel.log import get_logger
+
+__all__ = ["run_host", "host_plan"]
+
+
+def host_plan(cmd: Union[str, Sequence[str]], *, cluster: Any, task: str, env: Optional[Mapping[str, str]] = None,
+              attempt: int = 0) -> Tuple[Any, LaunchTask, List[Tuple[str, str]], List[str]]:
+    """What per-host mode would start.
+
+    Args:
+        cmd: the user's command.
+        cluster: a cluster file, dict or ``ClusterSpec``.
+        task: this host's task, e.g. ``"worker:1"``.
+        env: extra environment for the task. Defaults to None.
+        attempt: the restart count. Defaults to 0.
+
+    Returns:
+        ``(spec, launch_task, peers, notes)``: peers are ``(name, "host:port")`` of the other tasks that must
+        accept connections; notes say what was filled in.
+
+    Raises:
+        ConfigError: the cluster is invalid, the task is not in it, or the command is empty.
+    """
+    spec, source = _load_spec(cluster)
+    role, index = spec.check_task(task, field="--task")
+    name = f"{role}:{index}"
+    argv, notes = normalize_command(cmd)
+    _check_ps_has_chief(spec, source)
+    tasks = build_tasks(spec, lambda _name: argv, env=child_base_env(env), attempt=attempt, only=name)
+    peers = [(f"{r}:{i}", spec.address((r, i))) for r, i in spec.tasks() if (r, i) != (role, index)
+             and r != "evaluator"]
+    return spec, tasks[0], peers, notes
+
+
+def run_host(cmd: Union[str, Sequence[str]], *, cluster: Any, task: str, timeout: Optional[float] = None,
+             max_restarts: int = 0, env: Optional[Mapping[str, str]] = None, grace: float = 10.0,
+             connect_timeout: float = 300.0, echo: bool = True,
+             capture_lines: Optional[int] = None) -> LaunchResult:
+    """Runs this host's task of a cluster and waits for the other tasks to come up.
+
+    Args:
+        cmd: the user's command (argv list, or a string split without a shell).
+        cluster: a cluster file, dict or ``ClusterSpec``.
+        task: this host's task, e.g. ``"worker:1"``.
+        timeout: bound on the whole run in seconds. Defaults to None (no bound).
+        max_restarts: restart the task up to this many times after a failure. Defaults to 0.
+        env: extra environment for the task. Defaults to None.
+        grace: seconds between SIGTERM and SIGKILL. Defaults to 10.
+        connect_timeout: seconds the other tasks get to accept connections. Defaults to 300.
+        echo: stream the task's output with a ``[worker 1]`` prefix. Defaults to True.
+        capture_lines: keep only the last N lines of output; None keeps all. Defaults to None.
+
+    Returns:
+        A ``LaunchResult``; ``reason == "unreachable"`` (exit code 1) when some task never came up.
+
+    Raises:
+        ConfigError: the cluster is invalid, the task is not in it, or the command is empty.
+
+    Example:
+        >>> run_host(["python", "train.py"], cluster="tf_config/two_workers.yaml", task="worker:1")  # doctest: +SKIP
+    """
+    _spec, _task, peers, notes = host_plan(cmd, cluster=cluster, task=task, env=env)
+    for note in notes:
+        get_logger().info("launch: %s", note)
+    if connect_timeout <= 0:
+        raise ConfigError(f"connect_timeout: must be a positive number of seconds; received {connect_timeout!r}")
+
+    def make_tasks(attempt: int) -> List[LaunchTask]:
+        return [host_plan(cmd, cluster=cluster, task=task, env=env, attempt=attempt)[1]]
+
+    return run_job(make_tasks, max_restarts=max_restarts, timeout=timeout, grace=grace,
+                   connect_timeout=connect_timeout, peers=peers, echo=echo, capture_lines=capture_lines)
