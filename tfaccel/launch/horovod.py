@@ -1,0 +1,185 @@
+"""``tfaccel launch --backend horovod``: start Horovod ranks through ``horovodrun`` (Gloo).
+
+tfaccel builds Horovod without MPI (see ``scripts/install_horovod.sh``), so ranks always talk over Gloo:
+``horovodrun --gloo -np N -H host:slots,... CMD``. ``horovodrun`` starts the ranks itself (locally, or
+over ssh on other hosts) and prefixes their output with ``[rank]<stdout>:``; tfaccel supervises the one
+``horovodrun`` process: bounded by a timeout, stopped with its process group, its output streamed.
+
+Batch semantics: every rank runs the same command on its own shard; tfaccel's ``global_batch_size`` is
+still the global batch (each rank steps on ``global_batch_size // N`` examples).
+"""
+
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from tfaccel.errors import BackendUnavailableError, ConfigError
+from tfaccel.launch.local import child_base_env, normalize_command
+from tfaccel.launch.supervisor import LaunchResult, LaunchTask, run_job
+from tfaccel.log import get_logger
+
+__all__ = ["build_horovodrun_command", "run_horovod", "parse_hosts", "find_horovodrun"]
+
+INSTALL_HINT = ("build Horovod against the installed TensorFlow with `bash scripts/install_horovod.sh .venv` "
+                "(see the README section 'Horovod')")
+
+_HOST_RE = re.compile(r"^(?P<host>[A-Za-z0-9_.\-\[\]:]+?)(?::(?P<slots>\d+))?$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def find_horovodrun() -> str:
+    """The ``horovodrun`` of this Python's environment (beside ``sys.executable``), else the one on PATH.
+
+    Raises:
+        BackendUnavailableError: no ``horovodrun`` is installed.
+    """
+    beside = Path(sys.executable).parent / "horovodrun"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which("horovodrun")
+    if found:
+        return found
+    raise BackendUnavailableError(f"launch --backend horovod: no `horovodrun` beside {sys.executable} nor on "
+                                  f"PATH; {INSTALL_HINT}")
+
+
+def parse_hosts(hosts: Union[None, str, Sequence[str]], np: int) -> List[Tuple[str, int]]:
+    """Parses ``-H`` (``"h1:2,h2:2"`` or ``["h1:2", "h2:2"]``) into ``[(host, slots), ...]``.
+
+    A host without ``:slots`` has one slot. ``None`` means ``localhost:np``.
+
+    Raises:
+        ConfigError: a malformed entry, a repeated host, zero slots, or fewer slots than ``np``.
+    """
+    if hosts is None:
+        return [("localhost", np)]
+    entries = [h.strip() for h in hosts.split(",")] if isinstance(hosts, str) else [str(h).strip() for h in hosts]
+    parsed: List[Tuple[str, int]] = []
+    for entry in entries:
+        match = _HOST_RE.match(entry)
+        if not entry or match is None:
+            raise ConfigError(f"hosts: malformed entry {entry!r} in {hosts!r}; valid: comma-separated "
+                              "HOST[:SLOTS], e.g. -H localhost:2 or -H node1:4,node2:4")
+        slots = int(match.group("slots")) if match.group("slots") is not None else 1
+        if slots < 1:
+            raise ConfigError(f"hosts: {entry!r} has {slots} slots; every host needs at least 1, "
+                              "e.g. -H localhost:2")
+        host = match.group("host")
+        if host in (h for h, _ in parsed):
+            raise ConfigError(f"hosts: host {host!r} is listed twice in {hosts!r}; give it once with the total "
+                              "slots, e.g. -H localhost:2")
+        parsed.append((host, slots))
+    total = sum(slots for _, slots in parsed)
+    if total < np:
+        raise ConfigError(f"np: {np} ranks do not fit in the {total} slot(s) of hosts {hosts!r}; lower -np or add "
+                          f"slots, e.g. -H {parsed[0][0]}:{np}")
+    return parsed
+
+
+def build_horovodrun_command(np: int, hosts: Union[None, str, Sequence[str]], cmd: Union[str, Sequence[str]], *,
+                             extra_env: Optional[Mapping[str, str]] = None, horovodrun: Optional[str] = None,
+                             start_timeout: Optional[int] = None, network_interfaces: Optional[str] = None,
+                             verbose: bool = False) -> List[str]:
+    """The ``horovodrun`` argv that starts ``np`` Gloo ranks of ``cmd`` on ``hosts``.
+
+    ``extra_env`` is put in the rank command as ``env K=V ... CMD``, so it reaches every rank on every host
+    (horovodrun has no ``-x`` like mpirun). A first word ending in ``.py`` is run with this Python.
+
+    Args:
+        np: number of ranks (``-np``), at least 1.
+        hosts: ``"host:slots,..."`` or a list of ``"host:slots"``; None for ``localhost:np``.
+        cmd: the rank command (argv list, or a string split like a shell without running one).
+        extra_env: variables set in every rank. Defaults to None.
+        horovodrun: path of ``horovodrun``. Defaults to :func:`find_horovodrun`.
+        start_timeout: seconds horovodrun waits for all ranks to start (``--start-timeout``). Defaults to
+            horovodrun's own (30 s).
+        network_interfaces: comma-separated NICs for Gloo (``--network-interfaces``), e.g. ``"eth0"``.
+            Defaults to horovodrun's discovery; ``"lo"`` when every host is ``localhost``.
+        verbose: pass ``--verbose``. Defaults to False.
+
+    Returns:
+        The argv (never run through a shell).
+
+    Raises:
+        ConfigError: bad ``np``, ``hosts``, ``cmd`` or ``extra_env``.
+        BackendUnavailableError: ``horovodrun`` is not installed.
+
+    Example:
+        >>> build_horovodrun_command(2, None, ["python", "train.py"], horovodrun="horovodrun")
+        ['horovodrun', '--gloo', '-np', '2', '-H', 'localhost:2', '--network-interfaces', 'lo', 'python', 'train.py']
+    """
+    if isinstance(np, bool) or not isinstance(np, int) or np < 1:
+        raise ConfigError(f"np: the number of Horovod ranks must be a whole number >= 1; received {np!r}. "
+                          "Example: tfaccel launch --backend horovod -np 2 -- python train.py")
+    parsed = parse_hosts(hosts, np)
+    argv, _notes = normalize_command(cmd)
+    env_words = []
+    for name, value in (extra_env or {}).items():
+        if not _ENV_NAME_RE.match(str(name)):
+            raise ConfigError(f"extra_env: {name!r} is not a valid environment variable name; valid: letters, "
+                              "digits and '_', not starting with a digit")
+        env_words.append(f"{name}={value}")
+    if start_timeout is not None and (isinstance(start_timeout, bool) or not isinstance(start_timeout, int)
+                                      or start_timeout < 1):
+        raise ConfigError(f"start_timeout: must be a whole number of seconds >= 1; received {start_timeout!r}")
+    if network_interfaces is None and all(host in ("localhost", "127.0.0.1") for host, _ in parsed):
+        network_interfaces = "lo"  # all ranks here: keep Gloo on loopback instead of probing every NIC
+    out = [horovodrun or find_horovodrun(), "--gloo", "-np", str(np),
+           "-H", ",".join(f"{host}:{slots}" for host, slots in parsed)]
+    if network_interfaces:
+        out += ["--network-interfaces", network_interfaces]
+    if start_timeout is not None:
+        out += ["--start-timeout", str(start_timeout)]
+    if verbose:
+        out.append("--verbose")
+    if env_words:
+        out += ["env", *env_words]
+    return out + list(argv)
+
+
+def run_horovod(np: int, cmd: Union[str, Sequence[str]], *, hosts: Union[None, str, Sequence[str]] = None,
+                extra_env: Optional[Mapping[str, str]] = None, env: Optional[Mapping[str, str]] = None,
+                timeout: Optional[float] = None, grace: float = 10.0, echo: bool = True,
+                capture_lines: Optional[int] = None, horovodrun: Optional[str] = None,
+                start_timeout: Optional[int] = None, network_interfaces: Optional[str] = None,
+                verbose: bool = False) -> LaunchResult:
+    """Runs ``cmd`` as ``np`` Horovod ranks through ``horovodrun --gloo`` and waits for it.
+
+    The ``horovodrun`` process is supervised like any tfaccel task: its output is streamed with a
+    ``[horovodrun 0]`` prefix (horovodrun adds ``[rank]<stdout>:`` itself), it is bounded by ``timeout``
+    and stopped with its whole process group. TF_CONFIG is removed from the ranks' environment (Horovod
+    ranks are not a tf.distribute cluster; a stray TF_CONFIG would make ``strategy="auto"`` pick
+    multi_worker).
+
+    Args:
+        np: number of ranks.
+        cmd: the rank command.
+        hosts: ``-H``; None for ``localhost:np``.
+        extra_env: variables set in every rank (through the rank command). Defaults to None.
+        env: variables set in horovodrun's own environment (inherited by local ranks). Defaults to None.
+        timeout: bound on the whole run in seconds; None for no bound. Defaults to None.
+        grace: seconds between SIGTERM and SIGKILL when stopping. Defaults to 10.
+        echo: stream the output. Defaults to True.
+        capture_lines: keep only the last N output lines in the result. Defaults to all.
+        horovodrun, start_timeout, network_interfaces, verbose: see :func:`build_horovodrun_command`.
+
+    Returns:
+        A ``LaunchResult`` with one task, ``horovodrun:0`` (returncode 124 on timeout).
+
+    Raises:
+        ConfigError: bad arguments (see :func:`build_horovodrun_command`).
+        BackendUnavailableError: ``horovodrun`` is not installed.
+    """
+    argv = tuple(build_horovodrun_command(np, hosts, cmd, extra_env=extra_env, horovodrun=horovodrun,
+                                          start_timeout=start_timeout, network_interfaces=network_interfaces,
+                                          verbose=verbose))
+    base: Dict[str, str] = child_base_env(env)
+    # horovodrun finds itself and the rank's python through PATH: put this environment's bin first.
+    base["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), base.get("PATH", "")])
+    get_logger().info("launch: %d Horovod rank(s) (Gloo) on %s: %s", np, argv[argv.index("-H") + 1],
+                      " ".join(argv))
+    task = LaunchTask(task_type="horovodrun", task_index=0, cmd=argv, env=base)
+    return run_job(lambda attempt: [task], timeout=timeout, grace=grace, echo=echo, capture_lines=capture_lines)
