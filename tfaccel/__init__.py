@@ -26,6 +26,8 @@ _LAZY = {
     "TaskInfo": "tfaccel.cluster",
     "ClusterConfigError": "tfaccel.cluster",
     "task_from_env": "tfaccel.cluster",
+    "get_strategy": "tfaccel.strategies",
+    "get_backend": "tfaccel.strategies",
 }
 
 __all__ = ["__version__", "TfaccelError", "ConfigError", "DeviceError", "BackendUnavailableError", *_LAZY]

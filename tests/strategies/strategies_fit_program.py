@@ -1,0 +1,63 @@
+"""Child program for the multi-process strategy tests: a tiny model.fit under tfaccel.get_strategy.
+
+Prints one JSON line: {"ok": true, "strategy": ..., "loss": [...], "weights_sha": ..., "replicas": ...} or
+{"ok": false, "type": ..., "message": ...} (exit code 3). Options through argv: --strategy NAME, --jit.
+"""
+
+import argparse
+import hashlib
+import json
+import sys
+
+import numpy as np
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--strategy", default="auto")
+    parser.add_argument("--jit", action="store_true")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--only-build-fix", action="store_true", help="undo the reduce_per_replica half of the fix")
+    args = parser.parse_args()
+
+    import tfaccel
+    from tfaccel.strategies import get_backend
+
+    backend = get_backend(args.strategy)  # first thing: MWMS must exist before TensorFlow's runtime starts
+    if args.only_build_fix:
+        from keras.src.backend.tensorflow import trainer
+
+        from tfaccel.compat import keras_mwms
+
+        trainer.reduce_per_replica = keras_mwms._originals["reduce_per_replica"]
+    import keras
+    import tensorflow as tf
+
+    strategy = backend.strategy
+    global_batch = 16
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(128, 4)).astype("float32")
+    y = (x @ np.array([[1.0], [-2.0], [0.5], [3.0]], dtype="float32")).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch, drop_remainder=True)
+    keras.utils.set_random_seed(1234 + backend.worker_index)  # different initial weights: sync must fix them
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"], jit_compile=args.jit)
+    try:
+        history = model.fit(data, epochs=args.epochs, verbose=0)
+    except Exception as exc:  # noqa: BLE001 - the test asserts on the upstream message
+        print(json.dumps({"ok": False, "type": type(exc).__name__, "message": str(exc)[:4000]}))
+        return 3
+    weights = np.concatenate([w.ravel() for w in model.get_weights()]).astype("float32")
+    print(json.dumps({"ok": True, "strategy": backend.name, "reason": backend.reason,
+                      "replicas": backend.num_replicas_in_sync, "worker_index": backend.worker_index,
+                      "is_chief": backend.is_chief, "num_workers": backend.num_workers,
+                      "loss": history.history["loss"], "mae": history.history["mae"],
+                      "weights_sha": hashlib.sha256(weights.tobytes()).hexdigest(),
+                      "weights_sum": float(np.abs(weights).sum()),
+                      "jit": bool(getattr(model, "jit_compile", False))}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""Version-guarded fixes for upstream bugs.
+
+Each module here fixes one upstream problem, names the upstream issues, says on which versions it was
+seen, and offers ``is_needed()``, ``apply()``, ``remove()`` and ``is_applied()``. A fix can be switched off
+with the environment variable ``TFACCEL_DISABLE_COMPAT`` (comma-separated fix names, or ``all``), so that
+a test can check the upstream failure still happens (and tell us when a fix can be retired).
+"""
+
+import os
+from typing import Mapping, Optional
+
+__all__ = ["DISABLE_ENV", "is_disabled"]
+
+DISABLE_ENV = "TFACCEL_DISABLE_COMPAT"
+
+
+def is_disabled(name: str, environ: Optional[Mapping[str, str]] = None) -> bool:
+    """True when ``TFACCEL_DISABLE_COMPAT`` lists ``name`` (or ``all``).
+
+    Args:
+        name: the fix's module name, e.g. ``"keras_mwms"``.
+        environ: the environment to read. Defaults to ``os.environ``.
+
+    Returns:
+        Whether the user switched this fix off.
+    """
+    env = os.environ if environ is None else environ
+    names = {part.strip() for part in env.get(DISABLE_ENV, "").split(",") if part.strip()}
+    return name in names or "all" in names

@@ -1,0 +1,183 @@
+"""Keras 3 ``model.fit`` under ``MultiWorkerMirroredStrategy``.
+
+Upstream: keras-team/keras#20585, tensorflow/tensorflow#72388, ray-project/ray#47464. Seen on Keras 3.0
+through 3.15.1 with TensorFlow 2.21 (checked here with 3.15.1). With two or more worker processes,
+``model.fit`` fails before the first step with::
+
+    ValueError: Attempt to convert a value (PerReplica:{ 0: <tf.Tensor ...> }) with an unsupported type
+    (<class 'tensorflow.python.distribute.values.PerReplica'>) to a Tensor.
+
+Two places in ``keras/src/backend/tensorflow/trainer.py`` are at fault, and this fix replaces exactly them,
+only changing behaviour under a multi-worker collective strategy:
+
+* ``TensorFlowTrainer._maybe_symbolic_build`` reduces the first distributed batch eagerly with
+  ``strategy.reduce("MEAN", batch)``, which a multi-worker strategy cannot do outside ``strategy.run``.
+  The batch is only needed for its shapes, so we build from the first local replica's values instead.
+* ``reduce_per_replica`` reduces every metric with ``strategy.reduce("MEAN", v, axis=0)``; the metrics are
+  scalars, which have no axis 0. Scalars are reduced with ``axis=None`` (a cross-replica mean).
+
+The fix is applied by the ``multi_worker`` strategy factory, is idempotent and reversible
+(:func:`remove`), and can be switched off with ``TFACCEL_DISABLE_COMPAT=keras_mwms``.
+"""
+
+import threading
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from tfaccel.compat import is_disabled
+from tfaccel.log import get_logger
+
+__all__ = ["NAME", "UPSTREAM_ISSUES", "AFFECTED_VERSIONS", "is_needed", "why_not_needed", "apply", "remove",
+           "is_applied"]
+
+NAME = "keras_mwms"
+UPSTREAM_ISSUES = ("keras-team/keras#20585", "tensorflow/tensorflow#72388", "ray-project/ray#47464")
+# [first affected, first version not known to be affected): 3.0 .. 3.15.x. Outside the range the fix is not
+# applied; re-check upstream (tests/strategies/test_compat_keras_mwms.py reproduces the failure) and widen it.
+AFFECTED_VERSIONS: Tuple[Tuple[int, int], Tuple[int, int]] = ((3, 0), (3, 16))
+
+_lock = threading.Lock()
+_originals: Dict[str, Any] = {}
+
+
+def _keras_version() -> Tuple[int, int]:
+    import keras
+
+    parts = str(keras.__version__).split(".")
+    try:
+        return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
+    except (IndexError, ValueError):
+        return (0, 0)
+
+
+def _trainer_module() -> Any:
+    from keras.src.backend.tensorflow import trainer
+
+    return trainer
+
+
+def why_not_needed() -> Optional[str]:
+    """Why the fix should not be applied here, or None when it should.
+
+    Returns:
+        A reason (Keras version outside the affected range, or the patched functions are gone), or None.
+    """
+    import keras
+
+    low, high = AFFECTED_VERSIONS
+    version = _keras_version()
+    if not low <= version < high:
+        return (f"Keras {keras.__version__} is outside the versions this fix is known to be needed on "
+                f"({low[0]}.{low[1]} up to {high[0]}.{high[1] - 1}.x); not patching. If model.fit fails under "
+                f"MultiWorkerMirroredStrategy, see {', '.join(UPSTREAM_ISSUES)}")
+    try:
+        module = _trainer_module()
+    except ImportError as exc:
+        return f"keras.src.backend.tensorflow.trainer cannot be imported ({exc}); not patching"
+    missing = [name for name in ("reduce_per_replica", "_collective_all_reduce_multi_worker",
+                                 "_is_per_replica_instance", "tree")
+               if not hasattr(module, name)]
+    if not hasattr(getattr(module, "TensorFlowTrainer", None), "_maybe_symbolic_build"):
+        missing.append("TensorFlowTrainer._maybe_symbolic_build")
+    if missing:
+        return (f"Keras {keras.__version__}: keras/src/backend/tensorflow/trainer.py no longer has "
+                f"{', '.join(missing)}; the code this fix replaces has changed, not patching")
+    return None
+
+
+def is_needed() -> bool:
+    """True when the installed Keras is one this fix is known to be needed on."""
+    return why_not_needed() is None
+
+
+def is_applied() -> bool:
+    """True while the fix is in place."""
+    return bool(_originals)
+
+
+def _make_symbolic_build(original: Callable, module: Any) -> Callable:
+    def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = None) -> None:
+        strategy = self._distribute_strategy
+        if strategy is None or iterator is None or not module._collective_all_reduce_multi_worker(strategy):
+            return original(self, iterator=iterator, data_batch=data_batch)
+        import tensorflow as tf
+
+        for _, _, it in iterator:
+            batch = next(it)
+            distributed = module.tree.map_structure(lambda x: isinstance(x, tf.distribute.DistributedValues), batch)
+            if all(module.tree.flatten(distributed)):
+                # Only the shapes matter for building; an eager cross-worker reduce is what fails upstream.
+                data_batch = module.tree.map_structure(lambda v: strategy.experimental_local_results(v)[0], batch)
+            else:
+                data_batch = batch
+            break
+        with strategy.scope():
+            self._symbolic_build(data_batch=data_batch)
+
+    _maybe_symbolic_build.__doc__ = f"tfaccel fix for {UPSTREAM_ISSUES[0]} (see tfaccel.compat.keras_mwms)."
+    _maybe_symbolic_build._tfaccel_fix = NAME  # type: ignore[attr-defined]
+    return _maybe_symbolic_build
+
+
+def _make_reduce_per_replica(original: Callable, module: Any) -> Callable:
+    def reduce_per_replica(values: Any, strategy: Any, reduction: str) -> Any:
+        if not module._collective_all_reduce_multi_worker(strategy) or reduction not in ("auto", "mean"):
+            return original(values, strategy, reduction)
+
+        def _reduce(value: Any) -> Any:
+            first = (strategy.experimental_local_results(value)[0] if module._is_per_replica_instance(value)
+                     else value)
+            if getattr(getattr(first, "shape", None), "rank", None) == 0:
+                return strategy.reduce("MEAN", value, axis=None)  # a scalar has no axis 0
+            return original(value, strategy, reduction)
+
+        return module.tree.map_structure(_reduce, values)
+
+    reduce_per_replica.__doc__ = f"tfaccel fix for {UPSTREAM_ISSUES[0]} (see tfaccel.compat.keras_mwms)."
+    reduce_per_replica._tfaccel_fix = NAME  # type: ignore[attr-defined]
+    return reduce_per_replica
+
+
+def apply(*, force: bool = False) -> bool:
+    """Puts the fix in place (idempotent).
+
+    Args:
+        force: patch even when ``TFACCEL_DISABLE_COMPAT`` lists this fix. Defaults to False.
+
+    Returns:
+        True when the fix is in place after the call, False when it was not applied (the reason is logged).
+    """
+    logger = get_logger()
+    with _lock:
+        if _originals:
+            return True
+        if not force and is_disabled(NAME):
+            logger.warning("compat fix %s (%s) is switched off by TFACCEL_DISABLE_COMPAT; Keras model.fit under "
+                           "MultiWorkerMirroredStrategy is expected to fail", NAME, UPSTREAM_ISSUES[0])
+            return False
+        reason = why_not_needed()
+        if reason is not None:
+            logger.info("compat fix %s not applied: %s", NAME, reason)
+            return False
+        module = _trainer_module()
+        trainer_cls = module.TensorFlowTrainer
+        _originals["_maybe_symbolic_build"] = trainer_cls.__dict__["_maybe_symbolic_build"]
+        _originals["reduce_per_replica"] = module.reduce_per_replica
+        trainer_cls._maybe_symbolic_build = _make_symbolic_build(_originals["_maybe_symbolic_build"], module)
+        module.reduce_per_replica = _make_reduce_per_replica(_originals["reduce_per_replica"], module)
+        logger.debug("compat fix %s applied (%s)", NAME, ", ".join(UPSTREAM_ISSUES))
+        return True
+
+
+def remove() -> bool:
+    """Restores Keras' own functions.
+
+    Returns:
+        True when something was restored, False when the fix was not in place.
+    """
+    with _lock:
+        if not _originals:
+            return False
+        module = _trainer_module()
+        module.TensorFlowTrainer._maybe_symbolic_build = _originals.pop("_maybe_symbolic_build")
+        module.reduce_per_replica = _originals.pop("reduce_per_replica")
+        return True

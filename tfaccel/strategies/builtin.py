@@ -1,0 +1,234 @@
+"""The built-in registry entries: tf.distribute strategies, TPU and the lazy Horovod entry.
+
+TensorFlow is imported inside the factories, never at module import.
+"""
+
+import numbers
+from typing import Any, Optional, Sequence
+
+from tfaccel.errors import BackendUnavailableError, ConfigError, DeviceError, invalid_choice
+from tfaccel.log import get_logger
+from tfaccel.strategies import tpu as _tpu
+from tfaccel.strategies._task import training_roles, worker_position
+from tfaccel.strategies.base import Backend
+from tfaccel.strategies.registry import register_strategy
+
+__all__ = ["CROSS_DEVICE_OPS", "COLLECTIVE_IMPLEMENTATIONS", "MIRRORED_MULTI_DEVICE_JIT_NOTE"]
+
+CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduce_to_one_device")
+COLLECTIVE_IMPLEMENTATIONS = ("auto", "ring", "nccl")
+MIRRORED_MULTI_DEVICE_JIT_NOTE = (
+    "jit_compile=True fails under MirroredStrategy over several devices on TF 2.21 / Keras 3 (\"Trying to access "
+    "resource ... located in device CPU:1 from device CPU:0\"); Keras' own 'auto' also turns XLA off there")
+PS_JIT_NOTE = ("parameter_server runs tfaccel's ClusterCoordinator loop whose step functions are scheduled on "
+               "remote workers; XLA is not used there")
+
+
+def _tf() -> Any:
+    import tensorflow as tf
+
+    return tf
+
+
+# --------------------------------------------------------------------------------------------------- default
+def make_default(*, devices: Any, task: Optional[Any]) -> Backend:
+    """TensorFlow's default strategy: one replica on the default device, no distribution."""
+    return Backend(name="default", strategy=_tf().distribute.get_strategy())
+
+
+# ------------------------------------------------------------------------------------------------ one_device
+def make_one_device(*, devices: Any, task: Optional[Any], device: Optional[str] = None) -> Backend:
+    """``OneDeviceStrategy`` on ``device`` (defaults to the first GPU, else the CPU)."""
+    tf = _tf()
+    if device is None:
+        device = "/gpu:0" if devices.num_gpus else "/cpu:0"
+    if not isinstance(device, str) or not device:
+        raise ConfigError(f"one_device: device must be a device name such as '/gpu:0' or '/cpu:0'; received "
+                          f"{device!r}")
+    try:
+        strategy = tf.distribute.OneDeviceStrategy(device)
+    except (ValueError, RuntimeError) as exc:
+        raise ConfigError(f"one_device: TensorFlow rejected device={device!r} ({exc}). Use a name such as "
+                          "'/gpu:0' or '/cpu:0'") from exc
+    return Backend(name="one_device", strategy=strategy)
+
+
+# -------------------------------------------------------------------------------------------------- mirrored
+def _cross_device_ops(value: Any, device_names: Sequence[str]) -> Any:
+    tf = _tf()
+    if isinstance(value, tf.distribute.CrossDeviceOps):
+        return value
+    if not isinstance(value, str) or value not in CROSS_DEVICE_OPS:
+        hint = ("'ring' is a multi-worker collective implementation: use get_strategy('multi_worker', "
+                "implementation='ring')" if value == "ring" else
+                "Or pass a tf.distribute.CrossDeviceOps instance")
+        raise invalid_choice("mirrored: cross_device_ops", value, CROSS_DEVICE_OPS, hint=hint)
+    on_gpus = bool(device_names) and all("GPU" in name.upper() for name in device_names)
+    if value == "auto":
+        # TF's own choice for GPUs is NCCL; on CPUs only reduction to one device works.
+        return None if on_gpus else tf.distribute.ReductionToOneDevice()
+    if value == "nccl" and not on_gpus:
+        raise ConfigError(f"mirrored: cross_device_ops='nccl' needs GPUs; the devices here are {list(device_names)}. "
+                          "Use cross_device_ops='auto' or 'reduce_to_one_device' on CPUs")
+    if value == "nccl":
+        return tf.distribute.NcclAllReduce()
+    if value == "hierarchical_copy":
+        return tf.distribute.HierarchicalCopyAllReduce()
+    return tf.distribute.ReductionToOneDevice()
+
+
+def make_mirrored(*, devices: Any, task: Optional[Any], device_names: Optional[Sequence[str]] = None,
+                  cross_device_ops: Any = "auto") -> Backend:
+    """``MirroredStrategy`` over the GPUs (or the logical CPU devices when there is no GPU)."""
+    tf = _tf()
+    if device_names is None:
+        kind = "GPU" if devices.num_gpus else "CPU"
+        device_names = [d.name for d in tf.config.list_logical_devices(kind)]
+    elif isinstance(device_names, str) or not all(isinstance(d, str) and d for d in device_names) \
+            or not device_names:
+        raise ConfigError(f"mirrored: device_names must be a non-empty list of device names such as "
+                          f"['/gpu:0', '/gpu:1']; received {device_names!r}")
+    device_names = list(device_names)
+    ops = _cross_device_ops(cross_device_ops, device_names)
+    try:
+        strategy = tf.distribute.MirroredStrategy(devices=device_names, cross_device_ops=ops)
+    except (ValueError, RuntimeError) as exc:
+        raise ConfigError(f"mirrored: TensorFlow rejected device_names={device_names!r} ({exc})") from exc
+    several = strategy.num_replicas_in_sync > 1
+    return Backend(name="mirrored", strategy=strategy, num_replicas_in_sync=strategy.num_replicas_in_sync,
+                   supports_jit=not several, jit_note=MIRRORED_MULTI_DEVICE_JIT_NOTE if several else "")
+
+
+# ---------------------------------------------------------------------------------------------- multi_worker
+MULTI_WORKER_JIT_NOTE = ""  # set below once measured; see tfaccel.xla
+
+
+def _check_timeout(name: str, value: Any) -> Optional[float]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or value < 0:
+        raise ConfigError(f"{name}: timeout_seconds must be a number of seconds >= 0 (0 disables it) or None; "
+                          f"received {value!r}")
+    return float(value)
+
+
+def _resolver_for(task: Optional[Any], devices: Any) -> Any:
+    """TF_CONFIG tasks use TF's own resolver; other sources (SLURM) get one built from the TaskInfo."""
+    tf = _tf()
+    if task is None or getattr(task, "source", "TF_CONFIG") == "TF_CONFIG":
+        return None
+    cluster = tf.train.ClusterSpec({role: list(addrs) for role, addrs in task.spec.roles.items()})
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(
+        cluster, task_type=task.task_type, task_id=task.task_index, rpc_layer="grpc",
+        num_accelerators={"GPU": devices.num_gpus} if devices.num_gpus else None)
+
+
+def make_multi_worker(*, devices: Any, task: Optional[Any], implementation: str = "auto",
+                      timeout_seconds: Optional[float] = None, apply_compat: bool = True) -> Backend:
+    """``MultiWorkerMirroredStrategy`` with the Keras 3 compat fix in place (see ``tfaccel.compat.keras_mwms``)."""
+    tf = _tf()
+    if not isinstance(implementation, str) or implementation not in COLLECTIVE_IMPLEMENTATIONS:
+        raise invalid_choice("multi_worker: implementation", implementation, COLLECTIVE_IMPLEMENTATIONS)
+    if implementation == "nccl" and not devices.num_gpus:
+        raise ConfigError("multi_worker: implementation='nccl' needs GPUs and this process sees none; use "
+                          "implementation='ring' or 'auto' on CPUs")
+    timeout = _check_timeout("multi_worker", timeout_seconds)
+    impl = getattr(tf.distribute.experimental.CommunicationImplementation, implementation.upper())
+    options = tf.distribute.experimental.CommunicationOptions(implementation=impl, timeout_seconds=timeout)
+    if apply_compat:
+        from tfaccel.compat import keras_mwms
+
+        keras_mwms.apply()
+    try:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=_resolver_for(task, devices),
+                                                             communication_options=options)
+    except (RuntimeError, ValueError) as exc:
+        raise DeviceError(f"multi_worker: TensorFlow could not set up MultiWorkerMirroredStrategy ({exc}). Create "
+                          "the strategy first thing in the process, before any TensorFlow op runs, and check "
+                          "TF_CONFIG") from exc
+    if task is not None:
+        num_workers, index = worker_position(task)
+        is_chief = bool(task.is_chief)
+    else:  # a single worker without a cluster description
+        num_workers, index, is_chief = 1, 0, True
+    return Backend(name="multi_worker", strategy=strategy, num_replicas_in_sync=strategy.num_replicas_in_sync,
+                   num_workers=num_workers, worker_index=index, is_chief=is_chief,
+                   supports_jit=not MULTI_WORKER_JIT_NOTE, jit_note=MULTI_WORKER_JIT_NOTE)
+
+
+# ------------------------------------------------------------------------------------------ parameter_server
+def _partitioner(value: Any, num_ps: int) -> Any:
+    tf = _tf()
+    partitioners = tf.distribute.experimental.partitioners
+    if value is None or isinstance(value, partitioners.Partitioner) or callable(value):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return partitioners.FixedShardsPartitioner(num_shards=value)
+    if value == "min_size":
+        return partitioners.MinSizePartitioner(min_shard_bytes=256 << 10, max_shards=num_ps)
+    raise ConfigError(f"parameter_server: variable_partitioner must be None, a number of shards >= 1, 'min_size' "
+                      f"(shards of at least 256 KiB, at most one per ps task) or a "
+                      f"tf.distribute.experimental.partitioners.Partitioner; received {value!r}")
+
+
+def make_parameter_server(*, devices: Any, task: Optional[Any], variable_partitioner: Any = None) -> Backend:
+    """``ParameterServerStrategy`` + ``ClusterCoordinator``, built on the chief (the coordinator).
+
+    Worker and ps tasks do not build a strategy: they run a server (``python -m tfaccel.launch.server``).
+    """
+    tf = _tf()
+    if task is None:
+        raise ConfigError("parameter_server: no cluster is described; set TF_CONFIG (or use a cluster file with "
+                          "`tfaccel launch`) with chief, worker and ps tasks")
+    roles = training_roles(task)
+    missing = [role for role in ("worker", "ps") if not roles.get(role)]
+    if missing:
+        raise ConfigError(f"parameter_server: the cluster has no {' and no '.join(missing)} task(s); received "
+                          f"roles {sorted(roles)}. ParameterServerStrategy needs worker and ps tasks (and a chief "
+                          "to coordinate)")
+    if task.task_type != "chief":
+        raise ConfigError(f"parameter_server: this process is task {task.name}; only the chief (the coordinator) "
+                          "builds ParameterServerStrategy. Run `python -m tfaccel.launch.server` on worker and ps "
+                          "tasks (tfaccel launch does this)")
+    partitioner = _partitioner(variable_partitioner, len(roles["ps"]))
+    resolver = _resolver_for(task, devices) or tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    try:
+        strategy = tf.distribute.experimental.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
+        coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    except (RuntimeError, ValueError) as exc:
+        raise DeviceError(f"parameter_server: could not connect to the cluster ({exc}). Check that every worker "
+                          "and ps task is running its server and that TF_CONFIG is the same everywhere") from exc
+    return Backend(name="parameter_server", strategy=strategy, num_replicas_in_sync=strategy.num_replicas_in_sync,
+                   num_workers=len(roles["worker"]), worker_index=0, is_chief=True, uses_keras_fit=False,
+                   coordinator=coordinator, supports_jit=False, jit_note=PS_JIT_NOTE)
+
+
+# --------------------------------------------------------------------------------------------------- horovod
+def make_horovod(*, devices: Any, task: Optional[Any], **options: Any) -> Backend:
+    """Loads ``tfaccel.strategies.horovod.make_backend`` lazily (Horovod is an optional, compiled dependency)."""
+    try:
+        from tfaccel.strategies.horovod import make_backend
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            f"horovod: Horovod cannot be loaded here ({exc}). Install it with TensorFlow support, e.g. "
+            "`HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 pip install --no-build-isolation horovod` (see the README "
+            "section on Horovod for the extra build flags TF 2.21 needs), or pick another strategy") from exc
+    return make_backend(devices=devices, task=task, **options)
+
+
+register_strategy("default", description="TensorFlow's default strategy: one replica, no distribution",
+                  factory=make_default)
+register_strategy("one_device", description="OneDeviceStrategy: everything on one device (a GPU when present)",
+                  factory=make_one_device, options=("device",))
+register_strategy("mirrored", description="MirroredStrategy: synchronous data parallelism over the GPUs (or "
+                  "virtual CPUs) of one process", factory=make_mirrored, options=("device_names", "cross_device_ops"))
+register_strategy("multi_worker", description="MultiWorkerMirroredStrategy: synchronous data parallelism over "
+                  "several processes/hosts (TF_CONFIG), with tfaccel's Keras 3 fit fix",
+                  factory=make_multi_worker, options=("implementation", "timeout_seconds", "apply_compat"))
+register_strategy("parameter_server", description="ParameterServerStrategy + ClusterCoordinator: asynchronous "
+                  "training with ps tasks, run by tfaccel's coordinator loop (not Keras fit)",
+                  factory=make_parameter_server, options=("variable_partitioner",))
+register_strategy("tpu", description="TPUStrategy: Cloud TPU, Colab TPU or a TPU VM (TPUClusterResolver)",
+                  factory=_tpu.make_tpu, options=_tpu.OPTIONS)
+register_strategy("horovod", description="Horovod all-reduce over ranks started by horovodrun/mpirun (optional "
+                  "dependency)", factory=make_horovod, options=("compression",))
