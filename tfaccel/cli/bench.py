@@ -1,0 +1,32 @@
+"""``tfaccel bench [--quick] [--json FILE] [--png FILE]``: measure the speed-ups side by side."""
+
+import argparse
+import sys
+
+
+def register(subparsers: "argparse._SubParsersAction") -> None:
+    parser = subparsers.add_parser("bench", help="measure compile_and_fit's speed-ups and scaling side by side")
+    parser.add_argument("--quick", action="store_true", help="small sizes, 3 rounds (a few minutes on 2 cores)")
+    parser.add_argument("--json", dest="json_path", default=None, help="write the JSON report here")
+    parser.add_argument("--png", dest="png_path", default=None, help="write a bar chart here")
+    parser.add_argument("--no-scaling", action="store_true", help="skip P4 (multi-process weak scaling)")
+    parser.add_argument("--repeats", type=int, default=None, help="rounds per figure (default 3 quick, 5 full)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from tfaccel.bench import BenchConfig, format_report, run_bench
+    from tfaccel.errors import ConfigError
+
+    config = BenchConfig.make(args.quick)
+    if args.repeats is not None:
+        if args.repeats < 1:
+            raise ConfigError(f"--repeats must be >= 1; received {args.repeats}")
+        config = dataclasses.replace(config, repeats=args.repeats)
+    if args.no_scaling:
+        config = dataclasses.replace(config, scaling=False)
+    report = run_bench(config, json_path=args.json_path, png_path=args.png_path)
+    sys.stdout.write(format_report(report) + "\n")
+    return 0
