@@ -202,8 +202,8 @@ def _scaling_env() -> Dict[str, str]:
 
 def _last_json(text: str) -> Dict[str, Any]:
     for line in reversed(text.strip().splitlines()):
-        if line.startswith("{"):
-            return json.loads(line)
+        if "{" in line and line.rstrip().endswith("}"):  # horovodrun prefixes rank lines with "[0]<stdout>:"
+            return json.loads(line[line.index("{"):])
     raise RuntimeError(f"no result line in worker output:\n{text[-1500:]}")
 
 
@@ -220,7 +220,7 @@ def _two_workers_mwms(script: str, config: BenchConfig, per_worker_examples: int
     from tfaccel.launch import run_local
 
     cmd = [sys.executable, script, str(2 * per_worker_examples), str(config.scaling_batch), "3", "multi_worker"]
-    result = run_local(cmd, workers=2, timeout=config.scaling_timeout, env=_scaling_env())
+    result = run_local(cmd, workers=2, timeout=config.scaling_timeout, env=_scaling_env(), echo=False)
     if result.returncode != 0:
         raise RuntimeError(f"2-worker run failed (exit {result.returncode})")
     chief = result.tasks[0]
@@ -236,10 +236,12 @@ def _two_ranks_horovod(script: str, config: BenchConfig, per_worker_examples: in
     from tfaccel.launch.horovod import run_horovod
 
     cmd = [sys.executable, script, str(2 * per_worker_examples), str(config.scaling_batch), "3", "horovod"]
-    outcome = run_horovod(cmd, np=2, timeout=config.scaling_timeout, env=_scaling_env())
+    outcome = run_horovod(2, cmd, timeout=config.scaling_timeout, env=_scaling_env(), echo=False)
+    text = "".join(t.stdout for t in outcome.tasks)
     if outcome.returncode != 0:
-        raise RuntimeError(f"2-rank Horovod run failed (exit {outcome.returncode}):\n{outcome.stdout[-1500:]}")
-    return float(_last_json(outcome.stdout)["examples_per_sec"])
+        raise RuntimeError(f"2-rank Horovod run failed (exit {outcome.returncode}):\n{text[-1500:]}")
+    rank0 = [line for line in text.splitlines() if line.startswith("[0]")] or text.splitlines()
+    return float(_last_json("\n".join(rank0))["examples_per_sec"])
 
 
 def measure_scaling(config: BenchConfig) -> Dict[str, Any]:
