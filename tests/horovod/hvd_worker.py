@@ -73,14 +73,15 @@ def main() -> None:
         except Exception as exc:  # the point of the probe: record how it fails
             info["upstream_broadcast_error"] = f"{type(exc).__name__}: {exc}"
     model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
+    start = [w.copy() for w in model.get_weights()]  # what fit starts from (upstream: after the broadcast)
     history = model.fit(x_shard, y_shard, batch_size=16, epochs=args.epochs, shuffle=False,
                         callbacks=callbacks, verbose=2 if rank == 0 else 0)
     out = Path(args.out)
     np.savez(out / f"rank{rank}.npz", *[w for w in model.get_weights()],
-             **{f"initial_{i}": w for i, w in enumerate(initial)})
+             **{f"initial_{i}": w for i, w in enumerate(initial)}, **{f"start_{i}": w for i, w in enumerate(start)})
     info.update(rank=rank, size=size, loss=[float(v) for v in history.history["loss"]],
                 iterations=int(model.optimizer.iterations.numpy()), num_weights=len(initial),
-                horovod_rank_env=os.environ.get("HOROVOD_RANK"))
+                horovod_rank_env=os.environ.get("HOROVOD_RANK"), pid=os.getpid())
     (out / f"rank{rank}.json").write_text(json.dumps(info))
 
 

@@ -88,6 +88,8 @@ def import_horovod() -> Any:
     """
     try:
         import horovod.tensorflow as hvd
+
+        gloo = hvd.gloo_built()  # loads the compiled ops library
     except ImportError as exc:
         raise BackendUnavailableError(f"strategy 'horovod': cannot import horovod.tensorflow ({exc}). "
                                       f"{INSTALL_HINT}") from exc
@@ -95,7 +97,7 @@ def import_horovod() -> Any:
         raise BackendUnavailableError(f"strategy 'horovod': horovod.tensorflow is installed but does not load "
                                       f"({type(exc).__name__}: {exc}); it was probably built against another "
                                       f"TensorFlow. Rebuild it: {INSTALL_HINT} (add --force)") from exc
-    if not hvd.gloo_built():
+    if not gloo:
         raise BackendUnavailableError("strategy 'horovod': this Horovod was built without Gloo, which tfaccel "
                                       f"uses to start ranks. Rebuild it: {INSTALL_HINT} (add --force)")
     return hvd

@@ -1,0 +1,306 @@
+"""tfaccel.strategies.horovod in one process: the optimizer wrapper, callbacks, GPU pinning, the Backend.
+
+Collectives are faked here (FakeHvd); tests/horovod/test_horovod_two_ranks.py runs the real thing over Gloo.
+"""
+
+import logging
+import sys
+from typing import Any, List
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hvd_testing import FakeHvd, LogCapture, require_horovod
+from tfaccel.errors import BackendUnavailableError, ConfigError, DeviceError
+from tfaccel.strategies import horovod as th
+
+
+@pytest.fixture
+def log_records():
+    logger = logging.getLogger("tfaccel")
+    handler = LogCapture()
+    logger.addHandler(handler)
+    old_level = logger.level
+    logger.setLevel(logging.DEBUG)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(old_level)
+
+
+# ------------------------------------------------------------------------------------------- check_optimizer
+
+@pytest.mark.horovod
+def test_upstream_keras2_wrapper_is_refused_with_a_clear_error() -> None:
+    require_horovod()
+    import horovod.tensorflow.keras as hvd_keras
+
+    upstream = hvd_keras.DistributedOptimizer(keras.optimizers.Adam(0.1))
+    with pytest.raises(ConfigError) as info:
+        th.check_optimizer(upstream)
+    msg = str(info.value)
+    assert "optimizer: received Adam wrapped by Horovod's Keras 2 integration" in msg
+    assert "silently does not average gradients" in msg
+    assert "keras.optimizers.Adam(...)" in msg and "distributed_optimizer(optimizer)" in msg
+    # Wrapping it again through tfaccel is refused the same way, not silently double-wrapped.
+    with pytest.raises(ConfigError, match="Keras 2 integration"):
+        th.distributed_optimizer(upstream, _hvd=FakeHvd())
+
+
+def test_non_keras3_optimizer_is_refused() -> None:
+    with pytest.raises(ConfigError) as info:
+        th.check_optimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+    assert "GradientDescentOptimizer, which is not a Keras 3 optimizer" in str(info.value)
+    assert "keras.optimizers.Adam(1e-3)" in str(info.value)
+
+
+def test_plain_and_tfaccel_wrapped_optimizers_pass_the_check() -> None:
+    th.check_optimizer(keras.optimizers.Adam())
+    th.check_optimizer(th.distributed_optimizer(keras.optimizers.Adam(), _hvd=FakeHvd()))
+
+
+# --------------------------------------------------------------------------------------- distributed_optimizer
+
+def test_wrapper_averages_gradients_through_one_grouped_allreduce() -> None:
+    fake = FakeHvd(scale=0.5)
+    opt = th.distributed_optimizer(keras.optimizers.SGD(learning_rate=1.0), compression="fp16", _hvd=fake)
+    assert isinstance(opt, keras.optimizers.SGD) and th.is_distributed_optimizer(opt)
+    assert type(opt).__name__ == "SGD" and opt.learning_rate.numpy() == pytest.approx(1.0)
+    a, b = keras.Variable(np.ones((2,), "float32")), keras.Variable(np.ones((3,), "float32"))
+    opt.apply([tf.ones((2,)), tf.ones((3,)) * 4], [a, b])
+    # the "all-reduced" gradient (x0.5) was applied: 1 - 0.5 and 1 - 2
+    np.testing.assert_allclose(a.numpy(), [0.5, 0.5])
+    np.testing.assert_allclose(b.numpy(), [-1.0, -1.0, -1.0])
+    assert fake.calls == [("grouped_allreduce", 2, "Average", "compression.fp16")]
+
+
+def test_allreduce_keeps_none_gradients_and_densifies_sparse_ones() -> None:
+    fake = FakeHvd(scale=2.0)
+    sparse = tf.IndexedSlices(tf.constant([[1.0, 1.0]]), tf.constant([1]), tf.constant([3, 2]))
+    out = th._allreduce_gradients(fake, [None, tf.constant([1.0]), sparse], compression="c")
+    assert out[0] is None
+    np.testing.assert_allclose(out[1].numpy(), [2.0])
+    np.testing.assert_allclose(out[2].numpy(), [[0, 0], [2, 2], [0, 0]])
+    assert fake.calls == [("grouped_allreduce", 2, "Average", "c")]
+    assert th._allreduce_gradients(fake, [None], compression="c") == [None]
+
+
+def test_wrapping_twice_returns_the_same_optimizer() -> None:
+    fake = FakeHvd()
+    opt = th.distributed_optimizer(keras.optimizers.Adam(), _hvd=fake)
+    assert th.distributed_optimizer(opt, _hvd=fake) is opt
+
+
+def test_unknown_compression_is_refused() -> None:
+    with pytest.raises(ConfigError) as info:
+        th.distributed_optimizer(keras.optimizers.Adam(), compression="int8", _hvd=FakeHvd())
+    assert "compression: unknown value 'int8'; valid values are: 'none', 'fp16'" in str(info.value)
+
+
+def test_a_built_optimizer_is_refused() -> None:
+    opt = keras.optimizers.Adam()
+    opt.build([keras.Variable(np.zeros((2,), "float32"))])
+    with pytest.raises(ConfigError) as info:
+        th.distributed_optimizer(opt, _hvd=FakeHvd())
+    assert "optimizer: received a built Adam" in str(info.value) and "before the first fit" in str(info.value)
+
+
+def test_mixed_float16_wraps_the_loss_scale_optimizer_so_all_ranks_skip_together() -> None:
+    old = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        opt = th.distributed_optimizer(keras.optimizers.Adam(0.01), _hvd=FakeHvd())
+    finally:
+        keras.config.set_dtype_policy(old)
+    assert isinstance(opt, keras.optimizers.LossScaleOptimizer) and th.is_distributed_optimizer(opt)
+    assert isinstance(opt.inner_optimizer, keras.optimizers.Adam)
+
+
+def test_fit_with_wrapper_and_callbacks_then_save_and_load(tmp_path) -> None:
+    fake = FakeHvd(scale=1.0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer=th.distributed_optimizer(keras.optimizers.Adam(0.01), _hvd=fake), loss="mse",
+                  jit_compile=False)
+    local: List[float] = []
+    record = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: local.append(logs["loss"]))
+    callbacks = [th.BroadcastVariablesCallback(_hvd=fake), record, th.MetricAverageCallback(_hvd=fake)]
+    x, y = np.ones((8, 3), "float32"), np.ones((8, 1), "float32")
+    history = model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=callbacks)
+    kinds = [c[0] for c in fake.calls]
+    assert kinds[0] == "broadcast_variables" and "grouped_allreduce" in kinds and kinds[-1] == "allreduce"
+    broadcast = fake.calls[0][1]
+    # model variables + built optimizer variables (iterations, learning rate, m and v slots), all tf.Variables
+    assert all(isinstance(v, tf.Variable) for v in broadcast)
+    assert len(broadcast) == len(model.variables) + len(model.optimizer.variables) > len(model.variables)
+    # MetricAverageCallback runs before History: History records the fake "average" (local loss + 1)
+    assert history.history["loss"] == [pytest.approx(local[0] + 1.0)]
+    path = tmp_path / "m.keras"
+    model.save(path)
+    restored = keras.models.load_model(path)
+    assert type(restored.optimizer) is keras.optimizers.Adam  # checkpoints carry the plain optimizer
+
+
+def test_metric_average_replaces_numeric_logs_only() -> None:
+    fake = FakeHvd()
+    cb = th.MetricAverageCallback(_hvd=fake)
+    logs = {"loss": 2.0, "val_acc": np.float32(0.5), "note": "text"}
+    cb.on_epoch_end(0, logs)
+    assert logs == {"loss": 3.0, "val_acc": 1.5, "note": "text"}
+    assert fake.calls == [("allreduce", "Average", "tfaccel_metric_average")]
+    cb.on_epoch_end(1, {})
+    cb.on_epoch_end(1, {"note": "x"})
+    assert len(fake.calls) == 1
+
+
+def test_tf_variable_error_names_the_variable() -> None:
+    class Unbuilt:
+        path = "dense/kernel"
+        value = tf.constant(1.0)
+
+    with pytest.raises(Exception) as info:
+        th._tf_variable(Unbuilt())
+    assert "cannot broadcast variable 'dense/kernel'" in str(info.value) and "build the model" in str(info.value)
+
+
+# --------------------------------------------------------------------------------------------- GPU pinning
+
+class FakeDevices:
+    def __init__(self, gpus: int, *, initialized: bool = False, visible: Any = None) -> None:
+        self.gpus = [f"GPU:{i}" for i in range(gpus)]
+        self.initialized = initialized
+        self.visible = list(self.gpus) if visible is None else visible
+        self.growth: List[Any] = []
+
+    def list_physical_devices(self, kind: str) -> List[Any]:
+        return list(self.gpus) if kind == "GPU" else ["CPU:0"]
+
+    def is_initialized(self) -> bool:
+        return self.initialized
+
+    def get_visible_devices(self, kind: str) -> List[Any]:
+        return list(self.visible)
+
+    def set_visible_devices(self, devices: List[Any], kind: str) -> None:
+        self.visible = list(devices)
+
+    def set_memory_growth(self, device: Any, enable: bool) -> None:
+        self.growth.append((device, enable))
+
+
+def test_pin_gpu_to_local_rank() -> None:
+    devices = FakeDevices(4)
+    assert th.pin_gpu_to_local_rank(2, _backend_override=devices) == 2
+    assert devices.visible == ["GPU:2"] and devices.growth == [("GPU:2", True)]
+
+
+def test_pin_gpu_without_gpus_does_nothing() -> None:
+    devices = FakeDevices(0)
+    assert th.pin_gpu_to_local_rank(1, _backend_override=devices) is None
+    assert devices.visible == []
+
+
+def test_more_ranks_than_gpus_share_with_a_warning(log_records) -> None:
+    devices = FakeDevices(2)
+    assert th.pin_gpu_to_local_rank(3, _backend_override=devices) == 1
+    assert "local rank 3 shares GPU 1: only 2 GPU(s) on this host" in log_records.text(logging.WARNING)
+
+
+def test_pin_gpu_after_tensorflow_initialised() -> None:
+    assert th.pin_gpu_to_local_rank(1, _backend_override=FakeDevices(2, initialized=True, visible=["GPU:1"])) == 1
+    with pytest.raises(DeviceError) as info:
+        th.pin_gpu_to_local_rank(1, _backend_override=FakeDevices(2, initialized=True))
+    assert "cannot pin local rank 1 to GPU 1: TensorFlow already initialised its devices with 2 visible" \
+        in str(info.value)
+    assert "before any TensorFlow op runs" in str(info.value)
+
+
+# ------------------------------------------------------------------------------------------------ backend
+
+def test_make_backend_describes_horovod(monkeypatch) -> None:
+    monkeypatch.setenv("HOROVOD_RANK", "1")
+    fake = FakeHvd(size=2, rank=1, local_rank=1)
+    devices = FakeDevices(2)
+    backend = th.make_backend(devices=None, task=None, compression="fp16", _hvd=fake, _device_backend=devices)
+    assert fake.initialized and devices.visible == ["GPU:1"]
+    assert (backend.name, backend.num_replicas_in_sync, backend.num_workers, backend.worker_index) == \
+        ("horovod", 2, 2, 1)
+    assert backend.is_chief is False and backend.uses_keras_fit and backend.input_shard == (2, 1)
+    assert backend.strategy is tf.distribute.get_strategy()
+    assert backend.supports_jit is False and "not XLA ops" in backend.jit_note
+    opt = backend.wrap_optimizer(keras.optimizers.Adam())
+    assert th.is_distributed_optimizer(opt)
+    cbs = backend.extra_callbacks()
+    assert [type(c).__name__ for c in cbs] == ["BroadcastVariablesCallback", "MetricAverageCallback"]
+    rank0 = th.make_backend(devices=None, task=None, pin_gpu=False, _hvd=FakeHvd(size=3, rank=0))
+    assert rank0.is_chief and rank0.num_replicas_in_sync == 3
+
+
+def test_make_backend_unknown_option_and_compression() -> None:
+    with pytest.raises(ConfigError) as info:
+        th.make_backend(devices=None, task=None, fusion_mb=64, _hvd=FakeHvd())
+    assert "strategy 'horovod': unknown option(s) ['fusion_mb']; valid options are: compression, pin_gpu" \
+        in str(info.value)
+    with pytest.raises(ConfigError, match="compression: unknown value 'bf16'"):
+        th.make_backend(devices=None, task=None, compression="bf16", _hvd=FakeHvd())
+
+
+def test_make_backend_warns_outside_horovodrun_and_about_a_cluster_task(monkeypatch, clean_tf_config,
+                                                                       log_records) -> None:
+    class Task:
+        num_tasks, source, name = 2, "TF_CONFIG", "worker:0"
+
+    th.make_backend(devices=None, task=Task(), pin_gpu=False, _hvd=FakeHvd())
+    text = log_records.text(logging.WARNING)
+    assert "not started by horovodrun; it runs as a single rank" in text
+    assert "tfaccel launch --backend horovod -np N" in text
+    assert "ignoring the TF_CONFIG cluster description (task worker:0)" in text
+
+
+def test_launched_by_horovod() -> None:
+    assert th.launched_by_horovod({"HOROVOD_RANK": "0"})
+    assert th.launched_by_horovod({"HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1"})
+    assert not th.launched_by_horovod({"OMPI_COMM_WORLD_RANK": "0"})
+
+
+def test_import_horovod_not_installed_points_to_the_install_script(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "horovod.tensorflow", None)  # makes `import horovod.tensorflow` fail
+    with pytest.raises(BackendUnavailableError) as info:
+        th.import_horovod()
+    assert "strategy 'horovod': cannot import horovod.tensorflow" in str(info.value)
+    assert "bash scripts/install_horovod.sh .venv" in str(info.value)
+
+
+def test_import_horovod_that_does_not_load_or_lacks_gloo(monkeypatch) -> None:
+    import types
+
+    broken = types.ModuleType("horovod.tensorflow")
+
+    def __getattr__(name: str) -> Any:
+        raise OSError("undefined symbol: _ZN10tensorflow8OpKernel")
+
+    broken.__getattr__ = __getattr__
+    parent = types.ModuleType("horovod")
+    monkeypatch.setitem(sys.modules, "horovod", parent)
+    monkeypatch.setitem(sys.modules, "horovod.tensorflow", broken)
+    parent.tensorflow = broken
+    with pytest.raises(BackendUnavailableError) as info:
+        th.import_horovod()
+    assert "installed but does not load (OSError: undefined symbol" in str(info.value)
+    assert "add --force" in str(info.value)
+    no_gloo = types.ModuleType("horovod.tensorflow")
+    no_gloo.gloo_built = lambda: False
+    parent.tensorflow = no_gloo
+    monkeypatch.setitem(sys.modules, "horovod.tensorflow", no_gloo)
+    with pytest.raises(BackendUnavailableError, match="built without Gloo"):
+        th.import_horovod()
+
+
+@pytest.mark.horovod
+def test_horovod_is_built_here() -> None:
+    """CI builds Horovod (scripts/install_horovod.sh); this fails loudly when that did not work."""
+    hvd = require_horovod()
+    assert hvd.gloo_built()
+    import horovod
+
+    assert horovod.__version__ == "0.28.1"
