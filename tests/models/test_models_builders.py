@@ -34,12 +34,15 @@ def restore_policy():
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_model_trains_one_epoch_with_plain_keras_fit(name: str) -> None:
     input_shape, num_classes, options, dataset, data_options = TINY[name]
-    x, y = load_dataset(dataset, num_examples=64, **data_options)
+    x, y = load_dataset(dataset, num_examples=32, **data_options)
     model = build_model(name, input_shape=input_shape, num_classes=num_classes, **options)
     assert isinstance(model, keras.Model)
     assert model.input_shape[1:] == input_shape
     assert model.output_shape == (None, num_classes)
-    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    # ResNet-50 runs eagerly: tracing its ~180-layer train step costs ~16 s on this CPU against ~3 s eager, and
+    # ResNet-20 already covers the same blocks in graph mode.
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+                  jit_compile=False, run_eagerly=name == "resnet50")
     history = model.fit(x, y, batch_size=16, epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"][0])
     probs = model.predict(x[:4], verbose=0)
