@@ -150,8 +150,8 @@ def test_cli_errors_are_one_line_exit_2(argv: List[str], expected: str, monkeypa
 
 def test_cli_reads_slurm_when_no_file(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
                                       clean_tf_config: None) -> None:
-    for key, value in {"SLURM_PROCID": "1", "SLURM_JOB_NODELIST": "node[01-02]", "SLURM_TASKS_PER_NODE": "1(x2)"
-                       }.items():
+    for key, value in {"SLURM_PROCID": "1", "SLURM_JOB_NODELIST": "node[01-02]", "SLURM_TASKS_PER_NODE": "1(x2)",
+                       "SLURM_STEP_ID": "0"}.items():
         monkeypatch.setenv(key, value)
     assert main(["tf-config", "--slurm-port", "2345"]) == 0
     assert json.loads(capsys.readouterr().out) == {"cluster": {"worker": ["node01:2345", "node02:2345"]},

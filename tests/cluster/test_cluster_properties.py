@@ -110,7 +110,7 @@ def malformed_tf_configs(draw: Any) -> Tuple[str, str]:
     role, index = draw(st.sampled_from(_all_slots(cluster)))
     doc: Dict[str, Any] = {"cluster": cluster, "task": {"type": role, "index": index}}
     kind = draw(st.sampled_from(["bad_cluster", "index_out_of_range", "role_not_in_cluster", "unknown_task_type",
-                                 "index_not_int", "negative_index", "task_missing", "type_missing",
+                                 "index_not_int", "negative_index", "task_missing", "type_missing", "index_missing",
                                  "unknown_top_key", "unknown_task_key", "not_json", "not_object", "cluster_missing",
                                  "task_not_mapping", "bad_environment"]))
     if kind == "bad_cluster":
@@ -134,6 +134,8 @@ def malformed_tf_configs(draw: Any) -> Tuple[str, str]:
         del doc["task"]
     elif kind == "type_missing":
         del doc["task"]["type"]
+    elif kind == "index_missing":
+        del doc["task"]["index"]
     elif kind == "unknown_top_key":
         doc[draw(st.text(max_size=10).filter(lambda k: k not in ("cluster", "task", "environment", "rpc_layer")))] = 1
     elif kind == "unknown_task_key":
@@ -200,7 +202,7 @@ def test_at_least_200_malformed_tf_configs_are_rejected_and_nothing_is_written()
 
     check()
     assert len(seen) >= 200
-    assert len(set(seen)) >= 13, sorted(set(seen))
+    assert len(set(seen)) >= 14, sorted(set(seen))
     assert os.environ.get("TF_CONFIG") == before
 
 

@@ -64,8 +64,9 @@ def test_parse_tasks_per_node_errors(value: str, nodes: int, expected: str) -> N
     assert expected in str(info.value)
 
 
-def _env(**kw: str) -> dict:
-    return {k: str(v) for k, v in kw.items()}
+def _env(**kw: object) -> dict:
+    """A task's environment inside srun (srun sets SLURM_STEP_ID; the batch script does not)."""
+    return dict({"SLURM_STEP_ID": "0"}, **{k: str(v) for k, v in kw.items()})
 
 
 def test_not_under_srun_is_none() -> None:
@@ -73,6 +74,35 @@ def test_not_under_srun_is_none() -> None:
     assert slurm_task(_env(SLURM_JOB_NODELIST="n[1-2]")) is None       # no SLURM_PROCID
     assert slurm_task(_env(SLURM_PROCID="0")) is None                   # no node list
     assert task_from_env(_env(SLURM_PROCID="0")) is None
+
+
+def test_batch_script_is_not_a_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    """sbatch's script has SLURM_PROCID=0 and the job's node list but is not a task of a step."""
+    import logging
+
+    import tfaccel
+    from tfaccel.cluster import slurm
+
+    monkeypatch.setattr(slurm, "_warned_not_in_step", False)
+    seen = []
+
+    class _Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    handler = _Catch()
+    tfaccel.get_logger().addHandler(handler)
+    try:
+        batch = {"SLURM_PROCID": "0", "SLURM_JOB_NODELIST": "gnode[10,20,25,37]", "SLURM_TASKS_PER_NODE": "1(x4)",
+                 "SLURM_NTASKS": "4"}
+        assert task_from_env(batch) is None
+        assert task_from_env(batch) is None
+    finally:
+        tfaccel.get_logger().removeHandler(handler)
+    assert len(seen) == 1, seen  # warned once
+    assert seen[0].startswith("SLURM: SLURM_PROCID is set but SLURM_STEP_NODELIST / SLURM_STEP_ID are not")
+    assert "start one task per worker with srun to use the 4 node(s)" in seen[0]
+    assert task_from_env(dict(batch, SLURM_STEP_ID="0")) is not None  # the same variables inside srun
 
 
 def test_one_task_per_node_default_port() -> None:
@@ -114,6 +144,7 @@ def test_port_from_environment_variable_and_argument_precedence() -> None:
     env = _env(SLURM_PROCID=0, SLURM_JOB_NODELIST="n1", TFACCEL_SLURM_PORT=3000)
     assert slurm_task(env).spec.roles["worker"] == ("n1:3000",)  # type: ignore[union-attr]
     assert slurm_task(env, port=4000).spec.roles["worker"] == ("n1:4000",)  # type: ignore[union-attr]
+    assert ClusterSpec.from_env(env, port=4001).roles["worker"] == ("n1:4001",)  # type: ignore[union-attr]
 
 
 def test_parameter_servers() -> None:
@@ -140,29 +171,29 @@ def test_matching_node_name_is_accepted() -> None:
 
 
 @pytest.mark.parametrize("env, kwargs, expected", [
-    (dict(SLURM_PROCID="x", SLURM_JOB_NODELIST="n1"), {}, 'SLURM: SLURM_PROCID "x": must be an integer >= 0'),
-    (dict(SLURM_PROCID="2", SLURM_JOB_NODELIST="n[1-2]"), {},
+    (dict(SLURM_STEP_ID="0", SLURM_PROCID="x", SLURM_JOB_NODELIST="n1"), {}, 'SLURM: SLURM_PROCID "x": must be an integer >= 0'),
+    (dict(SLURM_STEP_ID="0", SLURM_PROCID="2", SLURM_JOB_NODELIST="n[1-2]"), {},
      'SLURM: SLURM_PROCID "2": task rank out of range: the step has 2 task(s), 0-1'),
-    (dict(SLURM_PROCID="0", SLURM_JOB_NODELIST="n[1-2]", SLURM_NTASKS="5"), {},
+    (dict(SLURM_STEP_ID="0", SLURM_PROCID="0", SLURM_JOB_NODELIST="n[1-2]", SLURM_NTASKS="5"), {},
      'SLURM: SLURM_NTASKS "5": is more than the 2 task slot(s)'),
-    (dict(SLURM_PROCID="0", SLURM_JOB_NODELIST="n1", SLURM_NTASKS_PER_NODE="0"), {},
+    (dict(SLURM_STEP_ID="0", SLURM_PROCID="0", SLURM_JOB_NODELIST="n1", SLURM_NTASKS_PER_NODE="0"), {},
      'SLURM_NTASKS_PER_NODE "0": must be an integer >= 1'),
-    (dict(SLURM_PROCID="0", SLURM_JOB_NODELIST="n1", TFACCEL_SLURM_PORT="http"), {},
+    (dict(SLURM_STEP_ID="0", SLURM_PROCID="0", SLURM_JOB_NODELIST="n1", TFACCEL_SLURM_PORT="http"), {},
      'SLURM: TFACCEL_SLURM_PORT "http": must be an integer >= 1'),
-    (dict(SLURM_PROCID="0", SLURM_JOB_NODELIST="n1"), {"port": 70000}, "SLURM: port 70000: port must be 1-65535"),
-    (dict(SLURM_PROCID="0", SLURM_JOB_NODELIST="n1", TFACCEL_SLURM_PORT="70000"), {},
+    (dict(SLURM_STEP_ID="0", SLURM_PROCID="0", SLURM_JOB_NODELIST="n1"), {"port": 70000}, "SLURM: port 70000: port must be 1-65535"),
+    (dict(SLURM_STEP_ID="0", SLURM_PROCID="0", SLURM_JOB_NODELIST="n1", TFACCEL_SLURM_PORT="70000"), {},
      "SLURM: TFACCEL_SLURM_PORT 70000: port must be 1-65535"),
-    (dict(SLURM_PROCID="0", SLURM_JOB_NODELIST="n1", SLURM_NTASKS_PER_NODE="4"), {"port": 65534},
+    (dict(SLURM_STEP_ID="0", SLURM_PROCID="0", SLURM_JOB_NODELIST="n1", SLURM_NTASKS_PER_NODE="4"), {"port": 65534},
      "port + tasks per node - 1 = 65537 is above 65535"),
-    (dict(SLURM_PROCID="0", SLURM_JOB_NODELIST="n[1-2]"), {"ps": 1},
+    (dict(SLURM_STEP_ID="0", SLURM_PROCID="0", SLURM_JOB_NODELIST="n[1-2]"), {"ps": 1},
      "SLURM: ps 1: parameter-server training needs a chief, 1 ps and at least one worker, i.e. 3 task(s), "
      "but the step has 2"),
-    (dict(SLURM_PROCID="0", SLURM_JOB_NODELIST="n1"), {"ps": -1}, "SLURM: ps -1: must be an integer >= 0"),
-    (dict(SLURM_PROCID="0", SLURM_JOB_NODELIST="n1", TFACCEL_SLURM_PS="many"), {},
+    (dict(SLURM_STEP_ID="0", SLURM_PROCID="0", SLURM_JOB_NODELIST="n1"), {"ps": -1}, "SLURM: ps -1: must be an integer >= 0"),
+    (dict(SLURM_STEP_ID="0", SLURM_PROCID="0", SLURM_JOB_NODELIST="n1", TFACCEL_SLURM_PS="many"), {},
      'SLURM: TFACCEL_SLURM_PS "many": must be an integer >= 0'),
-    (dict(SLURM_PROCID="0", SLURM_JOB_NODELIST="n[1-2]", SLURMD_NODENAME="n2"), {},
+    (dict(SLURM_STEP_ID="0", SLURM_PROCID="0", SLURM_JOB_NODELIST="n[1-2]", SLURMD_NODENAME="n2"), {},
      'SLURM: SLURMD_NODENAME "n2": rank 0 should run on n1 under the block distribution'),
-    (dict(SLURM_PROCID="0", SLURM_JOB_NODELIST="n[1-"), {}, "'[' without a matching ']'"),
+    (dict(SLURM_STEP_ID="0", SLURM_PROCID="0", SLURM_JOB_NODELIST="n[1-"), {}, "'[' without a matching ']'"),
 ])
 def test_slurm_errors(env: dict, kwargs: dict, expected: str) -> None:
     before = dict(env)

@@ -274,6 +274,8 @@ def test_kubeflow_tfjob_tf_config() -> None:
      'TF_CONFIG: task.index "0": must be a non-negative integer'),
     ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": -1}}', "task.index -1: must be >= 0"),
     ('{"cluster": {"worker": ["a:1"]}, "task": {"type": 3}}', "task.type 3: must be a string"),
+    ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker"}}',
+     'TF_CONFIG: task {\'type\': \'worker\'}: "index" is missing, e.g. {"type": "worker", "index": 0}'),
     ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "Worker"}}', 'task.type "Worker": unknown role'),
     ('{"cluster": {"worker": ["a:1"]}, "task": {"index": 0}}', 'task {\'index\': 0}: "type" is missing'),
     ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "idx": 0}}', 'task.idx "idx": unknown key'),
@@ -283,7 +285,7 @@ def test_kubeflow_tfjob_tf_config() -> None:
     ('{"cluster": {}, "task": {"type": "worker"}}', "TF_CONFIG: cluster: the cluster is empty"),
     ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker"}, "extra": 1}',
      'TF_CONFIG: "extra": unknown key; valid keys of a TF_CONFIG document are cluster, task, environment'),
-    ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker"}, "environment": ""}',
+    ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 0}, "environment": ""}',
      'TF_CONFIG: environment "": must be a non-empty string'),
 ])
 def test_malformed_tf_config(raw: str, expected: str) -> None:

@@ -14,6 +14,7 @@ import re
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from tfaccel.cluster.spec import ClusterConfigError, ClusterSpec, TaskInfo
+from tfaccel.log import get_logger
 
 __all__ = ["expand_nodelist", "parse_tasks_per_node", "slurm_task", "DEFAULT_SLURM_PORT", "SLURM_PORT_ENV",
            "SLURM_PS_ENV"]
@@ -23,6 +24,8 @@ SLURM_PORT_ENV = "TFACCEL_SLURM_PORT"
 SLURM_PS_ENV = "TFACCEL_SLURM_PS"
 NODELIST_VARS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
 TASKS_PER_NODE_VARS = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+STEP_VARS = ("SLURM_STEP_NODELIST", "SLURM_STEP_ID", "SLURM_STEPID")  # set by srun, not in the batch script
+_warned_not_in_step = False
 
 _RANGE_RE = re.compile(r"^(\d+)(?:-(\d+))?$")
 _TPN_RE = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
@@ -157,6 +160,17 @@ def _int_var(environ: Mapping[str, str], var: str, *, minimum: int = 0) -> Optio
     return value
 
 
+def _warn_not_in_step(num_nodes: int) -> None:
+    global _warned_not_in_step
+    if _warned_not_in_step:
+        return
+    _warned_not_in_step = True
+    get_logger().warning(
+        "SLURM: SLURM_PROCID is set but SLURM_STEP_NODELIST / SLURM_STEP_ID are not: this process is the batch "
+        "script (or an salloc shell), not a task of a job step, so it runs as a single process; start one task "
+        f"per worker with srun to use the {num_nodes} node(s) of the allocation")
+
+
 def slurm_task(environ: Optional[Mapping[str, str]] = None, *, port: Optional[int] = None,
                ps: Optional[int] = None) -> Optional[TaskInfo]:
     """This SLURM task's place in a cluster built from SLURM's variables; None outside ``srun``.
@@ -169,13 +183,15 @@ def slurm_task(environ: Optional[Mapping[str, str]] = None, *, port: Optional[in
             ``$TFACCEL_SLURM_PS``, else 0 (all workers).
 
     Returns:
-        A ``TaskInfo`` with ``source="SLURM"``, or None when ``SLURM_PROCID`` or a node list is missing.
+        A ``TaskInfo`` with ``source="SLURM"``, or None when ``SLURM_PROCID`` or a node list is missing, or
+        when this process is not a task of a job step (the batch script itself: no ``SLURM_STEP_NODELIST``
+        or ``SLURM_STEP_ID``; a warning says so once).
 
     Raises:
         ClusterConfigError: a SLURM variable is malformed or inconsistent, or the port / ps count is invalid.
 
     Example:
-        >>> env = {"SLURM_PROCID": "1", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_TASKS_PER_NODE": "1(x2)"}
+        >>> env = {"SLURM_PROCID": "1", "SLURM_STEP_NODELIST": "node[1-2]", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}
         >>> slurm_task(env, port=2222).spec.roles
         {'worker': ('node1:2222', 'node2:2222')}
     """
@@ -186,6 +202,11 @@ def slurm_task(environ: Optional[Mapping[str, str]] = None, *, port: Optional[in
     rank = _int_var(env, "SLURM_PROCID")
     assert rank is not None
     nodes = expand_nodelist(env[nodelist_var], var=nodelist_var)
+    if not any(env.get(v) for v in STEP_VARS):
+        # An sbatch script / salloc shell also has SLURM_PROCID=0 and the job's node list, but it is not one
+        # of the job's tasks: treating it as worker 0 would make it wait forever for workers nobody started.
+        _warn_not_in_step(len(nodes))
+        return None
 
     tpn_var = next((v for v in TASKS_PER_NODE_VARS if env.get(v)), None)
     if tpn_var is not None:

@@ -16,7 +16,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, MutableMapping, NoReturn, Optional, Sequence, Tuple, Union
 
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
@@ -106,7 +106,7 @@ def _check_address(source: str, field: str, value: Any) -> str:
     return value
 
 
-def _raise(source: str, field: Optional[str], received: Any, problem: str) -> Any:
+def _raise(source: str, field: Optional[str], received: Any, problem: str) -> NoReturn:
     raise _err(source, field, received, problem)
 
 
@@ -236,15 +236,18 @@ def _validate_task_doc(task: Any, source: str) -> Tuple[str, int]:
     task_type = task["type"]
     if not isinstance(task_type, str):
         _raise(source, "task.type", task_type, f"must be a string, one of {', '.join(ROLES)}")
-    index = task.get("index", 0)
-    if isinstance(index, bool) or not isinstance(index, int):
-        _raise(source, "task.index", index, "must be a non-negative integer, e.g. 0")
     if task_type in LEGACY_ROLES:
         _warn(f"{source}: task.type {task_type!r} is the legacy name of {LEGACY_ROLES[task_type]!r}; "
               f"use {LEGACY_ROLES[task_type]!r}")
         task_type = LEGACY_ROLES[task_type]
     if task_type not in ROLES:
         _raise(source, "task.type", task_type, _unknown_role_hint(task_type))
+    if "index" not in task:
+        # TensorFlow's resolver reports task_id None then, and strategies fail later with obscure errors.
+        _raise(source, "task", dict(task), "\"index\" is missing, e.g. {\"type\": \"worker\", \"index\": 0}")
+    index = task["index"]
+    if isinstance(index, bool) or not isinstance(index, int):
+        _raise(source, "task.index", index, "must be a non-negative integer, e.g. 0")
     if index < 0:
         _raise(source, "task.index", index, "must be >= 0")
     return task_type, index
@@ -399,12 +402,14 @@ class ClusterSpec:
         return cls.from_dict(cluster, source="cluster hosts")
 
     @classmethod
-    def from_env(cls, environ: Optional[Mapping[str, str]] = None, **slurm_options: Any) -> Optional["ClusterSpec"]:
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None, *, port: Optional[int] = None,
+                 ps: Optional[int] = None) -> Optional["ClusterSpec"]:
         """The cluster of this process: from TF_CONFIG, else from SLURM; None when neither is set.
 
         Args:
             environ: the environment to read. Defaults to ``os.environ``.
-            **slurm_options: ``port`` and ``ps`` for the SLURM reader (see :func:`tfaccel.cluster.slurm.slurm_task`).
+            port: SLURM only: first port on each node. Defaults to ``$TFACCEL_SLURM_PORT``, else 8888.
+            ps: SLURM only: number of parameter servers. Defaults to ``$TFACCEL_SLURM_PS``, else 0.
 
         Returns:
             The spec, or None when this process is not part of a described cluster.
@@ -414,7 +419,7 @@ class ClusterSpec:
         """
         from tfaccel.cluster.env import task_from_env
 
-        info = task_from_env(environ, **slurm_options)
+        info = task_from_env(environ, port=port, ps=ps)
         return None if info is None else info.spec
 
     # -- queries -----------------------------------------------------------------------------------------
