@@ -28,6 +28,13 @@ _LAZY = {
     "task_from_env": "tfaccel.cluster",
     "get_strategy": "tfaccel.strategies",
     "get_backend": "tfaccel.strategies",
+    "set_precision": "tfaccel.precision",
+    "Plan": "tfaccel.plan",
+    "resolve_plan": "tfaccel.plan",
+    "load_dataset": "tfaccel.datasets",
+    "DATASET_NAMES": "tfaccel.datasets",
+    "get_model_builder": "tfaccel.models",
+    "MODEL_NAMES": "tfaccel.models",
 }
 
 __all__ = ["__version__", "TfaccelError", "ConfigError", "DeviceError", "BackendUnavailableError", *_LAZY]

@@ -12,6 +12,7 @@ from tfaccel.strategies import tpu as _tpu
 from tfaccel.strategies._task import training_roles, worker_position
 from tfaccel.strategies.base import Backend
 from tfaccel.strategies.registry import register_strategy
+from tfaccel.xla import MULTI_WORKER_CPU_NOTE
 
 __all__ = ["CROSS_DEVICE_OPS", "COLLECTIVE_IMPLEMENTATIONS", "MIRRORED_MULTI_DEVICE_JIT_NOTE"]
 
@@ -100,9 +101,6 @@ def make_mirrored(*, devices: Any, task: Optional[Any], device_names: Optional[S
 
 
 # ---------------------------------------------------------------------------------------------- multi_worker
-MULTI_WORKER_JIT_NOTE = ""  # set below once measured; see tfaccel.xla
-
-
 def _check_timeout(name: str, value: Any) -> Optional[float]:
     if value is None:
         return None
@@ -153,7 +151,7 @@ def make_multi_worker(*, devices: Any, task: Optional[Any], implementation: str 
         num_workers, index, is_chief = 1, 0, True
     return Backend(name="multi_worker", strategy=strategy, num_replicas_in_sync=strategy.num_replicas_in_sync,
                    num_workers=num_workers, worker_index=index, is_chief=is_chief,
-                   supports_jit=not MULTI_WORKER_JIT_NOTE, jit_note=MULTI_WORKER_JIT_NOTE)
+                   supports_jit=bool(devices.num_gpus), jit_note="" if devices.num_gpus else MULTI_WORKER_CPU_NOTE)
 
 
 # ------------------------------------------------------------------------------------------ parameter_server
@@ -231,4 +229,4 @@ register_strategy("parameter_server", description="ParameterServerStrategy + Clu
 register_strategy("tpu", description="TPUStrategy: Cloud TPU, Colab TPU or a TPU VM (TPUClusterResolver)",
                   factory=_tpu.make_tpu, options=_tpu.OPTIONS)
 register_strategy("horovod", description="Horovod all-reduce over ranks started by horovodrun/mpirun (optional "
-                  "dependency)", factory=make_horovod, options=("compression",))
+                  "dependency)", factory=make_horovod, options=("compression", "pin_gpu"))

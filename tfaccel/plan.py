@@ -1,0 +1,186 @@
+"""The Plan: every decision tfaccel takes for a job (strategy, precision, XLA), with the reason for each.
+
+``resolve_plan`` builds the backend and returns both; ``compile_and_fit`` logs ``plan.summary()`` once on the
+chief and returns the plan in its result. ``describe_auto`` says what ``"auto"`` would pick here without
+building anything (``tfaccel env`` shows it).
+"""
+
+import dataclasses
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
+
+from tfaccel.errors import ConfigError
+from tfaccel.strategies.base import Backend
+
+__all__ = ["Plan", "resolve_plan", "describe_auto"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What a job runs on and why.
+
+    Attributes:
+        strategy: the registry name of the backend (``"mirrored"``, ``"multi_worker"``, ...).
+        strategy_reason: why it was chosen.
+        num_replicas: replicas contributing to one optimizer step, over all processes.
+        num_workers: processes that hold replicas.
+        worker_index: this process's index among them.
+        task: this process's cluster task (``"worker:1"``), or None outside a cluster.
+        is_chief: this process writes checkpoints, logs and summaries.
+        precision: the Keras dtype policy.
+        precision_reason: why.
+        jit_compile: whether Keras compiles the step with XLA.
+        jit_reason: why.
+        notes: other things worth knowing (loss scaling, compat fixes, TPU batching, ...).
+    """
+
+    strategy: str
+    strategy_reason: str
+    num_replicas: int
+    num_workers: int
+    worker_index: int
+    task: Optional[str]
+    is_chief: bool
+    precision: str
+    precision_reason: str
+    jit_compile: bool
+    jit_reason: str
+    notes: Tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.num_replicas < 1 or self.num_workers < 1 or not 0 <= self.worker_index < self.num_workers:
+            raise ConfigError(f"Plan: inconsistent replica counts; received num_replicas={self.num_replicas}, "
+                              f"num_workers={self.num_workers}, worker_index={self.worker_index}")
+
+    def summary(self) -> str:
+        """One paragraph for the log: ``strategy mirrored (2 replicas; reason) | precision ... | XLA ...``."""
+        where = f"{self.num_replicas} replica{'s' if self.num_replicas != 1 else ''}"
+        if self.num_workers > 1 or self.task:
+            where += f", worker {self.worker_index} of {self.num_workers}"
+            if self.task:
+                where += f" ({self.task}{', chief' if self.is_chief else ''})"
+        text = (f"strategy {self.strategy} ({where}; {self.strategy_reason}) | precision {self.precision} "
+                f"({self.precision_reason}) | XLA {'on' if self.jit_compile else 'off'} ({self.jit_reason})")
+        if self.notes:
+            text += " | " + "; ".join(self.notes)
+        return text
+
+    def to_dict(self) -> Dict[str, Any]:
+        """A JSON-serialisable dict of every field."""
+        out = dataclasses.asdict(self)
+        out["notes"] = list(self.notes)
+        return out
+
+
+def _notes(backend: Backend, precision: str) -> Tuple[str, ...]:
+    notes = []
+    if backend.name == "tpu":
+        notes.append("TPU: batches use drop_remainder=True (static shapes)")
+    if backend.name == "parameter_server":
+        notes.append("trained by tfaccel's ClusterCoordinator loop (Keras 3 fit does not run ParameterServerStrategy)")
+    if backend.name == "multi_worker":
+        from tfaccel.compat import keras_mwms
+
+        if keras_mwms.is_applied():
+            notes.append(f"Keras 3 fit fix {keras_mwms.NAME} applied ({keras_mwms.UPSTREAM_ISSUES[0]})")
+    if precision == "mixed_float16":
+        notes.append("float16: loss scaling by Keras' LossScaleOptimizer (custom loops: "
+                     "tfaccel.precision.wrap_loss_scale)")
+    return tuple(notes)
+
+
+def resolve_plan(*, strategy: str = "auto", precision: str = "auto", jit_compile: Union[str, bool] = "auto",
+                 strategy_options: Optional[Mapping[str, Any]] = None, devices: Optional[Any] = None,
+                 task: Optional[Any] = None) -> Tuple[Plan, Backend]:
+    """Decides strategy, precision and XLA, builds the backend, and explains every choice.
+
+    Nothing is set globally: call ``tfaccel.set_precision(plan.precision)`` before building the model.
+
+    Args:
+        strategy: a registry name or ``"auto"``. Defaults to ``"auto"``.
+        precision: one of ``tfaccel.precision.PRECISION_NAMES``. Defaults to ``"auto"``.
+        jit_compile: ``"auto"``, True or False. Defaults to ``"auto"``.
+        strategy_options: options of the strategy entry, e.g. ``{"cross_device_ops": "nccl"}``.
+        devices: the ``DeviceInfo`` to decide from. Defaults to what is detected (without initialising TF early).
+        task: this process's ``TaskInfo``. Defaults to ``tfaccel.cluster.task_from_env()``.
+
+    Returns:
+        (plan, backend).
+
+    Raises:
+        ConfigError: an unknown strategy, option, precision or jit_compile value (checked before anything is built).
+        BackendUnavailableError: the chosen backend cannot run here.
+
+    Example:
+        >>> from tfaccel.plan import resolve_plan
+        >>> plan, backend = resolve_plan()  # doctest: +SKIP
+        >>> print(plan.summary())  # doctest: +SKIP
+    """
+    from tfaccel.devices import detect_devices
+    from tfaccel.precision import resolve_precision
+    from tfaccel.strategies import get_backend
+    from tfaccel.strategies._task import current_task
+    from tfaccel.xla import resolve_jit
+
+    if strategy_options is not None and not isinstance(strategy_options, Mapping):
+        raise ConfigError(f"strategy_options must be a dict of the strategy's options; received {strategy_options!r}")
+    info = devices if devices is not None else detect_devices(initialise=False)
+    policy, policy_reason = resolve_precision(precision, devices=info)  # validates before anything is built
+    if not (isinstance(jit_compile, bool) or jit_compile == "auto"):
+        resolve_jit(jit_compile, backend=Backend("default", None), devices=info)  # raises the standard error
+    if task is None:
+        task = current_task()
+    backend = get_backend(strategy, devices=devices, task=task, **dict(strategy_options or {}))
+    jit, jit_reason = resolve_jit(jit_compile, backend=backend, devices=info)
+    plan = Plan(strategy=backend.name, strategy_reason=backend.reason,
+                num_replicas=int(backend.num_replicas_in_sync), num_workers=int(backend.num_workers),
+                worker_index=int(backend.worker_index), task=getattr(task, "name", None),
+                is_chief=bool(backend.is_chief), precision=policy, precision_reason=policy_reason,
+                jit_compile=jit, jit_reason=jit_reason, notes=_notes(backend, policy))
+    return plan, backend
+
+
+def _runtime_initialised() -> bool:
+    try:
+        from tensorflow.python.eager import context
+
+        return bool(getattr(context.context(), "_initialized", False))
+    except ImportError:
+        return False
+
+
+def describe_auto() -> Dict[str, Any]:
+    """What ``strategy="auto"``, ``precision="auto"`` and ``jit_compile="auto"`` would pick here.
+
+    Builds no strategy and does not initialise TensorFlow's runtime (so ``configure_devices`` stays possible):
+    GPUs are read from the physical device list, virtual CPUs are only counted when the runtime is already up.
+
+    Returns:
+        ``{"strategy", "strategy_reason", "precision", "precision_reason", "jit_compile", "jit_reason"}``.
+    """
+    from tfaccel.devices import detect_devices
+    from tfaccel.precision import resolve_precision
+    from tfaccel.strategies.auto import choose_strategy
+    from tfaccel.strategies._task import current_task
+    from tfaccel.strategies.builtin import MIRRORED_MULTI_DEVICE_JIT_NOTE, PS_JIT_NOTE
+    from tfaccel.strategies.registry import _count_logical_cpus
+    from tfaccel.xla import MULTI_WORKER_CPU_NOTE, resolve_jit
+
+    devices = detect_devices(initialise=False)
+    initialised = _runtime_initialised()
+    name, reason = choose_strategy(devices=devices, task=current_task(),
+                                   count_cpus=_count_logical_cpus if initialised else None)
+    if name == "default" and not initialised:
+        reason += " (virtual CPUs are not counted before TensorFlow's runtime starts)"
+    replicas = {"mirrored": max(devices.num_gpus, 2)}.get(name, 1)
+    supports, note = True, ""
+    if name == "mirrored":
+        supports, note = False, MIRRORED_MULTI_DEVICE_JIT_NOTE
+    elif name == "parameter_server":
+        supports, note = False, PS_JIT_NOTE
+    elif name == "multi_worker" and not devices.num_gpus:
+        supports, note = False, MULTI_WORKER_CPU_NOTE
+    sketch = Backend(name=name, strategy=None, num_replicas_in_sync=replicas, supports_jit=supports, jit_note=note)
+    jit, jit_reason = resolve_jit("auto", backend=sketch, devices=devices)
+    policy, policy_reason = resolve_precision("auto", devices=devices)
+    return {"strategy": name, "strategy_reason": reason, "precision": policy, "precision_reason": policy_reason,
+            "jit_compile": jit, "jit_reason": jit_reason}
