@@ -91,14 +91,18 @@ def test_batch_script_is_not_a_task(monkeypatch: pytest.MonkeyPatch) -> None:
             seen.append(record.getMessage())
 
     handler = _Catch()
-    tfaccel.get_logger().addHandler(handler)
+    logger = tfaccel.get_logger()
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.WARNING)  # another test may have quietened it
     try:
         batch = {"SLURM_PROCID": "0", "SLURM_JOB_NODELIST": "gnode[10,20,25,37]", "SLURM_TASKS_PER_NODE": "1(x4)",
                  "SLURM_NTASKS": "4"}
         assert task_from_env(batch) is None
         assert task_from_env(batch) is None
     finally:
-        tfaccel.get_logger().removeHandler(handler)
+        logger.removeHandler(handler)
+        logger.setLevel(level)
     assert len(seen) == 1, seen  # warned once
     assert seen[0].startswith("SLURM: SLURM_PROCID is set but SLURM_STEP_NODELIST / SLURM_STEP_ID are not")
     assert "start one task per worker with srun to use the 4 node(s)" in seen[0]

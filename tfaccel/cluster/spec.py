@@ -37,7 +37,6 @@ _HOST_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.\-]*[A-Za-z0-9_])?$")
 _EXAMPLE = '"10.0.0.2:2222"'
 
 
-
 class ClusterConfigError(ConfigError):
     """A cluster description, TF_CONFIG or SLURM environment is invalid (also a ``ValueError``)."""
 
