@@ -21,8 +21,9 @@ def test_default_command_runs_np_ranks_on_localhost_over_loopback() -> None:
 def test_hosts_env_and_options() -> None:
     argv = lh.build_horovodrun_command(3, ["node1:2", "node2"], "-- train.py --epochs 2",
                                        extra_env={"A": "1", "B_2": "x y"}, horovodrun="hr", start_timeout=60,
-                                       verbose=True)
-    assert argv == ["hr", "--gloo", "-np", "3", "-H", "node1:2,node2:1", "--start-timeout", "60", "--verbose",
+                                       gloo_timeout=90, verbose=True)
+    assert argv == ["hr", "--gloo", "-np", "3", "-H", "node1:2,node2:1", "--start-timeout", "60",
+                    "--gloo-timeout-seconds", "90", "--verbose",
                     "env", "A=1", "B_2=x y", sys.executable, "train.py", "--epochs", "2"]
     argv = lh.build_horovodrun_command(4, "node1:4", ["python", "t.py"], horovodrun="hr",
                                        network_interfaces="eth0")
@@ -61,6 +62,8 @@ def test_bad_command_env_and_start_timeout() -> None:
         lh.build_horovodrun_command(2, None, ["t"], extra_env={"1A": "x"}, horovodrun="hr")
     with pytest.raises(ConfigError, match="start_timeout: must be a whole number of seconds >= 1; received 0"):
         lh.build_horovodrun_command(2, None, ["t"], start_timeout=0, horovodrun="hr")
+    with pytest.raises(ConfigError, match="gloo_timeout: must be a whole number of seconds >= 1; received 2.5"):
+        lh.build_horovodrun_command(2, None, ["t"], gloo_timeout=2.5, horovodrun="hr")
 
 
 def test_missing_horovodrun_points_to_the_install_script(monkeypatch, tmp_path) -> None:
@@ -87,7 +90,7 @@ def test_timeout_stops_horovodrun_and_every_rank(tmp_path) -> None:
                "time.sleep(300)")
     began = time.monotonic()
     result = lh.run_horovod(2, [sys.executable, "-c", sleeper], timeout=15, grace=5, echo=False,
-                            env=harness.CHILD_ENV)
+                            env=harness.CHILD_ENV, gloo_timeout=120)
     harness.STARTED_PIDS.extend(result.pids)
     assert result.returncode == 124 and result.reason == "timeout", result.message
     assert time.monotonic() - began < 60

@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.horovod, pytest.mark.slow]
 def _run_two_ranks(out: Path, *args: str) -> Tuple[List[Dict], List[np.lib.npyio.NpzFile]]:
     require_horovod()
     result = run_horovod(2, [sys.executable, str(WORKER), "--out", str(out), *args], timeout=240, echo=False,
-                         capture_lines=200, env=dict(harness.CHILD_ENV, PYTHONPATH=str(harness.REPO_ROOT)))
+                         capture_lines=200, gloo_timeout=120, env=dict(harness.CHILD_ENV, PYTHONPATH=str(harness.REPO_ROOT)))
     harness.STARTED_PIDS.extend(result.pids)
     task = result.tasks[0]
     assert result.ok, f"{result.message}\n{task.stdout[-3000:]}\n{task.stderr[-3000:]}"

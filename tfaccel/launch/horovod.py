@@ -81,8 +81,8 @@ def parse_hosts(hosts: Union[None, str, Sequence[str]], np: int) -> List[Tuple[s
 
 def build_horovodrun_command(np: int, hosts: Union[None, str, Sequence[str]], cmd: Union[str, Sequence[str]], *,
                              extra_env: Optional[Mapping[str, str]] = None, horovodrun: Optional[str] = None,
-                             start_timeout: Optional[int] = None, network_interfaces: Optional[str] = None,
-                             verbose: bool = False) -> List[str]:
+                             start_timeout: Optional[int] = None, gloo_timeout: Optional[int] = None,
+                             network_interfaces: Optional[str] = None, verbose: bool = False) -> List[str]:
     """The ``horovodrun`` argv that starts ``np`` Gloo ranks of ``cmd`` on ``hosts``.
 
     ``extra_env`` is put in the rank command as ``env K=V ... CMD``, so it reaches every rank on every host
@@ -95,6 +95,9 @@ def build_horovodrun_command(np: int, hosts: Union[None, str, Sequence[str]], cm
         extra_env: variables set in every rank. Defaults to None.
         horovodrun: path of ``horovodrun``. Defaults to :func:`find_horovodrun`.
         start_timeout: seconds horovodrun waits for all ranks to start (``--start-timeout``). Defaults to
+            horovodrun's own (30 s).
+        gloo_timeout: seconds a Gloo operation (rendezvous included) may wait for the other ranks
+            (``--gloo-timeout-seconds``); raise it on busy machines where ranks start far apart. Defaults to
             horovodrun's own (30 s).
         network_interfaces: comma-separated NICs for Gloo (``--network-interfaces``), e.g. ``"eth0"``.
             Defaults to horovodrun's discovery; ``"lo"`` when every host is ``localhost``.
@@ -122,9 +125,9 @@ def build_horovodrun_command(np: int, hosts: Union[None, str, Sequence[str]], cm
             raise ConfigError(f"extra_env: {name!r} is not a valid environment variable name; valid: letters, "
                               "digits and '_', not starting with a digit")
         env_words.append(f"{name}={value}")
-    if start_timeout is not None and (isinstance(start_timeout, bool) or not isinstance(start_timeout, int)
-                                      or start_timeout < 1):
-        raise ConfigError(f"start_timeout: must be a whole number of seconds >= 1; received {start_timeout!r}")
+    for name, value in (("start_timeout", start_timeout), ("gloo_timeout", gloo_timeout)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"{name}: must be a whole number of seconds >= 1; received {value!r}")
     if network_interfaces is None and all(host in ("localhost", "127.0.0.1") for host, _ in parsed):
         network_interfaces = "lo"  # all ranks here: keep Gloo on loopback instead of probing every NIC
     out = [horovodrun or find_horovodrun(), "--gloo", "-np", str(np),
@@ -133,6 +136,8 @@ def build_horovodrun_command(np: int, hosts: Union[None, str, Sequence[str]], cm
         out += ["--network-interfaces", network_interfaces]
     if start_timeout is not None:
         out += ["--start-timeout", str(start_timeout)]
+    if gloo_timeout is not None:
+        out += ["--gloo-timeout-seconds", str(gloo_timeout)]
     if verbose:
         out.append("--verbose")
     if env_words:
@@ -144,8 +149,8 @@ def run_horovod(np: int, cmd: Union[str, Sequence[str]], *, hosts: Union[None, s
                 extra_env: Optional[Mapping[str, str]] = None, env: Optional[Mapping[str, str]] = None,
                 timeout: Optional[float] = None, grace: float = 10.0, echo: bool = True,
                 capture_lines: Optional[int] = None, horovodrun: Optional[str] = None,
-                start_timeout: Optional[int] = None, network_interfaces: Optional[str] = None,
-                verbose: bool = False) -> LaunchResult:
+                start_timeout: Optional[int] = None, gloo_timeout: Optional[int] = None,
+                network_interfaces: Optional[str] = None, verbose: bool = False) -> LaunchResult:
     """Runs ``cmd`` as ``np`` Horovod ranks through ``horovodrun --gloo`` and waits for it.
 
     The ``horovodrun`` process is supervised like any tfaccel task: its output is streamed with a
@@ -164,7 +169,8 @@ def run_horovod(np: int, cmd: Union[str, Sequence[str]], *, hosts: Union[None, s
         grace: seconds between SIGTERM and SIGKILL when stopping. Defaults to 10.
         echo: stream the output. Defaults to True.
         capture_lines: keep only the last N output lines in the result. Defaults to all.
-        horovodrun, start_timeout, network_interfaces, verbose: see :func:`build_horovodrun_command`.
+        horovodrun, start_timeout, gloo_timeout, network_interfaces, verbose: see
+            :func:`build_horovodrun_command`.
 
     Returns:
         A ``LaunchResult`` with one task, ``horovodrun:0`` (returncode 124 on timeout).
@@ -174,8 +180,8 @@ def run_horovod(np: int, cmd: Union[str, Sequence[str]], *, hosts: Union[None, s
         BackendUnavailableError: ``horovodrun`` is not installed.
     """
     argv = tuple(build_horovodrun_command(np, hosts, cmd, extra_env=extra_env, horovodrun=horovodrun,
-                                          start_timeout=start_timeout, network_interfaces=network_interfaces,
-                                          verbose=verbose))
+                                          start_timeout=start_timeout, gloo_timeout=gloo_timeout,
+                                          network_interfaces=network_interfaces, verbose=verbose))
     base: Dict[str, str] = child_base_env(env)
     # horovodrun finds itself and the rank's python through PATH: put this environment's bin first.
     base["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), base.get("PATH", "")])
