@@ -5,6 +5,8 @@ and prints a JSON summary: the variable's final value (one increment per step) a
 """
 
 import json
+import os
+import socket
 import sys
 
 import tensorflow as tf
@@ -25,8 +27,18 @@ def step(x):
     return x
 
 
+# Per-host mode makes every task wait for the others' ports: the coordinator must listen on its own address.
+tf_config = json.loads(os.environ["TF_CONFIG"])
+host, _, port = tf_config["cluster"]["chief"][0].rpartition(":")
+try:
+    socket.create_connection((host, int(port)), timeout=2).close()
+    chief_listening = True
+except OSError:
+    chief_listening = False
+
 remotes = [coordinator.schedule(step, args=(tf.constant(float(i)),)) for i in range(steps)]
 coordinator.join()
 print(json.dumps({"counter": float(counter.numpy()), "total": float(total.numpy()), "steps": steps,
                   "returned": sorted(float(r.fetch()) for r in remotes), "device": counter.device,
-                  "workers": len(resolver.cluster_spec().as_dict().get("worker", []))}), flush=True)
+                  "workers": len(resolver.cluster_spec().as_dict().get("worker", [])),
+                  "chief_listening": chief_listening}), flush=True)
