@@ -58,8 +58,8 @@ def test_defaults_are_announced_and_py_files_run_with_this_python(clean_tf_confi
     script.write_text("import sys; print('hi from', sys.executable)\n")
     rc, launcher = _launch("--", str(script))
     assert rc == 0
-    assert "defaults filled in (pass the options to set them): --workers 2, ports chosen by the OS on 127.0.0.1" \
-        in launcher.stderr
+    assert "defaults filled in (pass the options to set them): --backend tf, --workers 2, ports chosen by the OS " \
+        "on 127.0.0.1" in launcher.stderr
     assert f"hello.py is run with this Python ({PY})" in launcher.stderr
     assert launcher.stdout.count(f"hi from {PY}") == 2 and sorted(launcher.task_pids) == ["worker:0", "worker:1"]
 
@@ -137,6 +137,9 @@ def test_per_host_missing_peer_is_a_clear_error_within_connect_timeout(clean_tf_
     (["--timeout", "0", "--", "x"], "--timeout: must be a positive number of seconds; received 0"),
     (["--workers", "0", "--", "x"], "workers: must be an integer >= 1; received 0"),
     (["--cluster", "does-not-exist.yaml", "--", "x"], "cluster file does-not-exist.yaml: no such file"),
+    (["-np", "2", "--", "x"], "-np: only with --backend horovod; received --backend tf"),
+    (["--backend", "horovod", "--workers", "2", "--", "x"], "--backend horovod: --workers are for --backend tf"),
+    (["--backend", "horovod", "-np", "0", "--dry-run", "--", "x"], "np: the number of Horovod ranks must be"),
 ])
 def test_bad_options_are_one_line_errors_with_exit_2(clean_tf_config, args, message):
     rc, launcher = _launch(*args)
@@ -159,3 +162,14 @@ def test_task_not_in_cluster_file_is_refused(clean_tf_config, tmp_path):
     rc, launcher = _launch("--cluster", str(cluster), "--task", "ps:0", "--", "x")
     assert rc == 2
     assert "the cluster has no 'ps' role" in _one_error_line(launcher)
+
+
+def test_horovod_backend_dry_run_shows_the_horovodrun_command(clean_tf_config):
+    rc, launcher = _launch("--backend", "horovod", "-np", "2", "--dry-run", "--", "python", "train.py")
+    if rc != 0 and "no `horovodrun`" in launcher.stderr:  # not built here: the error must say how to build it
+        assert "scripts/install_horovod.sh" in _one_error_line(launcher)
+        return
+    assert rc == 0, launcher.stderr
+    assert "would start 2 rank(s) through horovodrun; nothing was started" in launcher.stdout
+    assert "--gloo -np 2 -H localhost:2" in launcher.stdout and launcher.stdout.rstrip().endswith("python train.py")
+    assert "-np 2" not in launcher.stderr and "-H localhost:N" in launcher.stderr  # the filled-in default

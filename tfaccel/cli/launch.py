@@ -10,6 +10,10 @@ Per-host mode::
 
     tfaccel launch --cluster tf_config/two_hosts.yaml --task worker:1 -- python train.py
 
+Horovod (through ``horovodrun --gloo``, see :mod:`tfaccel.launch.horovod`)::
+
+    tfaccel launch --backend horovod -np 2 -- python train.py
+
 Exit status: 0, the failing task's code (128 + N when it was killed by signal N), 124 on --timeout,
 128 + N when the launcher got signal N, 1 when peers never came up, 2 for bad options.
 """
@@ -22,7 +26,10 @@ from typing import List, Optional
 
 from tfaccel.errors import ConfigError
 
+LAUNCH_BACKENDS = ("tf", "horovod")  # tf: one process per tf.distribute task; horovod: horovodrun ranks
+DEFAULT_BACKEND = "tf"
 DEFAULT_WORKERS = 2
+DEFAULT_RANKS = 2
 DEFAULT_GRACE_S = 10.0
 DEFAULT_CONNECT_TIMEOUT_LOCAL_S = 60.0
 DEFAULT_CONNECT_TIMEOUT_HOST_S = 300.0
@@ -63,6 +70,16 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
                      help="seconds the other tasks (per-host mode) or the server tasks (local mode) get to accept "
                           f"connections (default: {DEFAULT_CONNECT_TIMEOUT_HOST_S:g} per host, "
                           f"{DEFAULT_CONNECT_TIMEOUT_LOCAL_S:g} local)")
+    hvd = parser.add_argument_group("horovod (--backend horovod)")
+    hvd.add_argument("--backend", choices=LAUNCH_BACKENDS, default=None,
+                     help=f"tf: one process per tf.distribute task (TF_CONFIG); horovod: ranks through horovodrun "
+                          f"(default: {DEFAULT_BACKEND})")
+    hvd.add_argument("-np", dest="np", type=int, default=None, metavar="N",
+                     help=f"number of Horovod ranks (default: {DEFAULT_RANKS})")
+    hvd.add_argument("-H", dest="hosts", default=None, metavar="HOSTS",
+                     help="Horovod hosts, host:slots,... (default: localhost:N)")
+    hvd.add_argument("--gloo-timeout", type=int, default=None, metavar="S",
+                     help="seconds a Gloo operation may wait for the other ranks (default: horovodrun's)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the tasks, their TF_CONFIG and commands; start nothing")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command every task runs")
@@ -83,6 +100,20 @@ def _options(args: argparse.Namespace) -> dict:
         raise ConfigError("command: none given; put it after `--`, e.g. `tfaccel launch --workers 2 -- python "
                           "train.py`")
     counts = {"--workers": args.workers, "--ps": args.ps, "--chief": args.chief, "--evaluator": args.evaluator}
+    backend = args.backend or DEFAULT_BACKEND
+    horovod_only = {"-np": args.np, "-H": args.hosts, "--gloo-timeout": args.gloo_timeout}
+    if backend == "horovod":
+        tf_only = dict(counts, **{"--cluster": args.cluster, "--task": args.task, "--max-restarts": args.max_restarts,
+                                  "--connect-timeout": args.connect_timeout})
+        given = [name for name, value in tf_only.items() if value is not None]
+        if given:
+            raise ConfigError(f"--backend horovod: {', '.join(given)} are for --backend tf (tf.distribute tasks); "
+                              "horovodrun places the ranks: use -np N and -H host:slots,...")
+    else:
+        given = [name for name, value in horovod_only.items() if value is not None]
+        if given:
+            raise ConfigError(f"{', '.join(given)}: only with --backend horovod; received --backend {backend}. "
+                              "For tf.distribute tasks use --workers N")
     if args.task is not None and args.cluster is None:
         raise ConfigError(f"--task: needs --cluster FILE (per-host mode reads the whole cluster from it); received "
                           f"--task {args.task} without --cluster")
@@ -98,21 +129,29 @@ def _options(args: argparse.Namespace) -> dict:
         _positive(name, value)
     filled: List[str] = []
     per_host = args.task is not None
-    if args.cluster is None:
+    if args.backend is None:
+        filled.append(f"--backend {DEFAULT_BACKEND}")
+    if backend == "horovod":
+        if args.np is None:
+            filled.append(f"-np {DEFAULT_RANKS}")
+        if args.hosts is None:
+            filled.append("-H localhost:N")
+    elif args.cluster is None:
         if args.workers is None:
             filled.append(f"--workers {DEFAULT_WORKERS}")
         filled.append("ports chosen by the OS on 127.0.0.1")
-    if args.max_restarts is None:
+    if args.max_restarts is None and backend == "tf":
         filled.append("--max-restarts 0")
     if args.timeout is None:
         filled.append("--timeout none")
     if args.grace is None:
         filled.append(f"--grace {DEFAULT_GRACE_S:g}")
     connect_default = DEFAULT_CONNECT_TIMEOUT_HOST_S if per_host else DEFAULT_CONNECT_TIMEOUT_LOCAL_S
-    if args.connect_timeout is None:
+    if args.connect_timeout is None and backend == "tf":
         filled.append(f"--connect-timeout {connect_default:g}")
     return {
-        "cmd": cmd, "per_host": per_host, "filled": filled,
+        "cmd": cmd, "per_host": per_host, "filled": filled, "backend": backend,
+        "np": DEFAULT_RANKS if args.np is None else args.np, "hosts": args.hosts, "gloo_timeout": args.gloo_timeout,
         "workers": DEFAULT_WORKERS if args.workers is None else args.workers, "ps": args.ps or 0,
         "chief": bool(args.chief), "evaluator": bool(args.evaluator),
         "max_restarts": args.max_restarts or 0, "timeout": args.timeout,
@@ -129,6 +168,8 @@ def run_cli(args: argparse.Namespace) -> int:
     log = get_logger()
     if opts["filled"]:
         log.info("launch: defaults filled in (pass the options to set them): %s", ", ".join(opts["filled"]))
+    if opts["backend"] == "horovod":
+        return _horovod(opts, dry_run=args.dry_run)
     if args.dry_run:
         return _dry_run(args, opts)
     if opts["per_host"]:
@@ -185,3 +226,16 @@ def _dry_run(args: argparse.Namespace, opts: dict) -> int:
     out.append("options: " + json.dumps({k: opts[k] for k in ("max_restarts", "timeout", "grace", "connect_timeout")}))
     sys.stdout.write("\n".join(out) + "\n")
     return 0
+
+
+def _horovod(opts: dict, *, dry_run: bool) -> int:
+    from tfaccel.launch.horovod import build_horovodrun_command, run_horovod
+
+    if dry_run:
+        argv = build_horovodrun_command(opts["np"], opts["hosts"], opts["cmd"], gloo_timeout=opts["gloo_timeout"])
+        sys.stdout.write(f"tfaccel launch --dry-run (horovod): would start {opts['np']} rank(s) through "
+                         f"horovodrun; nothing was started\n{shlex.join(argv)}\n")
+        return 0
+    result = run_horovod(opts["np"], opts["cmd"], hosts=opts["hosts"], timeout=opts["timeout"], grace=opts["grace"],
+                         gloo_timeout=opts["gloo_timeout"], capture_lines=CAPTURE_LINES)
+    return result.returncode
