@@ -232,6 +232,7 @@ def test_server_exiting_early_fails_the_job(clean_tf_config):
     track(result.pids)
     assert result.returncode == 1 and result.failed_task == "ps:0"
     assert "(a server task) exited before the command tasks finished" in result.message
+    assert not wait_gone(result.pids)
 
 
 def test_server_that_never_listens_is_unreachable(clean_tf_config):
@@ -244,6 +245,7 @@ def test_server_that_never_listens_is_unreachable(clean_tf_config):
     assert result.returncode == 1 and result.reason == "unreachable"
     assert f"ps:0 (127.0.0.1:{port})" in result.message and "within 1.5 s" in result.message
     assert [t.name for t in result.tasks] == ["ps:0"]  # the command task never started
+    assert not wait_gone(result.pids)
 
 
 # -- per-host mode -------------------------------------------------------------------------------------------
@@ -278,6 +280,7 @@ def test_run_host_runs_its_task_once_peers_accept_connections(clean_tf_config):
     assert result.ok
     doc = json.loads(result.tasks[0].stdout)
     assert doc["task"] == {"type": "worker", "index": 1} and result.tasks[0].name == "worker:1"
+    assert not wait_gone(result.pids)
 
 
 def test_run_host_rejects_a_task_not_in_the_cluster():
@@ -303,3 +306,12 @@ def test_launcher_process_environment_is_untouched(clean_tf_config):
     _run([PY, "-c", "pass"], workers=1, echo=False)
     assert "TF_CONFIG" not in os.environ
     assert pid_alive(os.getpid())
+
+
+def test_launchers_own_tf_config_is_not_passed_on_and_says_so(clean_tf_config, monkeypatch, launch_log):
+    theirs = json.dumps({"cluster": {"worker": ["10.0.0.1:1"]}, "task": {"type": "worker", "index": 0}})
+    monkeypatch.setenv("TF_CONFIG", theirs)
+    result = _run([PY, "-c", "import os; print(os.environ['TF_CONFIG'])"], workers=1, echo=False)
+    assert json.loads(result.tasks[0].stdout)["cluster"]["worker"][0].startswith("127.0.0.1:")
+    assert any("TF_CONFIG is set in the launcher's environment" in m and "it is not passed on" in m
+               for m in launch_log)

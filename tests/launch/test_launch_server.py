@@ -22,6 +22,7 @@ def _server(tf_config=None):
         out, err = proc.communicate(timeout=60)
     finally:
         terminate([proc], grace=1)
+    assert not wait_gone([proc.pid])
     return proc.returncode, err.decode()
 
 

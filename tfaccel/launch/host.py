@@ -10,7 +10,8 @@ stops with an error naming the tasks that never came up.
 from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
 
 from tfaccel.errors import ConfigError
-from tfaccel.launch.local import _check_ps_has_chief, _load_spec, build_tasks, child_base_env, normalize_command
+from tfaccel.launch.local import (_check_ps_has_chief, _load_spec, build_tasks, child_base_env, normalize_command,
+                                  warn_inherited_tf_config)
 from tfaccel.launch.supervisor import LaunchResult, LaunchTask, run_job
 from tfaccel.log import get_logger
 
@@ -74,6 +75,7 @@ def run_host(cmd: Union[str, Sequence[str]], *, cluster: Any, task: str, timeout
         >>> run_host(["python", "train.py"], cluster="tf_config/two_workers.yaml", task="worker:1")  # doctest: +SKIP
     """
     _spec, _task, peers, notes = host_plan(cmd, cluster=cluster, task=task, env=env)
+    warn_inherited_tf_config()
     for note in notes:
         get_logger().info("launch: %s", note)
     if connect_timeout <= 0:

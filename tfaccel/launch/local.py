@@ -23,8 +23,8 @@ from tfaccel.launch.procs import LOOPBACK, free_ports
 from tfaccel.launch.supervisor import RESTART_ENV, LaunchResult, LaunchTask, TaskOutcome, run_job
 from tfaccel.log import get_logger
 
-__all__ = ["run_local", "local_cluster", "build_tasks", "normalize_command", "server_command", "child_base_env",
-           "check_local_hosts", "CHILD_DEFAULT_ENV"]
+__all__ = ["run_local", "local_cluster", "local_specs", "build_tasks", "normalize_command", "server_command",
+           "child_base_env", "check_local_hosts", "warn_inherited_tf_config", "CHILD_DEFAULT_ENV"]
 
 Command = Union[str, Sequence[str], Callable[..., Any]]
 
@@ -72,6 +72,15 @@ def child_base_env(env: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
         raise ConfigError("env: TF_CONFIG cannot be set through env; the launcher gives every task its own. "
                           "Pass a cluster (--cluster FILE) instead")
     return base
+
+
+def warn_inherited_tf_config() -> None:
+    """Says that the launcher's own TF_CONFIG is not passed on (every task gets its own from the cluster)."""
+    inherited = os.environ.get("TF_CONFIG")
+    if inherited:
+        get_logger().warning("launch: TF_CONFIG is set in the launcher's environment (%s); it is not passed on: "
+                             "every task gets its own from the cluster. To launch the cluster it describes, save "
+                             "its \"cluster\" part to a file and pass --cluster FILE", inherited[:120])
 
 
 def _is_ps_cluster(spec: Any) -> bool:
@@ -313,6 +322,7 @@ def run_local(cmd_or_callable: Command, *, workers: int = 2, ps: int = 0, chief:
     make_spec, notes = local_specs(workers=workers, ps=ps, chief=chief, evaluator=evaluator, cluster=cluster)
     for note in notes:
         log.info("launch: %s", note)
+    warn_inherited_tf_config()
     base_env = child_base_env(env)
     payload: Optional[_CallablePayload] = None
     if callable(cmd_or_callable):
