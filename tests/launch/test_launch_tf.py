@@ -99,3 +99,29 @@ def test_per_host_mode_two_launchers_make_one_cluster(clean_tf_config, tmp_path)
         report = _json_lines(launcher.stdout, f"[worker {index}] ")[-1]
         assert report["task"] == index and report["sums"] == [3.0, 6.0]
         assert list(launcher.task_pids) == [f"worker:{index}"]
+
+
+def test_per_host_mode_parameter_server_cluster(clean_tf_config, tmp_path):
+    """Four launchers, one per task: servers on ps and workers, the coordinator on the chief."""
+    ports = free_ports(4)
+    cluster = tmp_path / "ps.yaml"
+    cluster.write_text(f"chief: ['127.0.0.1:{ports[0]}']\nworker: ['127.0.0.1:{ports[1]}', '127.0.0.1:{ports[2]}']\n"
+                       f"ps: ['127.0.0.1:{ports[3]}']\n")
+    common = ("--cluster", str(cluster), "--connect-timeout", "150", "--grace", "3", "--timeout", "280")
+    launchers = {}
+    try:
+        for task in ("ps:0", "worker:0", "worker:1", "chief:0"):
+            launchers[task] = Launcher(*common, "--task", task, "--", PY, PS_COORDINATOR, "6")
+        assert _finish(launchers["chief:0"], timeout=280) == 0, launchers["chief:0"].stderr[-3000:]
+        report = _json_lines(launchers["chief:0"].stdout, "[chief 0] ")[-1]
+        assert report["counter"] == 6.0 and report["device"].startswith("/job:ps/")
+        for task in ("ps:0", "worker:0", "worker:1"):  # servers serve until they are stopped
+            server = launchers[task]
+            assert server.proc.poll() is None and f"started {task} pid=" in server.stderr
+            assert "(server)" in server.stderr and "every other task of the cluster accepts connections" in server.stderr
+            server.proc.send_signal(signal.SIGTERM)
+            assert _finish(server, timeout=30) == 143
+    finally:
+        for launcher in launchers.values():
+            launcher.close()
+    assert not wait_gone([pid for launcher in launchers.values() for pid in launcher.all_pids()])
