@@ -35,6 +35,8 @@ _LAZY = {
     "DATASET_NAMES": "tfaccel.datasets",
     "get_model_builder": "tfaccel.models",
     "MODEL_NAMES": "tfaccel.models",
+    "compile_and_fit": "tfaccel.training",
+    "FitResult": "tfaccel.training",
 }
 
 __all__ = ["__version__", "TfaccelError", "ConfigError", "DeviceError", "BackendUnavailableError", *_LAZY]

@@ -50,7 +50,7 @@ def _epoch_order(n: int, seed: Optional[int], epoch: int, shuffle: bool) -> np.n
 
 def fit_compiled(model: Any, optimizer: Any, *, loss_fn: Callable, metric_fns: Dict[str, Callable], x: Any, y: Any,
                  validation: Optional[Tuple[Any, Any]], epochs: int, start_epoch: int, batch_size: int,
-                 seed: Optional[int], shuffle: bool, jit_compile: bool, callbacks: Sequence[Any],
+                 seed: Optional[int], shuffle: bool, jit_compile: bool, callbacks: Sequence[Any], strategy: Any,
                  log_epoch: Callable[[int, int, Dict[str, float], float], None]) -> Tuple[Dict[str, List[float]],
                                                                                            List[float], int]:
     """Trains ``model`` for ``epochs - start_epoch`` epochs with the compiled loop.
@@ -89,7 +89,7 @@ def fit_compiled(model: Any, optimizer: Any, *, loss_fn: Callable, metric_fns: D
     def run_full_batches(order: Any) -> List[Any]:
         def body(i: Any, *sums: Any) -> Any:
             idx = tf.slice(order, [i * batch_size], [batch_size])
-            out = train_step(tf.gather(x_all, idx), tf.gather(y_all, idx))
+            out = strategy.run(train_step, args=(tf.gather(x_all, idx), tf.gather(y_all, idx)))
             return (i + 1, *[s + o for s, o in zip(sums, out)])
 
         result = tf.while_loop(lambda i, *_: i < full_steps, body, (tf.constant(0), *zeros),
@@ -98,9 +98,10 @@ def fit_compiled(model: Any, optimizer: Any, *, loss_fn: Callable, metric_fns: D
 
     @tf.function(jit_compile=jit_compile)
     def run_last_batch(idx: Any) -> List[Any]:
-        return train_step(tf.gather(x_all, idx), tf.gather(y_all, idx))
+        return strategy.run(train_step, args=(tf.gather(x_all, idx), tf.gather(y_all, idx)))
 
-    evaluate = _make_evaluate(model, loss_fn, metric_fns, validation, batch_size, jit_compile) if validation else None
+    evaluate = _make_evaluate(model, loss_fn, metric_fns, validation, batch_size, jit_compile, strategy) \
+        if validation else None
     cb_list = keras.callbacks.CallbackList(list(callbacks), model=model, add_history=False, add_progbar=False,
                                            epochs=epochs, steps=steps, verbose=0)
     history: Dict[str, List[float]] = {}
@@ -131,7 +132,7 @@ def fit_compiled(model: Any, optimizer: Any, *, loss_fn: Callable, metric_fns: D
 
 
 def _make_evaluate(model: Any, loss_fn: Callable, metric_fns: Dict[str, Callable], validation: Tuple[Any, Any],
-                   batch_size: int, jit_compile: bool) -> Callable[[], Dict[str, float]]:
+                   batch_size: int, jit_compile: bool, strategy: Any) -> Callable[[], Dict[str, float]]:
     import tensorflow as tf
 
     xv, yv = validation
@@ -139,11 +140,14 @@ def _make_evaluate(model: Any, loss_fn: Callable, metric_fns: Dict[str, Callable
     x_all, y_all = tf.constant(xv), tf.constant(yv)
     names = ["loss"] + list(metric_fns)
 
-    @tf.function(jit_compile=jit_compile)
-    def sums_of(xb: Any, yb: Any) -> List[Any]:
+    def replica_sums(xb: Any, yb: Any) -> List[Any]:
         pred = model(xb, training=False)
         return [tf.reduce_sum(tf.cast(loss_fn(yb, pred), tf.float32))] + [
             tf.reduce_sum(tf.cast(fn(yb, pred), tf.float32)) for fn in metric_fns.values()]
+
+    @tf.function(jit_compile=jit_compile)
+    def sums_of(xb: Any, yb: Any) -> List[Any]:
+        return strategy.run(replica_sums, args=(xb, yb))
 
     def evaluate() -> Dict[str, float]:
         totals = [0.0] * len(names)

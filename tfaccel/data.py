@@ -178,16 +178,21 @@ def make_input(data: Any, *, backend: Any, batch: BatchSizes, epochs: int, seed:
         base = base.cache()
     seed_base = 0 if seed is None else int(seed)
 
-    def epoch_stream(epoch: tf.Tensor) -> tf.data.Dataset:
+    def epoch_stream(epoch: int) -> tf.data.Dataset:
         ds = base
         if shuffle and n is not None:
-            ds = ds.shuffle(n, seed=tf.cast(seed_base * 1_000_003 + epoch, tf.int64), reshuffle_each_iteration=False)
+            ds = ds.shuffle(n, seed=seed_base * 1_000_003 + epoch, reshuffle_each_iteration=False)
         ds = ds.batch(per_pipeline, drop_remainder=drop_remainder)
         if steps_per_epoch is not None:
             ds = ds.repeat().take(steps_per_epoch)
         return ds
 
-    stream = tf.data.Dataset.range(start_epoch, max(epochs, start_epoch + 1)).flat_map(epoch_stream)
+    # One stream over all remaining epochs, each epoch's order fixed by (seed, epoch): Keras keeps the iterator
+    # across epochs when steps_per_epoch is given, and a resumed job rebuilds exactly the same stream.
+    epochs_left = range(start_epoch, max(epochs, start_epoch + 1))
+    stream = epoch_stream(epochs_left[0])
+    for epoch in epochs_left[1:]:
+        stream = stream.concatenate(epoch_stream(epoch))
     if start_step:
         stream = stream.skip(start_step)
     stream = stream.prefetch(tf.data.AUTOTUNE)

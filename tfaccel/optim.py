@@ -178,6 +178,24 @@ def _distributed_class(base: type) -> type:
     return _Distributed
 
 
+def validate_optimizer_args(optimizer: Any, *, learning_rate: Optional[float], scale_learning_rate: Optional[str],
+                            clipnorm: Optional[float], global_clipnorm: Optional[float]) -> None:
+    """Checks the optimizer options without building anything (compile_and_fit calls it before training).
+
+    Raises:
+        ConfigError: naming the option, what was received and what is valid.
+    """
+    if clipnorm is not None and global_clipnorm is not None:
+        raise ConfigError(f"give clipnorm or global_clipnorm, not both (received clipnorm={clipnorm!r}, "
+                          f"global_clipnorm={global_clipnorm!r})")
+    for name, value in (("clipnorm", clipnorm), ("global_clipnorm", global_clipnorm), ("learning_rate", learning_rate)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+            raise ConfigError(f"{name} must be a positive number; received {value!r}")
+    if isinstance(optimizer, str) and optimizer.lower() not in OPTIMIZER_NAMES:
+        raise invalid_choice("optimizer", optimizer, OPTIMIZER_NAMES, "Or pass a keras.optimizers.Optimizer.")
+    scaled_learning_rate(1.0, 1, scale_learning_rate)  # raises on an unknown rule
+
+
 def make_optimizer(optimizer: Any, *, learning_rate: Optional[float], replicas: int,
                    scale_learning_rate: Optional[str], warmup_steps: int = 0, clipnorm: Optional[float] = None,
                    global_clipnorm: Optional[float] = None, gradient_accumulation_steps: int = 1
@@ -198,15 +216,9 @@ def make_optimizer(optimizer: Any, *, learning_rate: Optional[float], replicas: 
         (optimizer, description dict for the plan).
     """
     keras = _keras()
-    if clipnorm is not None and global_clipnorm is not None:
-        raise ConfigError(f"give clipnorm or global_clipnorm, not both (received clipnorm={clipnorm!r}, "
-                          f"global_clipnorm={global_clipnorm!r})")
-    for name, value in (("clipnorm", clipnorm), ("global_clipnorm", global_clipnorm), ("learning_rate", learning_rate)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
-            raise ConfigError(f"{name} must be a positive number; received {value!r}")
+    validate_optimizer_args(optimizer, learning_rate=learning_rate, scale_learning_rate=scale_learning_rate,
+                            clipnorm=clipnorm, global_clipnorm=global_clipnorm)
     if isinstance(optimizer, str):
-        if optimizer.lower() not in OPTIMIZER_NAMES:
-            raise invalid_choice("optimizer", optimizer, OPTIMIZER_NAMES, "Or pass a keras.optimizers.Optimizer.")
         template = keras.optimizers.get(optimizer.lower())
     elif isinstance(optimizer, keras.optimizers.Optimizer):
         template = optimizer

@@ -56,7 +56,9 @@ class FitResult:
 def _validate(build_model: Any, *, epochs: Any, steps_per_epoch: Any, warmup_epochs: Any,
               gradient_accumulation_steps: Any, steps_per_execution: Any, verbose: Any, loss: Any,
               callbacks: Any, backup_freq: Any) -> None:
-    if not callable(build_model):
+    import keras
+
+    if not callable(build_model) or isinstance(build_model, keras.layers.Layer):
         raise ConfigError(f"build_model must be a callable returning a keras.Model (it is called inside the strategy "
                           f"scope); received {type(build_model).__name__}. Pass the function, not its result: "
                           "compile_and_fit(build_model, ...) rather than compile_and_fit(build_model(), ...)")
@@ -191,6 +193,10 @@ def compile_and_fit(
     _validate(build_model, epochs=epochs, steps_per_epoch=steps_per_epoch, warmup_epochs=warmup_epochs,
               gradient_accumulation_steps=gradient_accumulation_steps, steps_per_execution=steps_per_execution,
               verbose=verbose, loss=loss, callbacks=callbacks, backup_freq=backup_freq)
+    from tfaccel.optim import validate_optimizer_args
+
+    validate_optimizer_args(optimizer, learning_rate=learning_rate, scale_learning_rate=scale_learning_rate,
+                            clipnorm=clipnorm, global_clipnorm=global_clipnorm)
     if loop not in LOOP_CHOICES:
         raise invalid_choice("loop", loop, LOOP_CHOICES)
     if callable(validation_data) and not hasattr(validation_data, "element_spec"):
@@ -321,10 +327,15 @@ def compile_and_fit(
                 log.info("epoch %d/%d - %d steps - %.2fs - %s", epoch + 1, total, steps, secs, line)
 
         compiled_cbs = [cb for cb in cbs if cb is not timer]
-        history, epoch_seconds, _ = fit_compiled(
-            model, opt, loss_fn=_loss_fn(loss_), metric_fns=_metric_fns(metrics_, loss_), x=x_arr, y=y_arr,
-            validation=val_arrays, epochs=epochs, start_epoch=start_epoch, batch_size=batch.global_batch, seed=seed,
-            shuffle=shuffle, jit_compile=bool(plan.jit_compile), callbacks=compiled_cbs, log_epoch=log_epoch)
+        with backend.scope():
+            if not opt.built:
+                opt.build(model.trainable_variables)  # inside the scope: slots on the strategy's device
+        with backend.scope():
+            history, epoch_seconds, _ = fit_compiled(
+                model, opt, loss_fn=_loss_fn(loss_), metric_fns=_metric_fns(metrics_, loss_), x=x_arr, y=y_arr,
+                validation=val_arrays, epochs=epochs, start_epoch=start_epoch, batch_size=batch.global_batch,
+                seed=seed, shuffle=shuffle, jit_compile=bool(plan.jit_compile), callbacks=compiled_cbs,
+                strategy=backend.strategy, log_epoch=log_epoch)
         ran_steps = steps * len(epoch_seconds)
     elif start_epoch < epochs:
         phases = []

@@ -62,7 +62,7 @@ if env.get("FIT_KILL_AT"):
 result = tfaccel.compile_and_fit(
     build, (x, y), validation_data=(xv, yv), epochs=int(env.get("FIT_EPOCHS", "3")),
     global_batch_size=int(env.get("FIT_BATCH", "64")), strategy=env.get("FIT_STRATEGY", "auto"),
-    loss="sparse_categorical_crossentropy", metrics=["accuracy"], learning_rate=float(env.get("FIT_LR", "0.003")),
+    loss="sparse_categorical_crossentropy", metrics=["accuracy"], learning_rate=float(env.get("FIT_LR", "0.01")),
     checkpoint_dir=env.get("FIT_CHECKPOINT_DIR") or None, backup_dir=env.get("FIT_BACKUP_DIR") or None,
     backup_freq=int(env["FIT_BACKUP_FREQ"]) if env.get("FIT_BACKUP_FREQ") else None, seed=1,
     steps_per_execution=int(env["FIT_SPE"]) if env.get("FIT_SPE") else "auto", callbacks=callbacks, verbose=0)
