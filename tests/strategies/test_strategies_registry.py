@@ -168,3 +168,14 @@ def test_register_strategy(clean_tf_config) -> None:
         register_strategy("auto", description="no", factory=factory)
     with pytest.raises(ConfigError, match=r"factory must be callable; received 3"):
         register_strategy("x", description="no", factory=3)
+
+
+def test_slurm_task_gets_a_resolver_built_from_the_task_info() -> None:
+    """TF_CONFIG tasks use TF's own resolver; a SLURM TaskInfo is turned into a SimpleClusterResolver."""
+    from tfaccel.strategies.builtin import _resolver_for
+
+    spec = ClusterSpec.from_hosts(workers=["node1:2222", "node2:2222"])
+    assert _resolver_for(TaskInfo(spec, "worker", 1), CPU2) is None
+    resolver = _resolver_for(TaskInfo(spec, "worker", 1, source="SLURM"), CPU2)
+    assert (resolver.task_type, resolver.task_id) == ("worker", 1)
+    assert resolver.cluster_spec().as_dict() == {"worker": ["node1:2222", "node2:2222"]}
