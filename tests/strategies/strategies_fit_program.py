@@ -17,6 +17,7 @@ def main() -> int:
     parser.add_argument("--strategy", default="auto")
     parser.add_argument("--jit", action="store_true")
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--steps-per-execution", type=int, default=1)
     parser.add_argument("--only-build-fix", action="store_true", help="undo the reduce_per_replica half of the fix")
     args = parser.parse_args()
 
@@ -42,7 +43,8 @@ def main() -> int:
     keras.utils.set_random_seed(1234 + backend.worker_index)  # different initial weights: sync must fix them
     with strategy.scope():
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
-        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"], jit_compile=args.jit)
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"], jit_compile=args.jit,
+                      steps_per_execution=args.steps_per_execution)
     try:
         history = model.fit(data, epochs=args.epochs, verbose=0)
     except Exception as exc:  # noqa: BLE001 - the test asserts on the upstream message

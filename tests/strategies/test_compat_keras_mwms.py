@@ -128,3 +128,17 @@ def test_both_halves_of_the_fix_are_needed() -> None:
         out = harness.last_json_line(result.stdout)
         assert result.returncode == 3 and not out["ok"], result.describe()
         assert out["message"].startswith("Invalid reduction dimension 0 for input with 0 dimensions.")
+
+
+def test_multi_step_loop_still_fails_under_multi_worker() -> None:
+    """Not covered by the fix: Keras' steps_per_execution > 1 loop fails under MWMS (compile_and_fit uses 1 there).
+
+    When this starts passing, compile_and_fit may run several steps per execution on multi_worker too.
+    """
+    results = harness.run_tasks(PROGRAM, workers=2, timeout=150, args=["--steps-per-execution", "4"],
+                                env={"TFACCEL_DISABLE_COMPAT": ""})
+    for result in results:
+        out = harness.last_json_line(result.stdout)
+        assert result.returncode == 3 and not out["ok"], result.describe()
+        assert "You must feed a value for placeholder tensor" in out["message"]
+        assert "while/cond" in out["message"]
