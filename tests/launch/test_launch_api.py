@@ -315,3 +315,15 @@ def test_launchers_own_tf_config_is_not_passed_on_and_says_so(clean_tf_config, m
     assert json.loads(result.tasks[0].stdout)["cluster"]["worker"][0].startswith("127.0.0.1:")
     assert any("TF_CONFIG is set in the launcher's environment" in m and "it is not passed on" in m
                for m in launch_log)
+
+
+def test_a_task_that_cannot_be_executed_exits_127_with_a_message(clean_tf_config, tmp_path):
+    from tfaccel.launch.procs import start_process
+
+    script = tmp_path / "not-executable"
+    script.write_text("#!/bin/sh\necho hi\n")
+    proc = start_process([str(script)], die_with_parent=True)
+    track([proc.pid])
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 127
+    assert f"tfaccel launch: cannot run {str(script)!r}: [Errno 13] Permission denied" in err.decode()

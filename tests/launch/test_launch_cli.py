@@ -1,6 +1,7 @@
 """`tfaccel launch` as a real process: options, dry run, exit codes, signal forwarding, no orphans."""
 
 import json
+import os
 import signal
 import sys
 import time
@@ -28,11 +29,13 @@ def _one_error_line(launcher) -> str:
 
 
 def test_dry_run_prints_tasks_tf_configs_and_commands_and_starts_nothing(clean_tf_config):
-    rc, launcher = _launch("--ps", "1", "--workers", "2", "--dry-run", "--", "python", "coordinator.py")
+    rc, launcher = _launch("--ps", "1", "--workers", "2", "--dry-run", "--", "coordinator.py")
+    assert rc == 1 + 1 and "script 'coordinator.py' not found" in launcher.stderr  # it checks the command
+    rc, launcher = _launch("--ps", "1", "--workers", "2", "--dry-run", "--", PY, "-c", "pass")
     assert rc == 0
     out = launcher.stdout
     assert "would start 4 task(s)" in out and "strategy hint parameter_server; nothing was started" in out
-    assert "chief:0  127.0.0.1:" in out and "command: python coordinator.py" in out
+    assert "chief:0  127.0.0.1:" in out and f"command: {PY} -c pass" in out
     assert out.count("server: ") == 3 and "-m tfaccel.launch.server" in out
     configs = [json.loads(line.split("TF_CONFIG=", 1)[1]) for line in out.splitlines() if "TF_CONFIG=" in line]
     assert [c["task"]["type"] for c in configs] == ["chief", "worker", "worker", "ps"]
@@ -46,10 +49,10 @@ def test_dry_run_per_host_names_the_peers_it_waits_for(clean_tf_config, tmp_path
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text("worker: ['10.0.0.1:2222', '10.0.0.2:2222']\n")
     rc, launcher = _launch("--cluster", str(cluster), "--task", "worker:1", "--connect-timeout", "7", "--dry-run",
-                           "--", "python", "train.py")
+                           "--", PY, "train.py")
     assert rc == 0
     assert "per-host mode, task worker:1" in launcher.stdout
-    assert "worker:1  10.0.0.2:2222  command: python train.py" in launcher.stdout
+    assert f"worker:1  10.0.0.2:2222  command: {PY} train.py" in launcher.stdout
     assert "would wait up to 7 s for: worker:0 (10.0.0.1:2222)" in launcher.stdout
 
 
@@ -105,6 +108,26 @@ def test_signal_to_launcher_reaches_every_task_and_leaves_no_orphan(clean_tf_con
     assert not wait_gone(launcher.all_pids() + children)
 
 
+def test_tasks_die_with_a_sigkilled_launcher(clean_tf_config):
+    """SIGKILL cannot be forwarded: the tasks are SIGKILLed by the kernel instead (PR_SET_PDEATHSIG)."""
+    with Launcher("--workers", "2", "--", PY, SLEEPER) as launcher:
+        ready = [launcher.wait_for(rf"\[worker {i}\] ready .* pid=(\d+) child=(\d+)", timeout=30) for i in range(2)]
+        tasks = [int(m.group(1)) for m in ready]
+        grandchildren = [int(m.group(2)) for m in ready]
+        track(grandchildren)
+        assert sorted(tasks) == sorted(launcher.task_pids["worker:0"] + launcher.task_pids["worker:1"])
+        launcher.proc.send_signal(signal.SIGKILL)
+        launcher.wait(timeout=10)
+        gone_in_time = not wait_gone(tasks, timeout=5)
+        for pid in grandchildren:  # processes the tasks started themselves are out of reach: end them here
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        assert not wait_gone(grandchildren)
+    assert gone_in_time, "tasks outlived their SIGKILLed launcher"
+
+
 def test_tasks_ignoring_the_signal_are_killed_after_grace(clean_tf_config):
     with Launcher("--workers", "2", "--grace", "1", "--", PY, SLEEPER, "--ignore-term") as launcher:
         children = [int(launcher.wait_for(rf"\[worker {i}\] ready .* child=(\d+)", timeout=30).group(1))
@@ -138,6 +161,10 @@ def test_per_host_missing_peer_is_a_clear_error_within_connect_timeout(clean_tf_
     (["--workers", "0", "--", "x"], "workers: must be an integer >= 1; received 0"),
     (["--cluster", "does-not-exist.yaml", "--", "x"], "cluster file does-not-exist.yaml: no such file"),
     (["-np", "2", "--", "x"], "-np: only with --backend horovod; received --backend tf"),
+    (["--workers", "1", "--", "no-such-program-xyz", "-v"], "command: program 'no-such-program-xyz' not found on PATH "
+                                                            "(received 'no-such-program-xyz -v')"),
+    (["--workers", "1", "--", "./no/such/script.py"], "command: script './no/such/script.py' not found"),
+    (["--workers", "1", "--", "./no/such/tool"], "command: program './no/such/tool' not an executable file"),
     (["--backend", "horovod", "--workers", "2", "--", "x"], "--backend horovod: --workers are for --backend tf"),
     (["--backend", "horovod", "-np", "0", "--dry-run", "--", "x"], "np: the number of Horovod ranks must be"),
 ])

@@ -205,7 +205,7 @@ def _dry_run(args: argparse.Namespace, opts: dict) -> int:
         else:
             make_spec, notes = local_specs(workers=opts["workers"], ps=opts["ps"], chief=opts["chief"],
                                            evaluator=opts["evaluator"])
-        argv, cmd_notes = normalize_command(opts["cmd"])
+        argv, cmd_notes = normalize_command(opts["cmd"], check_exists=True)
         notes = notes + cmd_notes
         spec = make_spec(0)
         tasks = build_tasks(spec, lambda _name: argv, env=child_base_env())

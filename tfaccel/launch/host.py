@@ -39,9 +39,10 @@ def host_plan(cmd: Union[str, Sequence[str]], *, cluster: Any, task: str, env: O
     spec, source = _load_spec(cluster)
     role, index = spec.check_task(task, field="--task")
     name = f"{role}:{index}"
-    argv, notes = normalize_command(cmd)
+    base_env = child_base_env(env)
+    argv, notes = normalize_command(cmd, check_exists=True, env=base_env)
     _check_ps_has_chief(spec, source)
-    tasks = build_tasks(spec, lambda _name: argv, env=child_base_env(env), attempt=attempt, only=name)
+    tasks = build_tasks(spec, lambda _name: argv, env=base_env, attempt=attempt, only=name)
     peers = [(f"{r}:{i}", spec.address((r, i))) for r, i in spec.tasks() if (r, i) != (role, index)
              and r != "evaluator"]
     return spec, tasks[0], peers, notes

@@ -12,6 +12,7 @@ task its own TF_CONFIG and starts one process per task under the supervisor:
 import os
 import pickle
 import shlex
+import shutil
 import socket
 import sys
 import tempfile
@@ -37,17 +38,24 @@ def server_command() -> Tuple[str, ...]:
     return (sys.executable, "-m", "tfaccel.launch.server")
 
 
-def normalize_command(cmd: Union[str, Sequence[str]]) -> Tuple[Tuple[str, ...], List[str]]:
+def normalize_command(cmd: Union[str, Sequence[str]], *, check_exists: bool = False,
+                      env: Optional[Mapping[str, str]] = None) -> Tuple[Tuple[str, ...], List[str]]:
     """Turns a command into an argv (never a shell) and says what it filled in.
 
     A string is split like a shell would (``shlex``) but never run by one; a first word ending in ``.py`` is run
     with this Python (``sys.executable``).
 
+    Args:
+        cmd: the command.
+        check_exists: raise when the program is not found here (on ``PATH`` of ``env``, or as a path).
+            Defaults to False (e.g. a command for other hosts).
+        env: the environment whose ``PATH`` is searched. Defaults to this process's.
+
     Returns:
         ``(argv, notes)`` where notes describe what was filled in.
 
     Raises:
-        ConfigError: the command is empty.
+        ConfigError: the command is empty, or (``check_exists``) its program or script is not found.
     """
     argv = shlex.split(cmd) if isinstance(cmd, str) else [str(part) for part in cmd]
     notes = []
@@ -57,8 +65,17 @@ def normalize_command(cmd: Union[str, Sequence[str]]) -> Tuple[Tuple[str, ...], 
         raise ConfigError("command: received an empty command; put the program after `--`, e.g. "
                           "`tfaccel launch --workers 2 -- python train.py`")
     if argv[0].endswith(".py"):
+        if check_exists and not os.path.isfile(argv[0]):
+            raise ConfigError(f"command: script {argv[0]!r} not found (received {shlex.join(argv)!r}, working "
+                              f"directory {os.getcwd()}); check the path")
         notes.append(f"{argv[0]} is run with this Python ({sys.executable})")
         argv = [sys.executable] + argv
+    elif check_exists:
+        path = (env if env is not None else os.environ).get("PATH", os.defpath)
+        if shutil.which(argv[0], path=path) is None:
+            where = "not an executable file" if os.sep in argv[0] else "not found on PATH"
+            raise ConfigError(f"command: program {argv[0]!r} {where} (received {shlex.join(argv)!r}); give its full "
+                              "path or install it")
     return tuple(argv), notes
 
 
@@ -332,7 +349,7 @@ def run_local(cmd_or_callable: Command, *, workers: int = 2, ps: int = 0, chief:
         if args or kwargs:
             raise ConfigError("args/kwargs: only for a callable; received a command "
                               f"{cmd_or_callable!r}; put its arguments in the command")
-        argv, notes = normalize_command(cmd_or_callable)
+        argv, notes = normalize_command(cmd_or_callable, check_exists=True, env=base_env)
         for note in notes:
             log.info("launch: %s", note)
 

@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -32,10 +33,33 @@ def free_ports(count: int, host: str = LOOPBACK) -> List[int]:
             sock.close()
 
 
+# Run before the real command (then exec'd in the same PID): SIGKILL this process when its parent dies
+# (prctl PR_SET_PDEATHSIG survives exec), so a SIGKILLed launcher does not leave its tasks running.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, sys\n"
+    "ctypes.CDLL(None).prctl(1, 9)\n"  # PR_SET_PDEATHSIG = 1, SIGKILL = 9
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    os._exit(137)\n"  # the parent died before prctl took effect
+    "try:\n"
+    "    os.execvp(sys.argv[2], sys.argv[2:])\n"
+    "except OSError as exc:\n"
+    "    sys.stderr.write(f'tfaccel launch: cannot run {sys.argv[2]!r}: {exc}\\n')\n"
+    "    os._exit(127)\n")
+
+
 def start_process(cmd: Sequence[str], *, env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
-                  stdout: int = subprocess.PIPE, stderr: int = subprocess.PIPE) -> subprocess.Popen:
-    """Starts ``cmd`` (never through a shell) in a new session so it can be ended with its children."""
-    return subprocess.Popen(list(cmd), env=dict(env) if env is not None else None, cwd=cwd, stdout=stdout,
+                  stdout: int = subprocess.PIPE, stderr: int = subprocess.PIPE,
+                  die_with_parent: bool = False) -> subprocess.Popen:
+    """Starts ``cmd`` (never through a shell) in a new session so it can be ended with its children.
+
+    ``die_with_parent`` (Linux): the process is SIGKILLed if this process dies first, even by SIGKILL. It goes
+    through a tiny Python stub that sets ``PR_SET_PDEATHSIG`` and execs ``cmd`` in the same PID (no
+    ``preexec_fn``, which is unsafe with threads). Processes the command starts itself are not covered.
+    """
+    argv = list(cmd)
+    if die_with_parent and sys.platform.startswith("linux"):
+        argv = [sys.executable, "-S", "-c", _DIE_WITH_PARENT, str(os.getpid())] + argv
+    return subprocess.Popen(argv, env=dict(env) if env is not None else None, cwd=cwd, stdout=stdout,
                             stderr=stderr, stdin=subprocess.DEVNULL, start_new_session=True)
 
 

@@ -251,7 +251,7 @@ class _Attempt:
 
     # -- starting -----------------------------------------------------------------------------------------
     def _start(self, task: LaunchTask) -> None:
-        proc = start_process(task.cmd, env=task.env)
+        proc = start_process(task.cmd, env=task.env, die_with_parent=True)
         out: Deque[str] = collections.deque(maxlen=self.capture_lines)
         err: Deque[str] = collections.deque(maxlen=self.capture_lines)
         threads = []
