@@ -100,7 +100,7 @@ def test_timeout_stops_everything_with_exit_124(clean_tf_config, launch_log):
 
 def test_sigkill_after_grace_and_no_orphaned_grandchildren(clean_tf_config):
     """Tasks that ignore SIGTERM are SIGKILLed after the grace period, with the children they started."""
-    result = _run([PY, str(SCRIPTS / "sleeper.py"), "--ignore-term"], workers=2, timeout=8, grace=1, echo=False)
+    result = _run([PY, str(SCRIPTS / "sleeper.py"), "--ignore-term"], workers=2, timeout=3, grace=1, echo=False)
     assert result.reason == "timeout"
     assert [t.returncode for t in result.tasks] == [-9, -9]
     children = [int(t.stdout.split("child=")[1].split()[0]) for t in result.tasks]

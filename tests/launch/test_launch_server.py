@@ -28,7 +28,8 @@ def _server(tf_config=None):
 
 @pytest.mark.parametrize("tf_config, message", [
     (None, "TF_CONFIG must name a ps or worker task; received no TF_CONFIG"),
-    (json.dumps({"cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}, "task": {"type": "chief", "index": 0}}),
+    (json.dumps({"cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]},
+                 "task": {"type": "chief", "index": 0}}),
      "TF_CONFIG must name a ps or worker task; received task chief:0"),
     ('{"cluster": ', "TF_CONFIG: not valid JSON"),
 ])

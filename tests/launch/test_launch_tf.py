@@ -118,7 +118,8 @@ def test_per_host_mode_parameter_server_cluster(clean_tf_config, tmp_path):
         for task in ("ps:0", "worker:0", "worker:1"):  # servers serve until they are stopped
             server = launchers[task]
             assert server.proc.poll() is None and f"started {task} pid=" in server.stderr
-            assert "(server)" in server.stderr and "every other task of the cluster accepts connections" in server.stderr
+            assert "(server)" in server.stderr
+            assert "every other task of the cluster accepts connections" in server.stderr
             server.proc.send_signal(signal.SIGTERM)
             assert _finish(server, timeout=30) == 143
     finally:

@@ -324,7 +324,7 @@ def run_local(cmd_or_callable: Command, *, workers: int = 2, ps: int = 0, chief:
 
     Example:
         >>> from tfaccel.launch import run_local
-        >>> result = run_local(["python", "-c", "import os; print(os.environ['TF_CONFIG'])"], workers=2)  # doctest: +SKIP
+        >>> result = run_local(["python", "-c", "import os; print(os.environ['TF_CONFIG'])"])  # doctest: +SKIP
         >>> result.returncode, [t.name for t in result.tasks]  # doctest: +SKIP
         (0, ['worker:0', 'worker:1'])
     """
