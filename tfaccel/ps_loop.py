@@ -165,11 +165,11 @@ def fit_parameter_server(build_model: Callable[[], Any], train_data: Any, *, bac
     names = ["loss"] + list(metric_fns)
     scaled = isinstance(opt, keras.optimizers.LossScaleOptimizer)
 
-    def one_update(it: Any) -> List[Any]:
+    def one_update(batches: Any) -> List[Any]:
+        """One optimizer update from ``accum`` micro-batches; returns per-batch sums (and the example count)."""
         sums = [tf.constant(0.0)] * (len(names) + 1)
         grads_total = None
-        for _ in range(accum):
-            xb, yb = next(it)
+        for xb, yb in batches:
             with tf.GradientTape() as tape:
                 pred = model(xb, training=True)
                 per_ex = tf.cast(loss_fn(yb, pred), tf.float32)
@@ -191,17 +191,14 @@ def fit_parameter_server(build_model: Callable[[], Any], train_data: Any, *, bac
     def make_closure(n_updates: int) -> Callable:
         @tf.function
         def closure(it: Any) -> Any:
-            def replica_fn(iter_: Any) -> Any:
-                totals = None
-                for _ in range(n_updates):
-                    sums = one_update(iter_)
-                    totals = sums if totals is None else [a + b for a, b in zip(totals, sums)]
-                return totals
-
-            out = strategy.run(replica_fn, args=(it,))
-            out = [strategy.reduce("SUM", v, axis=None) for v in out]
+            totals = None
+            for _ in range(n_updates):
+                batches = [next(it) for _ in range(accum)]  # next() outside the replica function
+                out = strategy.run(one_update, args=(batches,))
+                out = [strategy.reduce("SUM", v, axis=None) for v in out]
+                totals = out if totals is None else [a + b for a, b in zip(totals, out)]
             step_counter.assign_add(n_updates * accum)
-            return out
+            return totals
 
         return closure
 

@@ -81,6 +81,14 @@ def _validate(build_model: Any, *, epochs: Any, steps_per_epoch: Any, warmup_epo
 
 def _choose_steps_per_execution(requested: Union[str, int], *, steps_per_epoch: int, backup_freq: Optional[int],
                                 backend: Any) -> tuple:
+    if backend.name == "multi_worker":
+        # Keras 3.15's multi-step loop (TensorFlowTrainer.multi_step_on_iterator) fails under
+        # MultiWorkerMirroredStrategy: "You must feed a value for placeholder tensor .../while/cond/Placeholder"
+        # from the distributed iterator's has_next (seen on Keras 3.15.1 / TF 2.21.0).
+        reason = "multi_worker: Keras 3.15's multi-step loop fails under MultiWorkerMirroredStrategy"
+        if requested not in ("auto", 1):
+            get_logger().warning("steps_per_execution=%s cannot work here (%s); using 1", requested, reason)
+        return 1, reason
     if requested != "auto":
         return int(requested), "given"
     if not backend.uses_keras_fit:
