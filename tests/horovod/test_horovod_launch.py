@@ -1,6 +1,5 @@
 """tfaccel.launch.horovod: the horovodrun command line, and a real horovodrun bounded by a timeout."""
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -102,59 +101,3 @@ def test_timeout_stops_horovodrun_and_every_rank(tmp_path) -> None:
         time.sleep(0.2)
     assert not [p for p in rank_pids if pid_alive(p)], "ranks outlived the timeout"
 
-
-# ------------------------------------------------------------------------------- tfaccel launch --backend horovod
-
-def _args(**kw) -> argparse.Namespace:
-    base = dict(backend="horovod", np=None, hosts=None, workers=None, ps=None, chief=None, evaluator=None,
-                cluster=None, task=None, max_restarts=None, connect_timeout=None, timeout=None, grace=None,
-                dry_run=False, cmd=["--", "python", "train.py"])
-    base.update(kw)
-    return argparse.Namespace(**base)
-
-
-def test_cli_dry_run_prints_the_horovodrun_command(capsys, monkeypatch, tmp_path) -> None:
-    fake = tmp_path / "horovodrun"
-    fake.write_text("#!/bin/sh\n")
-    fake.chmod(0o755)
-    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
-    assert lh.run_cli(_args(dry_run=True, np=3, hosts="a:2,b:2")) == 0
-    out = capsys.readouterr().out
-    assert "would run; nothing was started" in out
-    assert f"{fake} --gloo -np 3 -H a:2,b:2 python train.py" in out
-
-
-@pytest.mark.parametrize("options, flags", [
-    (dict(workers=2), "--workers"),
-    (dict(cluster="c.yaml", task="worker:0"), "--cluster, --task"),
-    (dict(chief=True, max_restarts=1), "--chief, --max-restarts"),
-])
-def test_cli_refuses_tf_options(options, flags) -> None:
-    with pytest.raises(ConfigError) as info:
-        lh.run_cli(_args(**options))
-    assert f"--backend horovod: {flags} do not apply (horovodrun starts and places the ranks)" in str(info.value)
-    assert "valid: -np N, -H HOST:SLOTS" in str(info.value)
-
-
-def test_cli_needs_a_command_and_positive_times() -> None:
-    with pytest.raises(ConfigError, match="command: none given; put it after `--`"):
-        lh.run_cli(_args(cmd=["--"]))
-    with pytest.raises(ConfigError, match="--timeout: must be a positive number of seconds; received 0"):
-        lh.run_cli(_args(timeout=0.0))
-    with pytest.raises(ConfigError, match="np: the number of Horovod ranks must be a whole number >= 1; received 0"):
-        lh.run_cli(_args(np=0, dry_run=True))
-
-
-def test_np_and_hosts_need_the_horovod_backend() -> None:
-    lh.reject_horovod_options(_args(backend=None))
-    with pytest.raises(ConfigError) as info:
-        lh.reject_horovod_options(_args(backend=None, np=2, hosts="a:2"))
-    assert "-np/-H: only apply to --backend horovod; received -np -H with --backend tf" in str(info.value)
-
-
-def test_cli_arguments_parse() -> None:
-    parser = argparse.ArgumentParser()
-    lh.add_cli_arguments(parser)
-    args = parser.parse_args(["--backend", "horovod", "-np", "4", "-H", "a:2,b:2"])
-    assert (args.backend, args.np, args.hosts) == ("horovod", 4, "a:2,b:2")
-    assert parser.parse_args([]).backend is None

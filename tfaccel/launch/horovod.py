@@ -11,19 +11,17 @@ still the global batch (each rank steps on ``global_batch_size // N`` examples).
 
 import os
 import re
-import shlex
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from tfaccel.errors import BackendUnavailableError, ConfigError
 from tfaccel.launch.local import child_base_env, normalize_command
 from tfaccel.launch.supervisor import LaunchResult, LaunchTask, run_job
 from tfaccel.log import get_logger
 
-__all__ = ["build_horovodrun_command", "run_horovod", "parse_hosts", "find_horovodrun", "BACKEND_CHOICES",
-           "add_cli_arguments", "reject_horovod_options", "run_cli"]
+__all__ = ["build_horovodrun_command", "run_horovod", "parse_hosts", "find_horovodrun"]
 
 INSTALL_HINT = ("build Horovod against the installed TensorFlow with `bash scripts/install_horovod.sh .venv` "
                 "(see the README section 'Horovod')")
@@ -192,89 +190,3 @@ def run_horovod(np: int, cmd: Union[str, Sequence[str]], *, hosts: Union[None, s
     task = LaunchTask(task_type="horovodrun", task_index=0, cmd=argv, env=base)
     return run_job(lambda attempt: [task], timeout=timeout, grace=grace, echo=echo, capture_lines=capture_lines)
 
-
-# --------------------------------------------------------------------------------- `tfaccel launch --backend`
-
-#: ``tfaccel launch --backend`` choices: tf.distribute tasks with TF_CONFIG (the default), or horovodrun ranks.
-BACKEND_CHOICES: Tuple[str, ...] = ("tf", "horovod")
-DEFAULT_NP = 2
-_CLI_CAPTURE_LINES = 200
-
-# tfaccel launch options that describe a tf.distribute cluster: meaningless for horovodrun.
-_TF_ONLY_OPTIONS = (("--workers", "workers"), ("--ps", "ps"), ("--chief", "chief"), ("--evaluator", "evaluator"),
-                    ("--cluster", "cluster"), ("--task", "task"), ("--max-restarts", "max_restarts"),
-                    ("--connect-timeout", "connect_timeout"))
-
-
-def add_cli_arguments(parser: Any) -> None:
-    """Adds ``--backend``, ``-np`` and ``-H`` to the ``tfaccel launch`` parser."""
-    group = parser.add_argument_group("Horovod (--backend horovod: ranks started by horovodrun over Gloo)")
-    group.add_argument("--backend", choices=BACKEND_CHOICES, default=None,
-                       help="tf: tf.distribute tasks with TF_CONFIG (default); horovod: N ranks through "
-                            "`horovodrun --gloo` (build Horovod first: bash scripts/install_horovod.sh .venv)")
-    group.add_argument("-np", "--num-proc", dest="np", type=int, default=None, metavar="N",
-                       help=f"number of Horovod ranks (default: {DEFAULT_NP})")
-    group.add_argument("-H", "--hosts", dest="hosts", default=None, metavar="HOST:SLOTS,...",
-                       help="hosts and their slots, e.g. node1:4,node2:4 (default: localhost:N)")
-
-
-def reject_horovod_options(args: Any) -> None:
-    """For the tf backend: ``-np`` / ``-H`` only mean something with ``--backend horovod``.
-
-    Raises:
-        ConfigError: ``-np`` or ``-H`` was given without ``--backend horovod``.
-    """
-    given = [flag for flag, dest in (("-np", "np"), ("-H", "hosts")) if getattr(args, dest, None) is not None]
-    if given:
-        raise ConfigError(f"{'/'.join(given)}: only apply to --backend horovod; received {' '.join(given)} with "
-                          f"--backend {getattr(args, 'backend', None) or 'tf'}. Use `tfaccel launch --backend horovod "
-                          "-np 2 -- CMD`, or --workers N for tf.distribute workers")
-
-
-def run_cli(args: Any) -> int:
-    """Runs ``tfaccel launch --backend horovod [-np N] [-H hosts] [--timeout S] [--grace S] [--dry-run] -- CMD``.
-
-    Args:
-        args: the parsed ``tfaccel launch`` arguments.
-
-    Returns:
-        The exit status: 0, horovodrun's failing code, 124 on ``--timeout``.
-
-    Raises:
-        ConfigError: an option of the tf backend was given, or a bad ``-np`` / ``-H`` / command.
-        BackendUnavailableError: ``horovodrun`` is not installed.
-    """
-    given = [flag for flag, dest in _TF_ONLY_OPTIONS if getattr(args, dest, None) not in (None, False)]
-    if given:
-        raise ConfigError(f"--backend horovod: {', '.join(given)} do not apply (horovodrun starts and places the "
-                          "ranks); valid: -np N, -H HOST:SLOTS,..., --timeout, --grace, --dry-run. Example: "
-                          "tfaccel launch --backend horovod -np 2 -H localhost:2 -- python train.py")
-    cmd = list(getattr(args, "cmd", None) or [])
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
-    if not cmd:
-        raise ConfigError("command: none given; put it after `--`, e.g. `tfaccel launch --backend horovod -np 2 "
-                          "-- python train.py`")
-    for flag, dest in (("--timeout", "timeout"), ("--grace", "grace")):
-        value = getattr(args, dest, None)
-        if value is not None and value <= 0:
-            raise ConfigError(f"{flag}: must be a positive number of seconds; received {value:g}")
-    filled = []
-    np = args.np
-    if np is None:
-        np = DEFAULT_NP
-        filled.append(f"-np {DEFAULT_NP}")
-    if args.hosts is None:
-        filled.append(f"-H localhost:{np}")
-    log = get_logger()
-    if filled:
-        log.info("launch: defaults filled in (pass the options to set them): %s", ", ".join(filled))
-    if getattr(args, "dry_run", False):
-        argv = build_horovodrun_command(np, args.hosts, cmd)
-        sys.stdout.write("tfaccel launch --dry-run (horovod): would run; nothing was started\n"
-                         f"{shlex.join(argv)}\n")
-        return 0
-    grace = getattr(args, "grace", None)
-    result = run_horovod(np, cmd, hosts=args.hosts, timeout=getattr(args, "timeout", None),
-                         grace=10.0 if grace is None else grace, capture_lines=_CLI_CAPTURE_LINES)
-    return result.returncode
