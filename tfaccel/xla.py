@@ -23,12 +23,13 @@ __all__ = ["JIT_CHOICES", "resolve_jit", "CPU_ONE_DEVICE_JIT", "CPU_ONE_DEVICE_N
 
 JIT_CHOICES = ("auto", True, False)
 
-# Measured on this machine (MLP 784-128-10, batch 128, Keras fit on cached tf.data, 1 intra-op thread, 3 runs,
-# median examples per CPU-second): steps_per_execution=16: 103k -> 126k with XLA (+22%); steps_per_execution=1:
-# 74k -> 70k (-6%). tfaccel's fit runs several steps per execution, so XLA is on for one CPU device.
+# Measured on this machine (MLP 784-128-10, batch 128, Keras fit on cached tf.data, 1 intra-op thread, 3 runs
+# each, median examples per CPU-second; a busy 2-core machine, so CPU time rather than wall time):
+#   steps_per_execution=1: 74k -> 70k with XLA (-6%); 16: 103k -> 126k (+22%); 64: 140k -> 141k (same).
+# compile_and_fit runs several steps per execution, where XLA helps or is neutral: on for one CPU device.
 CPU_ONE_DEVICE_JIT = True
-CPU_ONE_DEVICE_NOTE = ("one CPU device: XLA measured +22% examples/s for a small MLP with steps_per_execution=16 "
-                       "(-6% with 1 step per execution)")
+CPU_ONE_DEVICE_NOTE = ("one CPU device: XLA measured +22% examples/s for a small MLP at steps_per_execution=16 "
+                       "(same at 64, -6% at 1)")
 MULTI_WORKER_CPU_NOTE = ("MultiWorkerMirroredStrategy on CPUs: XLA cannot compile collectives for CPU devices "
                          "(\"Collectives are not yet implemented for CPU devices when compiling with XLA\", TF 2.21)")
 MULTI_WORKER_GPU_NOTE = ("MultiWorkerMirroredStrategy on GPUs: XLA was not measured on multi-GPU workers here; "
