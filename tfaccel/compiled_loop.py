@@ -62,43 +62,44 @@ def fit_compiled(model: Any, optimizer: Any, *, loss_fn: Callable, metric_fns: D
     import tensorflow as tf
 
     n = len(y)
-    full_steps, remainder = divmod(n, batch_size)
-    steps = full_steps + (1 if remainder else 0)
+    steps = -(-n // batch_size)
+    # The last batch may be partial. Rather than a second compiled function for its shape (a second trace and
+    # XLA compilation: costly for deep models), it is padded to a full batch whose padding has weight 0, so
+    # the loss is the mean over the real examples exactly as Keras computes it.
+    padded = steps * batch_size
+    mask_all = tf.constant(np.concatenate([np.ones(n, np.float32), np.zeros(padded - n, np.float32)]))
     x_all = tf.constant(x)
     y_all = tf.constant(y)
     variables = model.trainable_variables
     names = ["loss"] + list(metric_fns)
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
 
-    def train_step(xb: Any, yb: Any) -> List[Any]:
+    def train_step(xb: Any, yb: Any, mask: Any) -> List[Any]:
         with tf.GradientTape() as tape:
             pred = model(xb, training=True)
-            per_ex = tf.cast(loss_fn(yb, pred), tf.float32)
-            loss = tf.reduce_mean(per_ex)
+            per_ex = tf.cast(loss_fn(yb, pred), tf.float32) * mask
+            loss = tf.reduce_sum(per_ex) / tf.reduce_sum(mask)
             if model.losses:
                 loss += tf.add_n([tf.cast(l, tf.float32) for l in model.losses])
             target = optimizer.scale_loss(loss) if scaled else loss
         grads = tape.gradient(target, variables)
         optimizer.apply(grads, variables)
-        return [tf.reduce_sum(per_ex)] + [tf.reduce_sum(tf.cast(fn(yb, pred), tf.float32))
+        return [tf.reduce_sum(per_ex)] + [tf.reduce_sum(tf.cast(fn(yb, pred), tf.float32) * mask)
                                           for fn in metric_fns.values()]
 
     zeros = [tf.constant(0.0) for _ in names]
 
-    @tf.function(jit_compile=jit_compile)
-    def run_full_batches(order: Any) -> List[Any]:
+    @tf.function(jit_compile=jit_compile, reduce_retracing=True)
+    def run_epoch(order: Any) -> List[Any]:
         def body(i: Any, *sums: Any) -> Any:
-            idx = tf.slice(order, [i * batch_size], [batch_size])
-            out = strategy.run(train_step, args=(tf.gather(x_all, idx), tf.gather(y_all, idx)))
+            pos = tf.slice(tf.range(padded), [i * batch_size], [batch_size])
+            idx = tf.gather(order, pos)
+            mask = tf.gather(mask_all, pos)
+            out = strategy.run(train_step, args=(tf.gather(x_all, idx), tf.gather(y_all, idx), mask))
             return (i + 1, *[s + o for s, o in zip(sums, out)])
 
-        result = tf.while_loop(lambda i, *_: i < full_steps, body, (tf.constant(0), *zeros),
-                               parallel_iterations=1)
+        result = tf.while_loop(lambda i, *_: i < steps, body, (tf.constant(0), *zeros), parallel_iterations=1)
         return list(result[1:])
-
-    @tf.function(jit_compile=jit_compile)
-    def run_last_batch(idx: Any) -> List[Any]:
-        return strategy.run(train_step, args=(tf.gather(x_all, idx), tf.gather(y_all, idx)))
 
     evaluate = _make_evaluate(model, loss_fn, metric_fns, validation, batch_size, jit_compile, strategy) \
         if validation else None
@@ -112,11 +113,8 @@ def fit_compiled(model: Any, optimizer: Any, *, loss_fn: Callable, metric_fns: D
         cb_list.on_epoch_begin(epoch)
         t0 = time.perf_counter()
         order = _epoch_order(n, seed, epoch, shuffle)
-        sums = [float(v) for v in run_full_batches(tf.constant(order[:full_steps * batch_size]))] if full_steps \
-            else [0.0] * len(names)
-        if remainder:
-            last = run_last_batch(tf.constant(order[full_steps * batch_size:]))
-            sums = [a + float(b) for a, b in zip(sums, last)]
+        order = np.concatenate([order, np.zeros(padded - n, np.int32)])  # padding rows are masked out
+        sums = [float(v) for v in run_epoch(tf.constant(order))]
         seconds.append(time.perf_counter() - t0)
         logs = {name: total / n for name, total in zip(names, sums)}
         if evaluate is not None:

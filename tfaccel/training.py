@@ -314,9 +314,10 @@ def compile_and_fit(
     use_compiled = loop == "compiled" or (loop == "auto" and not blockers)
     loop_reason = ("compiled whole-epoch loop (one replica, array data)" if use_compiled else
                    "keras fit" + (f" ({'; '.join(blockers)})" if blockers and loop == "auto" else " (asked for)"))
+    say = log.info if verbose != 0 else log.debug  # verbose=0: quiet, like Keras
     if chief:
-        log.info("plan: %s", plan.summary())
-        log.info("data: %s; batch %s (%s); steps/epoch %d; loop: %s; steps_per_execution %d (%s); lr %s", inp.note,
+        say("plan: %s", plan.summary())
+        say("data: %s; batch %s (%s); steps/epoch %d; loop: %s; steps_per_execution %d (%s); lr %s", inp.note,
                  batch.global_batch, batch.reason, steps, loop_reason, spe, spe_reason, opt_info["learning_rate_note"])
     history: Dict[str, List[float]] = {}
     t0 = time.perf_counter()
@@ -361,7 +362,7 @@ def compile_and_fit(
             if val is not None:
                 fit_kwargs.update(validation_data=val.dataset, validation_steps=val.steps_per_epoch)
             hist = model.fit(dataset, epochs=final, initial_epoch=initial, steps_per_epoch=phase_steps,
-                             callbacks=cbs, verbose=verbose_, **fit_kwargs)
+                             callbacks=cbs, verbose=verbose_, shuffle=False, **fit_kwargs)  # ordered by tfaccel
             for key, values in hist.history.items():
                 history.setdefault(key, []).extend(float(v) for v in values)
             ran_steps += phase_steps * (final - initial)
@@ -383,7 +384,7 @@ def compile_and_fit(
                  "checkpoints": list(ckpt_cb.saved) if ckpt_cb is not None else [],
                  "backups_written": backup_cb.saves if backup_cb is not None else 0})
     if chief:
-        log.info("%s", result.summary())
+        say("%s", result.summary())
     return result
 
 
