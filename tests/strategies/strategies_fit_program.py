@@ -21,7 +21,6 @@ def main() -> int:
     parser.add_argument("--only-build-fix", action="store_true", help="undo the reduce_per_replica half of the fix")
     args = parser.parse_args()
 
-    import tfaccel
     from tfaccel.strategies import get_backend
 
     backend = get_backend(args.strategy)  # first thing: MWMS must exist before TensorFlow's runtime starts

@@ -19,3 +19,27 @@ def test_two_workers_fit_in_lock_step() -> None:
     assert out[0]["weights_sha"] == out[1]["weights_sha"]
     assert out[0]["loss"] == out[1]["loss"] and out[0]["mae"] == out[1]["mae"]
     assert out[0]["loss"][-1] < out[0]["loss"][0]
+
+
+LATE = """
+import json
+import tensorflow as tf
+tf.constant(1.0) + 1  # the runtime starts before the strategy: too late for collectives
+from tfaccel.strategies import get_backend
+try:
+    get_backend("multi_worker")
+    print(json.dumps({"ok": True}))
+except Exception as exc:
+    print(json.dumps({"ok": False, "type": type(exc).__name__, "message": str(exc)}))
+"""
+
+
+def test_strategy_created_too_late_says_so() -> None:
+    results = harness.run_tasks(LATE, workers=2, timeout=90)
+    harness.assert_all_ok(results)
+    for result in results:
+        out = harness.last_json_line(result.stdout)
+        assert out == {"ok": False, "type": "DeviceError", "message": (
+            "multi_worker: TensorFlow could not set up MultiWorkerMirroredStrategy (Collective ops must be configured "
+            "at program startup). Create the strategy first thing in the process, before any TensorFlow op runs, and "
+            "check TF_CONFIG")}

@@ -60,6 +60,11 @@ def test_default_and_one_device(clean_tf_config) -> None:
     assert isinstance(one.strategy, tf.distribute.OneDeviceStrategy) and one.num_replicas_in_sync == 1
     with pytest.raises(ConfigError, match=r"one_device: device must be a device name.*received 3"):
         get_backend("one_device", devices=CPU2, device=3)
+    with pytest.raises(ConfigError, match=r"one_device: device: no device '/gpu:0' in this process; valid devices "
+                                          r"here: \['/device:CPU:0', '/device:CPU:1'\]"):
+        get_backend("one_device", devices=CPU2, device="/gpu:0")
+    with pytest.raises(ConfigError, match=r"one_device: device: '/bogus:0' is not a device name"):
+        get_backend("one_device", devices=CPU2, device="/bogus:0")
 
 
 def test_auto_here_is_mirrored_over_virtual_cpus(clean_tf_config, cpu_replicas) -> None:
@@ -90,6 +95,10 @@ def test_mirrored_cross_device_ops_choices(clean_tf_config, cpu_replicas) -> Non
     assert one.num_replicas_in_sync == 1 and one.supports_jit
     with pytest.raises(ConfigError, match=r"device_names must be a non-empty list.*received '/cpu:0'"):
         get_backend("mirrored", devices=CPU2, device_names="/cpu:0")
+    with pytest.raises(ConfigError, match=r"mirrored: device_names: no device '/cpu:9' in this process"):
+        get_backend("mirrored", devices=CPU2, device_names=["/cpu:0", "/cpu:9"])
+    with pytest.raises(ConfigError, match=r"mirrored: device_names: a device is repeated; received \['/cpu:0', '/cpu:0'\]"):
+        get_backend("mirrored", devices=CPU2, device_names=["/cpu:0", "/cpu:0"])
 
 
 def test_mirrored_fit_over_two_virtual_cpus(clean_tf_config, cpu_replicas) -> None:

@@ -7,7 +7,6 @@ import numbers
 from typing import Any, Optional, Sequence
 
 from tfaccel.errors import BackendUnavailableError, ConfigError, DeviceError, invalid_choice
-from tfaccel.log import get_logger
 from tfaccel.strategies import tpu as _tpu
 from tfaccel.strategies._task import training_roles, worker_position
 from tfaccel.strategies.base import Backend
@@ -31,6 +30,26 @@ def _tf() -> Any:
     return tf
 
 
+def _check_device_names(what: str, names: Sequence[str]) -> None:
+    """Every name must parse and name a logical device of this process (TensorFlow accepts '/cpu:9' silently)."""
+    tf = _tf()
+    local = tf.config.list_logical_devices()
+    known = {(d.device_type.upper(), int(d.name.rsplit(":", 1)[1])) for d in local}
+    for name in names:
+        try:
+            spec = tf.DeviceSpec.from_string(name)
+        except ValueError as exc:
+            raise ConfigError(f"{what}: {name!r} is not a device name ({exc}); valid devices here: "
+                              f"{[d.name for d in local]}") from exc
+        if spec.job not in (None, "localhost") or spec.device_type is None:
+            continue  # remote or partial names are TensorFlow's to resolve
+        if (spec.device_type.upper(), spec.device_index or 0) not in known:
+            raise ConfigError(f"{what}: no device {name!r} in this process; valid devices here: "
+                              f"{[d.name for d in local]}")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{what}: a device is repeated; received {list(names)!r}")
+
+
 # --------------------------------------------------------------------------------------------------- default
 def make_default(*, devices: Any, task: Optional[Any]) -> Backend:
     """TensorFlow's default strategy: one replica on the default device, no distribution."""
@@ -46,11 +65,8 @@ def make_one_device(*, devices: Any, task: Optional[Any], device: Optional[str] 
     if not isinstance(device, str) or not device:
         raise ConfigError(f"one_device: device must be a device name such as '/gpu:0' or '/cpu:0'; received "
                           f"{device!r}")
-    try:
-        strategy = tf.distribute.OneDeviceStrategy(device)
-    except (ValueError, RuntimeError) as exc:
-        raise ConfigError(f"one_device: TensorFlow rejected device={device!r} ({exc}). Use a name such as "
-                          "'/gpu:0' or '/cpu:0'") from exc
+    _check_device_names("one_device: device", [device])
+    strategy = tf.distribute.OneDeviceStrategy(device)
     return Backend(name="one_device", strategy=strategy)
 
 
@@ -90,11 +106,9 @@ def make_mirrored(*, devices: Any, task: Optional[Any], device_names: Optional[S
         raise ConfigError(f"mirrored: device_names must be a non-empty list of device names such as "
                           f"['/gpu:0', '/gpu:1']; received {device_names!r}")
     device_names = list(device_names)
+    _check_device_names("mirrored: device_names", device_names)
     ops = _cross_device_ops(cross_device_ops, device_names)
-    try:
-        strategy = tf.distribute.MirroredStrategy(devices=device_names, cross_device_ops=ops)
-    except (ValueError, RuntimeError) as exc:
-        raise ConfigError(f"mirrored: TensorFlow rejected device_names={device_names!r} ({exc})") from exc
+    strategy = tf.distribute.MirroredStrategy(devices=device_names, cross_device_ops=ops)
     several = strategy.num_replicas_in_sync > 1
     return Backend(name="mirrored", strategy=strategy, num_replicas_in_sync=strategy.num_replicas_in_sync,
                    supports_jit=not several, jit_note=MIRRORED_MULTI_DEVICE_JIT_NOTE if several else "")

@@ -88,17 +88,16 @@ def _ensure_builtins() -> None:
     from tfaccel.strategies import builtin  # noqa: F401 - registers the built-in entries on import
 
 
-def _resolve_inputs(devices: Optional[Any], task: Optional[Any]) -> Tuple[Any, Optional[Any], bool]:
+def _resolve_inputs(devices: Optional[Any], task: Optional[Any]) -> Tuple[Any, Optional[Any]]:
     from tfaccel.devices import detect_devices
     from tfaccel.strategies._task import current_task
 
-    detected = devices is None
     if devices is None:
         # Never initialise TensorFlow's runtime here: MultiWorkerMirroredStrategy must be created before it is.
         devices = detect_devices(initialise=False)
     if task is None:
         task = current_task()
-    return devices, task, detected
+    return devices, task
 
 
 def _count_logical_cpus() -> int:
@@ -123,7 +122,7 @@ def choose(name: str = "auto", *, devices: Optional[Any] = None, task: Optional[
         raise ConfigError(f"devices must be a tfaccel.devices.DeviceInfo (what the decision is made from); received "
                           f"{devices!r}. To choose the devices MirroredStrategy uses, pass device_names=[...]; for "
                           "OneDeviceStrategy pass device='/gpu:0'")
-    devices, task, _ = _resolve_inputs(devices, task)
+    devices, task = _resolve_inputs(devices, task)
     if name != "auto":
         return name, "requested explicitly", devices, task
     from tfaccel.strategies.auto import choose_strategy
