@@ -11,6 +11,7 @@ import sys
 from typing import Optional, Tuple
 
 _LOGGER_NAME = "tfaccel"
+PREFIXED_BY_LAUNCHER_ENV = "TFACCEL_OUTPUT_PREFIXED"
 _configured = False
 
 
@@ -66,7 +67,8 @@ def configure_logging(*, level: int = logging.INFO, all_tasks: bool = False, pre
     Args:
         level: logging level. Defaults to INFO.
         all_tasks: log INFO from every task, not only the chief. Warnings always show. Defaults to False.
-        prefix: prefix each line with ``[worker 1]``. Defaults to True when this process is part of a cluster.
+        prefix: prefix each line with ``[worker 1]``. Defaults to True when this process is part of a cluster,
+            unless ``tfaccel launch`` started it (``TFACCEL_OUTPUT_PREFIXED=1``: the launcher prefixes lines).
 
     Returns:
         The ``tfaccel`` logger.
@@ -77,7 +79,7 @@ def configure_logging(*, level: int = logging.INFO, all_tasks: bool = False, pre
         logger.removeHandler(handler)
     task_type, index = _task_from_environment()
     if prefix is None:
-        prefix = task_type is not None
+        prefix = task_type is not None and os.environ.get(PREFIXED_BY_LAUNCHER_ENV) != "1"
     tag = f"[{task_type} {index}] " if prefix and task_type is not None else ""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(f"{tag}tfaccel %(levelname)s: %(message)s"))

@@ -30,7 +30,9 @@ __all__ = ["run_local", "local_cluster", "local_specs", "build_tasks", "normaliz
 Command = Union[str, Sequence[str], Callable[..., Any]]
 
 # Set in every child unless the caller's environment already has them.
-CHILD_DEFAULT_ENV = {"PYTHONUNBUFFERED": "1"}  # lines reach the launcher as they are written
+# PYTHONUNBUFFERED: lines reach the launcher as they are written. TFACCEL_OUTPUT_PREFIXED: the launcher
+# prefixes every line with the task, so tfaccel's logger in the task does not add a second prefix.
+CHILD_DEFAULT_ENV = {"PYTHONUNBUFFERED": "1", "TFACCEL_OUTPUT_PREFIXED": "1"}
 
 
 def server_command() -> Tuple[str, ...]:

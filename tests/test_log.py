@@ -1,0 +1,51 @@
+import json
+import logging
+
+import pytest
+
+from tfaccel.log import configure_logging, is_chief_process
+
+
+def _emit(capsys, **kwargs):
+    logger = configure_logging(**kwargs)
+    logger.info("hello")
+    logger.warning("careful")
+    err = capsys.readouterr().err
+    configure_logging()  # back to defaults for other tests
+    return err
+
+
+@pytest.mark.parametrize("cluster,task,chief", [
+    ({"worker": ["a:1", "b:1"]}, {"type": "worker", "index": 0}, True),
+    ({"worker": ["a:1", "b:1"]}, {"type": "worker", "index": 1}, False),
+    ({"chief": ["c:1"], "worker": ["a:1"]}, {"type": "worker", "index": 0}, False),
+    ({"chief": ["c:1"], "worker": ["a:1"]}, {"type": "chief", "index": 0}, True),
+])
+def test_chief_detection(monkeypatch, cluster, task, chief):
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": task}))
+    assert is_chief_process() is chief
+
+
+def test_horovod_rank(monkeypatch, clean_tf_config):
+    monkeypatch.setenv("HOROVOD_RANK", "1")
+    assert is_chief_process() is False
+
+
+def test_non_chief_prints_only_warnings_with_prefix(monkeypatch, capsys):
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1", "b:1"]},
+                                                "task": {"type": "worker", "index": 1}}))
+    monkeypatch.delenv("TFACCEL_OUTPUT_PREFIXED", raising=False)
+    err = _emit(capsys)
+    assert "hello" not in err and "[worker 1] tfaccel WARNING: careful" in err
+    assert "[worker 1] tfaccel INFO: hello" in _emit(capsys, all_tasks=True)
+
+
+def test_no_double_prefix_under_the_launcher(monkeypatch, capsys):
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 0}}))
+    monkeypatch.setenv("TFACCEL_OUTPUT_PREFIXED", "1")
+    assert "tfaccel INFO: hello" in _emit(capsys) and "[worker 0]" not in _emit(capsys)
+
+
+def test_malformed_tf_config_does_not_break_logging(monkeypatch, capsys):
+    monkeypatch.setenv("TF_CONFIG", "{broken")
+    assert "tfaccel INFO: hello" in _emit(capsys)
