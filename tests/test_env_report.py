@@ -52,6 +52,14 @@ def test_tf_config_summary(monkeypatch):
     assert "task worker:1 of 3 (worker=2, ps=1)" in format_report(report)
 
 
+def test_auto_choices_are_shown_with_their_reasons():
+    proc = _tfaccel("env")
+    assert proc.returncode == 0, proc.stderr
+    lines = {line.split(":")[0]: line for line in proc.stdout.splitlines()}
+    for key in ("- auto strategy", "- auto precision", "- auto jit_compile"):
+        assert "(" in lines[key], lines[key]  # "value (reason)"
+
+
 def test_no_verb_prints_help_and_exits_2():
     proc = _tfaccel()
     assert proc.returncode == 2 and "usage: tfaccel" in proc.stderr

@@ -188,8 +188,9 @@ def format_report(report: Dict[str, Any]) -> str:
     if "error" in auto:
         add("auto choices", auto["error"])
     else:
-        for key in ("strategy", "precision", "jit_compile"):
+        for key, reason_key in (("strategy", "strategy_reason"), ("precision", "precision_reason"),
+                                ("jit_compile", "jit_reason")):
             value = auto.get(key)
-            reason = auto.get(f"{key}_reason")
+            reason = auto.get(reason_key)
             add(f"auto {key}", f"{value} ({reason})" if reason else value if value is not None else "n/a")
     return "\n".join(lines)
