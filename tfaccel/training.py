@@ -178,7 +178,7 @@ def compile_and_fit(
             silent on other workers), 0, 1 or 2.
         seed: seeds weights and the data order (a function of (seed, epoch)). Defaults to None.
         shuffle: shuffle array / unbatched dataset inputs each epoch. Defaults to True.
-        strategy_options: options of the strategy entry (e.g. ``{"devices": [...]}``).
+        strategy_options: options of the strategy entry (e.g. ``{"device_names": ["/gpu:0", "/gpu:1"]}``).
         loop: ``"auto"`` (tfaccel's compiled whole-epoch loop where it trains exactly like ``fit``: one replica,
             array data, no per-batch callbacks; Keras ``fit`` elsewhere), ``"keras"`` or ``"compiled"``.
             Defaults to "auto".
@@ -341,7 +341,7 @@ def compile_and_fit(
                 opt.build(model.trainable_variables)  # inside the scope: slots on the strategy's device
         with backend.scope():
             history, epoch_seconds, _ = fit_compiled(
-                model, opt, loss_fn=_loss_fn(loss_), metric_fns=_metric_fns(metrics_, loss_), x=x_arr, y=y_arr,
+                model, model.optimizer,  # compile() wrapped it in a LossScaleOptimizer under mixed_float16 loss_fn=_loss_fn(loss_), metric_fns=_metric_fns(metrics_, loss_), x=x_arr, y=y_arr,
                 validation=val_arrays, epochs=epochs, start_epoch=start_epoch, batch_size=batch.global_batch,
                 seed=seed, shuffle=shuffle, jit_compile=bool(plan.jit_compile), callbacks=compiled_cbs,
                 strategy=backend.strategy, log_epoch=log_epoch)
