@@ -1,6 +1,6 @@
 """compile_and_fit under 2 real Horovod ranks against the same script in one process.
 
-``run_horovod(2, ["python", "hvd_fit_script.py", ...])``: strategy "auto" picks Horovod from
+``tfaccel launch --backend horovod -np 2 -- python hvd_fit_script.py``: strategy "auto" picks Horovod from
 horovodrun's environment; every rank builds its model from a different seed and trains on its own shard
 with per-rank batch 16. The single-process run (global batch 32, same data order) is the reference: with
 plain SGD, averaged gradients over two halves of each batch equal the gradient of the whole batch.
@@ -18,8 +18,7 @@ import pytest
 
 import harness
 from hvd_testing import require_horovod
-from tfaccel.launch.horovod import run_horovod
-from tfaccel.launch.procs import pid_alive
+from tfaccel.launch.procs import pid_alive, terminate
 
 SCRIPT = Path(__file__).resolve().parent / "hvd_fit_script.py"
 
@@ -35,10 +34,17 @@ def _env() -> dict:
 
 def test_two_ranks_match_each_other_and_the_single_process_run(tmp_path) -> None:
     require_horovod()
-    result = run_horovod(2, [sys.executable, str(SCRIPT), "--out", str(tmp_path)], timeout=240, echo=False,
-                         capture_lines=200, gloo_timeout=120, env=_env())
-    harness.STARTED_PIDS.extend(result.pids)
-    assert result.ok, f"{result.message}\n{result.tasks[0].stdout[-3000:]}\n{result.tasks[0].stderr[-3000:]}"
+    cmd = [sys.executable, "-m", "tfaccel", "launch", "--backend", "horovod", "-np", "2", "--gloo-timeout", "120",
+           "--timeout", "240", "--", sys.executable, str(SCRIPT), "--out", str(tmp_path)]
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    harness.STARTED_PIDS.append(proc.pid)
+    try:
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        terminate([proc])  # a no-op when it already ended; else ends it and its group
+    assert proc.returncode == 0, out[-4000:]
+    assert "[0]<stdout>:Epoch 2/2" in out and "[1]<stdout>:Epoch" not in out  # rank 0 alone reports progress
     single = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path)], env=_env(), timeout=240,
                             capture_output=True, text=True)
     assert single.returncode == 0, single.stderr[-4000:]
