@@ -72,7 +72,7 @@ class Plan:
 
 
 def _notes(backend: Backend, precision: str) -> Tuple[str, ...]:
-    notes = []
+    notes = list(getattr(backend, "notes", ()))
     if backend.name == "tpu":
         notes.append("TPU: batches use drop_remainder=True (static shapes)")
     if backend.name == "parameter_server":

@@ -27,6 +27,7 @@ class Backend:
         reason: why this backend was chosen (filled by "auto" resolution).
         supports_jit: whether XLA jit compilation can work under this backend (with the reason in
             ``jit_note`` when it cannot).
+        notes: things the plan should state about this backend (e.g. the peer timeouts of multi_worker).
     """
 
     name: str
@@ -40,6 +41,7 @@ class Backend:
     reason: str = ""
     supports_jit: bool = True
     jit_note: str = ""
+    notes: Tuple[str, ...] = ()  # lines the plan states (e.g. multi_worker's peer timeouts, issue 9)
     # Hooks for backends that spread work outside tf.distribute (Horovod); identity / empty by default.
     wrap_optimizer: Callable[[Any], Any] = lambda optimizer: optimizer
     extra_callbacks: Callable[[], List[Any]] = lambda: []

@@ -136,8 +136,14 @@ def _resolver_for(task: Optional[Any], devices: Any) -> Any:
 
 
 def make_multi_worker(*, devices: Any, task: Optional[Any], implementation: str = "auto",
-                      timeout_seconds: Optional[float] = None, apply_compat: bool = True) -> Backend:
-    """``MultiWorkerMirroredStrategy`` with the Keras 3 compat fix in place (see ``tfaccel.compat.keras_mwms``)."""
+                      timeout_seconds: Optional[float] = None, apply_compat: bool = True,
+                      startup_timeout_seconds: Optional[float] = None,
+                      heartbeat_timeout_seconds: Optional[float] = None) -> Backend:
+    """``MultiWorkerMirroredStrategy`` with the Keras 3 compat fix in place (see ``tfaccel.compat.keras_mwms``).
+
+    Start-up, lost-peer (heartbeat) and per-collective timeouts default to tfaccel's bounded values (see
+    ``tfaccel.strategies.peer_health``), so a peer that never starts or dies fails the job instead of hanging.
+    """
     tf = _tf()
     if not isinstance(implementation, str) or implementation not in COLLECTIVE_IMPLEMENTATIONS:
         raise invalid_choice("multi_worker: implementation", implementation, COLLECTIVE_IMPLEMENTATIONS)
@@ -145,15 +151,28 @@ def make_multi_worker(*, devices: Any, task: Optional[Any], implementation: str 
         raise ConfigError("multi_worker: implementation='nccl' needs GPUs and this process sees none; use "
                           "implementation='ring' or 'auto' on CPUs")
     timeout = _check_timeout("multi_worker", timeout_seconds)
+    # issue 9 (R2): bounded start-up and lost-peer detection by default, stated in the plan notes.
+    from tfaccel.strategies import peer_health
+
+    timeouts = peer_health.resolve_timeouts(startup_timeout_seconds=startup_timeout_seconds,
+                                            heartbeat_timeout_seconds=heartbeat_timeout_seconds,
+                                            timeout_seconds=timeout)
     impl = getattr(tf.distribute.experimental.CommunicationImplementation, implementation.upper())
-    options = tf.distribute.experimental.CommunicationOptions(implementation=impl, timeout_seconds=timeout)
+    options = tf.distribute.experimental.CommunicationOptions(implementation=impl,
+                                                              timeout_seconds=timeouts.collective or None)
     if apply_compat:
         from tfaccel.compat import keras_mwms
 
         keras_mwms.apply()
+    resolver = _resolver_for(task, devices)
+    if task is not None and task.num_tasks > 1 and task.task_type in ("chief", "worker"):
+        peer_health.configure_coordination(
+            (resolver or tf.distribute.cluster_resolver.TFConfigClusterResolver()).cluster_spec(), timeouts)
     try:
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=_resolver_for(task, devices),
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver,
                                                              communication_options=options)
+    except tf.errors.OpError as exc:  # the start-up barrier timed out: name who never came
+        raise peer_health.startup_error(exc, task=task, timeouts=timeouts) from exc
     except (RuntimeError, ValueError) as exc:
         raise DeviceError(f"multi_worker: TensorFlow could not set up MultiWorkerMirroredStrategy ({exc}). Create "
                           "the strategy first thing in the process, before any TensorFlow op runs, and check "
@@ -165,7 +184,8 @@ def make_multi_worker(*, devices: Any, task: Optional[Any], implementation: str 
         num_workers, index, is_chief = 1, 0, True
     return Backend(name="multi_worker", strategy=strategy, num_replicas_in_sync=strategy.num_replicas_in_sync,
                    num_workers=num_workers, worker_index=index, is_chief=is_chief,
-                   supports_jit=bool(devices.num_gpus), jit_note="" if devices.num_gpus else MULTI_WORKER_CPU_NOTE)
+                   supports_jit=bool(devices.num_gpus), jit_note="" if devices.num_gpus else MULTI_WORKER_CPU_NOTE,
+                   notes=timeouts.notes())
 
 
 # ------------------------------------------------------------------------------------------ parameter_server
@@ -236,7 +256,8 @@ register_strategy("mirrored", description="MirroredStrategy: synchronous data pa
                   "virtual CPUs) of one process", factory=make_mirrored, options=("device_names", "cross_device_ops"))
 register_strategy("multi_worker", description="MultiWorkerMirroredStrategy: synchronous data parallelism over "
                   "several processes/hosts (TF_CONFIG), with tfaccel's Keras 3 fit fix",
-                  factory=make_multi_worker, options=("implementation", "timeout_seconds", "apply_compat"))
+                  factory=make_multi_worker, options=("implementation", "timeout_seconds", "apply_compat",
+                                                     "startup_timeout_seconds", "heartbeat_timeout_seconds"))
 register_strategy("parameter_server", description="ParameterServerStrategy + ClusterCoordinator: asynchronous "
                   "training with ps tasks, run by tfaccel's coordinator loop (not Keras fit)",
                   factory=make_parameter_server, options=("variable_partitioner",))

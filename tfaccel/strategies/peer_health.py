@@ -1,0 +1,180 @@
+"""Bounded start-up and lost-peer detection for MultiWorkerMirroredStrategy (issue 9, R2).
+
+TensorFlow 2.21's ``MultiWorkerMirroredStrategy`` configures its coordination service with
+``cluster_register_timeout_in_ms=0``: a worker whose peer never starts waits in the constructor forever
+(tensorflow/tensorflow#39922, #46931: "stuck at start-up"). tfaccel configures the coordination service
+itself, before the strategy is built (the strategy keeps a service that is already configured):
+
+- start-up: every coordinated task (chief, workers) must register within ``startup_timeout`` seconds
+  (``cluster_register_with_barrier``), otherwise every task that did start fails with an error naming
+  the tasks that never came (measured here: the service leader gets their names from TF; the others
+  find them by probing the peers' ports);
+- lost peer: a peer that stops sending heartbeats for ``heartbeat_timeout`` seconds (frozen, host gone)
+  aborts every collective of the survivors with ``UnavailableError`` naming it; a peer process that died
+  is seen at once (its connection is reset) by the next collective.
+
+The per-collective ``timeout_seconds`` of ``CommunicationOptions`` is separate (tfaccel's default is
+:data:`DEFAULT_COLLECTIVE_TIMEOUT_S`); it bounds a collective whose peers are alive but never join it.
+
+Defaults come from the strategy options, else from the environment (``TFACCEL_STARTUP_TIMEOUT``,
+``TFACCEL_HEARTBEAT_TIMEOUT``, ``TFACCEL_COLLECTIVE_TIMEOUT``), else from the constants below.
+"""
+
+import dataclasses
+import numbers
+import os
+import re
+from typing import Any, List, Mapping, Optional, Tuple
+
+from tfaccel.errors import ConfigError, DeviceError
+
+__all__ = ["PeerTimeouts", "resolve_timeouts", "configure_coordination", "startup_error", "lost_task_names",
+           "DEFAULT_STARTUP_TIMEOUT_S", "DEFAULT_HEARTBEAT_TIMEOUT_S", "DEFAULT_COLLECTIVE_TIMEOUT_S", "ENV_NAMES"]
+
+DEFAULT_STARTUP_TIMEOUT_S = 60.0
+DEFAULT_HEARTBEAT_TIMEOUT_S = 30.0
+DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0  # generous: a slow first step (tracing) or a chief checkpoint must fit
+ENV_NAMES = {"startup": "TFACCEL_STARTUP_TIMEOUT", "heartbeat": "TFACCEL_HEARTBEAT_TIMEOUT",
+             "collective": "TFACCEL_COLLECTIVE_TIMEOUT"}
+_COORDINATED_JOBS = ("chief", "worker")
+_TASK_RE = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
+
+
+@dataclasses.dataclass(frozen=True)
+class PeerTimeouts:
+    """The timeouts a multi-worker job runs with (seconds; 0 disables one), and where each came from."""
+
+    startup: float
+    heartbeat: float
+    collective: float
+    sources: Tuple[str, str, str] = ("default", "default", "default")
+
+    def note(self) -> str:
+        """One line for the plan."""
+        def show(value: float, source: str) -> str:
+            return ("off" if not value else f"{value:g} s") + ("" if source == "default" else f" ({source})")
+
+        startup, heartbeat, collective = (show(v, s) for v, s in zip(
+            (self.startup, self.heartbeat, self.collective), self.sources))
+        return (f"peer timeouts: start-up {startup}, lost-peer heartbeat {heartbeat}, per-collective {collective} "
+                "(a peer that never starts or dies fails every surviving worker with its name instead of a hang)")
+
+    def notes(self) -> Tuple[str, ...]:
+        """The plan notes for these timeouts."""
+        return (self.note(),)
+
+
+def _check(name: str, value: Any, source: str) -> float:
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            value = None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or value < 0:
+        raise ConfigError(f"multi_worker: {name} must be a number of seconds >= 0 (0 disables it); received "
+                          f"{value!r} from {source}")
+    return float(value)
+
+
+def resolve_timeouts(*, startup_timeout_seconds: Optional[float] = None,
+                     heartbeat_timeout_seconds: Optional[float] = None, timeout_seconds: Optional[float] = None,
+                     environ: Optional[Mapping[str, str]] = None) -> PeerTimeouts:
+    """Argument > environment > default for each timeout.
+
+    Raises:
+        ConfigError: a value that is not a number of seconds >= 0 (the message names the option or variable).
+    """
+    env = os.environ if environ is None else environ
+    out, sources = [], []
+    for key, option, value, default in (
+            ("startup", "startup_timeout_seconds", startup_timeout_seconds, DEFAULT_STARTUP_TIMEOUT_S),
+            ("heartbeat", "heartbeat_timeout_seconds", heartbeat_timeout_seconds, DEFAULT_HEARTBEAT_TIMEOUT_S),
+            ("collective", "timeout_seconds", timeout_seconds, DEFAULT_COLLECTIVE_TIMEOUT_S)):
+        if value is not None:
+            out.append(_check(option, value, f"strategy option {option}"))
+            sources.append("given")
+        elif env.get(ENV_NAMES[key]):
+            out.append(_check(option, env[ENV_NAMES[key]], f"${ENV_NAMES[key]}"))
+            sources.append(f"${ENV_NAMES[key]}")
+        else:
+            out.append(default)
+            sources.append("default")
+    return PeerTimeouts(out[0], out[1], out[2], tuple(sources))  # type: ignore[arg-type]
+
+
+def configure_coordination(cluster_spec: Any, timeouts: PeerTimeouts) -> bool:
+    """Configures TF's coordination service with bounded start-up and heartbeats; call before building MWMS.
+
+    Args:
+        cluster_spec: the ``tf.train.ClusterSpec`` of the job.
+        timeouts: the timeouts to use.
+
+    Returns:
+        True when tfaccel configured the service; False when one was configured already (left as it is).
+    """
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.python.distribute import multi_worker_util
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    if ctx.coordination_service is not None:
+        return False
+    jobs = [coordination_config_pb2.CoordinatedJob(name=job, num_tasks=cluster_spec.num_tasks(job))
+            for job in _COORDINATED_JOBS if job in cluster_spec.jobs]
+    ctx.configure_coordination_service(
+        service_type="standalone", service_leader=multi_worker_util.coordination_leader(cluster_spec),
+        cluster_register_timeout_in_ms=int(timeouts.startup * 1000),
+        heartbeat_timeout_in_ms=int(timeouts.heartbeat * 1000), coordinated_jobs=jobs)
+    if timeouts.startup:
+        # Without the barrier the register timeout is not enforced on TF 2.21: the leader waits forever.
+        ctx.coordination_service.cluster_register_with_barrier = True
+    return True
+
+
+def lost_task_names(message: str) -> List[str]:
+    """``["worker:1"]`` for every ``/job:worker/replica:0/task:1`` a TensorFlow error message names."""
+    seen: List[str] = []
+    for job, index in _TASK_RE.findall(message or ""):
+        name = f"{job}:{index}"
+        if name not in seen:
+            seen.append(name)
+    return seen
+
+
+def _silent_peers(task: Any) -> List[str]:
+    """The other coordinated tasks whose address does not accept connections now."""
+    from tfaccel.launch.procs import port_open
+
+    silent = []
+    for role in _COORDINATED_JOBS:
+        for index, address in enumerate(task.spec.roles.get(role, ())):
+            if (role, index) == (task.task_type, task.task_index):
+                continue
+            host, _, port = address.rpartition(":")
+            if not port_open(host.strip("[]"), int(port), timeout=1.0):
+                silent.append(f"{role}:{index} ({address})")
+    return silent
+
+
+def startup_error(exc: BaseException, *, task: Optional[Any], timeouts: PeerTimeouts) -> DeviceError:
+    """The tfaccel error for a cluster that did not come up in time, naming the tasks that never joined."""
+    named = [name for name in lost_task_names(str(exc)) if task is None or name != task.name]
+    if not named and task is not None:
+        named = _silent_peers(task)
+    who = ", ".join(named) if named else "unknown (TensorFlow did not say; check every task's log)"
+    this = task.name if task is not None else "this task"
+    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return DeviceError(
+        f"multi_worker: the cluster did not come up within the start-up timeout of {timeouts.startup:g} s; "
+        f"{this} waited for: {who}. Start every task of the cluster (tfaccel launch starts them all in local "
+        f"mode; per-host mode needs `tfaccel launch --cluster FILE --task NAME` on each host), or raise the "
+        f"timeout (strategy option startup_timeout_seconds, or ${ENV_NAMES['startup']}). "
+        f"TensorFlow said: {type(exc).__name__}: {first_line}")
+
+
+def is_startup_timeout(exc: BaseException) -> bool:
+    """True for the errors TF 2.21 raises when the start-up barrier or registration times out."""
+    import tensorflow as tf
+
+    return isinstance(exc, (tf.errors.DeadlineExceededError, tf.errors.UnavailableError)) or \
+        "Barrier timed out" in str(exc)
