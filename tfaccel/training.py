@@ -337,11 +337,14 @@ def compile_and_fit(
 
         compiled_cbs = [cb for cb in cbs if cb is not timer]
         with backend.scope():
-            if not opt.built:
-                opt.build(model.trainable_variables)  # inside the scope: slots on the strategy's device
+            # model.optimizer, not opt: under mixed_float16 compile() wrapped opt in a LossScaleOptimizer, which the
+            # loop must use (scale_loss/apply); its variables (dynamic scale) are created here too, not mid-trace.
+            if not model.optimizer.built:
+                model.optimizer.build(model.trainable_variables)  # inside the scope: slots on the strategy's device
         with backend.scope():
             history, epoch_seconds, _ = fit_compiled(
-                model, model.optimizer,  # compile() wrapped it in a LossScaleOptimizer under mixed_float16 loss_fn=_loss_fn(loss_), metric_fns=_metric_fns(metrics_, loss_), x=x_arr, y=y_arr,
+                model, model.optimizer, loss_fn=_loss_fn(loss_), metric_fns=_metric_fns(metrics_, loss_), x=x_arr,
+                y=y_arr,
                 validation=val_arrays, epochs=epochs, start_epoch=start_epoch, batch_size=batch.global_batch,
                 seed=seed, shuffle=shuffle, jit_compile=bool(plan.jit_compile), callbacks=compiled_cbs,
                 strategy=backend.strategy, log_epoch=log_epoch)
