@@ -237,6 +237,17 @@ def compile_and_fit(
     if not backend.uses_keras_fit:
         from tfaccel.ps_loop import fit_parameter_server
 
+        unsupported = {name: value for name, value in (
+            ("backup_dir", backup_dir), ("backup_freq", backup_freq), ("tensorboard_dir", tensorboard_dir),
+            ("callbacks", list(callbacks) or None), ("loop", None if loop == "auto" else loop),
+            ("steps_per_execution", None if steps_per_execution == "auto" else steps_per_execution)) if value}
+        if unsupported:
+            raise ConfigError(
+                f"strategy {backend.name}: {', '.join(f'{k}={v!r}' for k, v in unsupported.items())} cannot apply to "
+                "tfaccel's ClusterCoordinator loop (Keras callbacks and fit options do not run there). Supported: "
+                "epochs, steps_per_epoch, validation_data, checkpoint_dir (written by the coordinator), metrics as "
+                "names or functions, gradient_accumulation_steps, clipping, learning-rate scaling and warmup")
+
         return fit_parameter_server(
             build_model, train_data, backend=backend, plan=plan, batch=batch, validation_data=validation_data,
             epochs=epochs, steps_per_epoch=steps_per_epoch, optimizer=optimizer, learning_rate=learning_rate,
