@@ -182,3 +182,25 @@ def test_killed_mid_epoch_resumes_from_backup_with_same_result(tmp_path):
     for key in ref_w.files:
         np.testing.assert_allclose(res_w[key], ref_w[key], rtol=1e-5, atol=1e-6)
     assert not (tmp_path / "backup").exists()  # removed once training completed
+
+
+def test_parameter_server_refuses_options_its_loop_cannot_honour(monkeypatch, clean_tf_config):
+    """The message path only: the backend is swapped for a PS-shaped one (the real PS run is tested above)."""
+    import tensorflow as tf
+
+    import tfaccel.plan
+    from tfaccel.strategies.base import Backend
+
+    real_resolve = tfaccel.plan.resolve_plan
+
+    def ps_shaped(**kwargs):
+        plan, _ = real_resolve(strategy="default")
+        return plan, Backend(name="parameter_server", strategy=tf.distribute.get_strategy(), uses_keras_fit=False)
+
+    monkeypatch.setattr(tfaccel.plan, "resolve_plan", ps_shaped)
+    calls, counted = _calls()
+    with pytest.raises(ConfigError, match=r"strategy parameter_server: backup_dir='/tmp/b', tensorboard_dir='/tmp/t' "
+                                          r"cannot apply to tfaccel's ClusterCoordinator loop"):
+        tfaccel.compile_and_fit(counted, (np.zeros((64, 8, 8, 1), "float32"), np.zeros(64, "int64")),
+                                loss="sparse_categorical_crossentropy", backup_dir="/tmp/b", tensorboard_dir="/tmp/t")
+    assert calls == []
