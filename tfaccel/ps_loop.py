@@ -93,6 +93,7 @@ def fit_parameter_server(build_model: Callable[[], Any], train_data: Any, *, bac
 
     from tfaccel.data import is_batched
     from tfaccel.optim import make_optimizer
+    from tfaccel.precision import check_output_dtype, wrap_loss_scale
     from tfaccel.training import FitResult, _resolve_loss
 
     log = get_logger()
@@ -155,11 +156,11 @@ def fit_parameter_server(build_model: Callable[[], Any], train_data: Any, *, bac
                                        scale_learning_rate=scale_learning_rate,
                                        warmup_steps=int(round(warmup_epochs * updates_per_epoch)), clipnorm=clipnorm,
                                        global_clipnorm=global_clipnorm, gradient_accumulation_steps=1)
-        if plan.precision == "mixed_float16":
-            opt = keras.optimizers.LossScaleOptimizer(opt)
+        opt = wrap_loss_scale(opt, plan.precision)  # a LossScaleOptimizer under mixed_float16
         opt.build(model.trainable_variables)  # inside the scope: slot variables on the ps tasks
         exact_assign_add(opt.iterations)
         step_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfaccel_steps")
+    check_output_dtype(model)  # warns about float16/bfloat16 outputs, as on the other training paths
     loss_fn = _loss_fn(loss_)
     metric_fns = _metric_fns(metrics_, loss_)
     names = ["loss"] + list(metric_fns)

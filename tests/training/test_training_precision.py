@@ -1,0 +1,172 @@
+"""Precision and XLA through compile_and_fit, on each training path (CPU, tiny models).
+
+Under mixed_float16 the optimizer that actually steps is a Keras ``LossScaleOptimizer`` on every path:
+tfaccel's compiled loop, Keras fit (one device and MirroredStrategy over the 2 virtual CPUs of this process)
+and the ParameterServer coordinator loop (tests/training/training_precision_ps_program.py). Its step counter
+proves it applied every update. bfloat16 and float32 need no loss scaling and get none. The CPU warning and
+the float16-output warning fire through compile_and_fit. ``jit_compile`` reaches the compiled loop: a model
+with an op XLA cannot compile fails under XLA and trains without it.
+"""
+
+import json
+import logging
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import harness
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "strategies"))
+
+from strategies_logs import tfaccel_records  # noqa: E402
+
+import tfaccel  # noqa: E402
+from tfaccel.strategies.builtin import MIRRORED_MULTI_DEVICE_JIT_NOTE  # noqa: E402
+
+PS_PROGRAM = Path(__file__).with_name("training_precision_ps_program.py")
+CPU_WARNING = "precision: {} on a CPU works but is slower than float32 there; use precision='auto' to let tfaccel pick"
+OUTPUT_WARNING = (r"model 'half_out': output\(s\) \S+ come out in {}; compute the last layer in float32 \(e\.g\. "
+                  r"keras\.layers\.Dense\(n, dtype='float32'\) or keras\.layers\.Activation\('softmax', "
+                  r"dtype='float32'\)\), as the Keras mixed precision guide advises, so the loss is computed in float32")
+
+
+@pytest.fixture(autouse=True)
+def reset_policy():
+    """compile_and_fit sets Keras' global dtype policy; put it back after each test."""
+    import keras
+
+    before = keras.mixed_precision.global_policy().name
+    yield
+    keras.mixed_precision.set_global_policy(before)
+
+
+def _build_float32_out():
+    import keras
+
+    return keras.Sequential([keras.Input((6,)), keras.layers.Dense(16, activation="tanh"),
+                             keras.layers.Dense(3, activation="softmax", dtype="float32")], name="float32_out")
+
+
+def _build_half_out():  # the last layer follows the global policy: float16 / bfloat16 outputs
+    import keras
+
+    return keras.Sequential([keras.Input((6,)), keras.layers.Dense(3, activation="softmax")], name="half_out")
+
+
+def _data(n=128):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, 6)).astype("float32")
+    return x, (x[:, 0] > 0).astype("int32") + (x[:, 1] > 0).astype("int32")
+
+
+def _fit(build, *, epochs, n=128, **kwargs):
+    x, y = _data(n)
+    with tfaccel_records() as records:
+        result = tfaccel.compile_and_fit(build, (x, y), epochs=epochs, global_batch_size=32,
+                                         loss="sparse_categorical_crossentropy", optimizer="adam",
+                                         learning_rate=0.02, seed=1, verbose=0, **kwargs)
+    return result, [r.getMessage() for r in records if r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize("precision, strategy, loop, replicas", [
+    ("mixed_float16", "default", "auto", 1),    # tfaccel's compiled whole-epoch loop
+    ("mixed_float16", "default", "keras", 1),   # Keras fit
+    ("mixed_float16", "mirrored", "auto", 2),   # Keras fit under MirroredStrategy (2 virtual CPUs)
+    ("mixed_bfloat16", "default", "auto", 1),   # compiled loop, no loss scaling
+])
+def test_precision_on_each_training_path(precision, strategy, loop, replicas, clean_tf_config, cpu_replicas):
+    import keras
+
+    result, warnings = _fit(_build_float32_out, epochs=3, strategy=strategy, precision=precision, loop=loop)
+    model, opt = result.model, result.model.optimizer
+    assert result.plan.precision == precision and result.plan.num_replicas == replicas
+    assert result.plan.jit_compile is (replicas == 1)  # "auto": XLA on one CPU device, off under mirrored
+    assert result.details["loop"].startswith("compiled" if (loop, strategy) == ("auto", "default") else "keras fit")
+    assert model.dtype_policy.name == precision and model.layers[0].compute_dtype == precision[6:]
+    assert warnings == [CPU_WARNING.format(precision)]
+    steps = 3 * 4  # 3 epochs x 128/32 steps
+    if precision == "mixed_float16":
+        assert isinstance(opt, keras.optimizers.LossScaleOptimizer)
+        # The scaled optimizer made every update: its finite-step counter (reset only every 2000 steps) and
+        # the inner optimizer's iterations both count all of them.
+        assert int(opt.step_counter.numpy()) == steps and int(opt.inner_optimizer.iterations.numpy()) == steps
+    else:
+        assert not isinstance(opt, keras.optimizers.LossScaleOptimizer)
+        assert int(opt.iterations.numpy()) == steps
+    assert result.history["loss"][-1] < 0.85 * result.history["loss"][0], result.history
+    assert model.outputs[0].dtype == "float32"
+    assert model(_data(4)[0]).dtype == "float32"
+
+    result, warnings = _fit(_build_half_out, epochs=1, n=32, strategy=strategy, precision=precision, loop=loop)
+    assert result.model.outputs[0].dtype == precision[6:]
+    assert len(warnings) == 2 and warnings[0] == CPU_WARNING.format(precision), warnings
+    assert re.fullmatch(OUTPUT_WARNING.format(precision[6:]), warnings[1]), warnings[1]
+
+
+def test_float32_gets_no_loss_scaling_and_no_warning(clean_tf_config):
+    import keras
+
+    result, warnings = _fit(_build_half_out, epochs=1, strategy="default", precision="float32")
+    assert result.plan.precision == "float32" and warnings == []
+    assert not isinstance(result.model.optimizer, keras.optimizers.LossScaleOptimizer)
+
+
+def _build_not_xla_compilable():
+    """A model with a py_function: it runs in a plain tf.function and cannot be compiled by XLA."""
+    import keras
+    import tensorflow as tf
+
+    class HostIdentity(keras.layers.Layer):
+        def call(self, x):
+            y = tf.py_function(lambda t: t, [x], x.dtype)
+            y.set_shape(x.shape)
+            return y
+
+    return keras.Sequential([keras.Input((6,)), HostIdentity(), keras.layers.Dense(3, activation="softmax")])
+
+
+def test_jit_compile_reaches_the_compiled_loop(clean_tf_config):
+    result, _ = _fit(_build_not_xla_compilable, epochs=1, n=32, strategy="default", jit_compile=False)
+    assert result.details["loop"].startswith("compiled") and result.plan.jit_compile is False
+    assert result.plan.jit_reason == "requested off"
+    # "auto" on one CPU device turns XLA on (plan), and the compiled loop really is compiled by XLA:
+    # the py_function op makes XLA compilation fail.
+    plan, _ = tfaccel.plan.resolve_plan(strategy="default", jit_compile="auto")
+    assert plan.jit_compile is True
+    import tensorflow as tf
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"Detected unsupported operations when trying to "
+                       r"compile graph \S+ on XLA_CPU_JIT: EagerPyFunc") as failure:
+        _fit(_build_not_xla_compilable, epochs=1, n=32, strategy="default", jit_compile="auto")
+    assert "tfaccel/compiled_loop.py" in str(failure.value)  # the op was traced by the compiled loop
+
+
+def test_explicit_jit_under_mirrored_falls_back_with_a_warning(clean_tf_config, cpu_replicas):
+    result, warnings = _fit(_build_float32_out, epochs=1, n=64, strategy="mirrored", jit_compile=True)
+    assert result.plan.num_replicas == 2 and result.plan.jit_compile is False
+    assert result.plan.jit_reason.startswith("requested on, fell back to off: jit_compile=True fails under "
+                                             "MirroredStrategy over several devices")
+    assert warnings == ["jit_compile=True cannot work here, falling back to jit_compile=False: "
+                        + MIRRORED_MULTI_DEVICE_JIT_NOTE]
+    assert MIRRORED_MULTI_DEVICE_JIT_NOTE.startswith("jit_compile=True fails under MirroredStrategy over several "
+                                                     "devices")
+    assert not result.model.jit_compile  # Keras fit got the fallback, not True
+
+
+def test_parameter_server_loop_scales_the_loss(tmp_path):
+    """A real chief + worker + ps: the coordinator loop's optimizer is a LossScaleOptimizer that steps."""
+    cluster = harness.loopback_cluster(1, ps=1, chief=True)
+    tasks = harness.tf_configs_for(cluster, roles=("ps", "worker", "chief"))
+    results = harness.run_tasks(PS_PROGRAM, tasks=tasks, timeout=150, env={"PS_TEST_DONE": str(tmp_path / "done")})
+    harness.assert_all_ok(results)
+    chief = [r for r in results if r.task_type == "chief"][0]
+    out = harness.last_json_line(chief.stdout)
+    assert out["strategy"] == "parameter_server" and out["precision"] == "mixed_float16", json.dumps(out)
+    assert out["optimizers"] == ["LossScaleOptimizer"]
+    assert out["step_counter"] == out["steps"] == 2 * 4 and out["inner_iterations"] == out["steps"]
+    assert out["loss"][-1] < out["loss"][0], out["loss"]
+    assert out["warnings"][0] == CPU_WARNING.format("mixed_float16")
+    assert re.fullmatch(OUTPUT_WARNING.format("float16"), out["warnings"][1]), out["warnings"]
