@@ -1,0 +1,411 @@
+"""Reliability scenarios (issue 9), shared by tests/reliability and scripts/reliability.py.
+
+Every scenario runs real processes on 127.0.0.1 through the real front end (``python -m tfaccel launch``),
+bounds them by a timeout, ends every process it started by PID, and returns a dict: ``ok`` (the promise
+held), ``why`` (what failed, if anything), and the measurements. Nothing here imports TensorFlow.
+"""
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parent.parent
+JOB = HERE / "scripts" / "rel_job.py"
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from tfaccel.launch.procs import free_ports, pid_alive, start_process, terminate  # noqa: E402
+
+# Quiet, 2-core friendly children (as tests/harness.CHILD_ENV).
+CHILD_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "4",
+             "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONHASHSEED": "0"}
+EPOCHS = 3
+BACKUP_FREQ = 5
+STEPS_PER_EPOCH = 23  # digits train split (1437 examples) / global batch 64, rounded up
+LOST_PEER_LIMIT_S = 60.0  # R2: a lost peer fails every survivor within this many seconds
+STARTED_PIDS: List[int] = []  # every PID started here (launchers and the tasks they report)
+_STARTED_RE = re.compile(r"started (\w+:\d+) pid=(\d+)")
+
+
+def env_for(extra: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG" and not k.startswith(("REL_", "TFACCEL_"))}
+    env.update(CHILD_ENV)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    env.update(extra or {})
+    return env
+
+
+class Run:
+    """One ``python -m tfaccel launch ...`` process: timestamped output lines, task PIDs, bounded wait."""
+
+    def __init__(self, args: Sequence[str], *, env: Optional[Mapping[str, str]] = None,
+                 cwd: Optional[Path] = None) -> None:
+        self.begun = time.monotonic()
+        self.proc = start_process([sys.executable, "-m", "tfaccel", "launch", *args], env=env_for(env),
+                                  cwd=str(cwd or REPO_ROOT))
+        STARTED_PIDS.append(self.proc.pid)
+        self.lines: List[tuple] = []  # (seconds since start, stream, text)
+        self.task_pids: List[int] = []
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._read, args=(s, n), daemon=True)
+                         for s, n in ((self.proc.stdout, "out"), (self.proc.stderr, "err"))]
+        for thread in self._threads:
+            thread.start()
+        self.returncode: Optional[int] = None
+        self.seconds = 0.0
+        self.timed_out = False
+
+    def _read(self, stream: Any, name: str) -> None:
+        for raw in iter(stream.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            match = _STARTED_RE.search(line)
+            if match:
+                self.task_pids.append(int(match.group(2)))
+                STARTED_PIDS.append(int(match.group(2)))
+            with self._lock:
+                self.lines.append((time.monotonic() - self.begun, name, line))
+        stream.close()
+
+    def wait(self, timeout: float) -> "Run":
+        try:
+            self.returncode = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.timed_out = True
+            terminate([self.proc], grace=5)
+            self.returncode = self.proc.returncode
+        self.seconds = time.monotonic() - self.begun
+        for thread in self._threads:
+            thread.join(timeout=10)
+        for pid in self.task_pids:  # the launcher ends its tasks; make sure, whatever happened
+            if pid_alive(pid):
+                with_suppress_kill(pid)
+        return self
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        terminate([self.proc], grace=0.1, sig=sig)
+
+    @property
+    def text(self) -> str:
+        with self._lock:
+            return "\n".join(line for _, _, line in self.lines)
+
+    def first(self, pattern: str) -> Optional[float]:
+        """Seconds after start at which a line matching ``pattern`` arrived, or None."""
+        regex = re.compile(pattern)
+        with self._lock:
+            for stamp, _, line in self.lines:
+                if regex.search(line):
+                    return stamp
+        return None
+
+    def json_lines(self) -> List[dict]:
+        out = []
+        for _, _, line in list(self.lines):
+            start = line.find("{\"task\"")
+            if start >= 0:
+                try:
+                    out.append(json.loads(line[start:]))
+                except ValueError:
+                    pass
+        return out
+
+    def tail(self, n: int = 40) -> str:
+        return "\n".join(self.text.splitlines()[-n:])
+
+
+def with_suppress_kill(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _job_env(work: Path, **extra: str) -> Dict[str, str]:
+    env = {"REL_EPOCHS": str(EPOCHS), "REL_BACKUP_FREQ": str(BACKUP_FREQ), "REL_KILL_MARKER": str(work / "killed")}
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def _result(ok: bool, why: str = "", **measured: Any) -> Dict[str, Any]:
+    return {"ok": bool(ok), "why": why, **measured}
+
+
+# ------------------------------------------------------------------------------------------------------- R1
+def _tree(path: Path) -> List[str]:
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*")) if path.exists() else []
+
+
+def r1_reference(work: Path, *, timeout: float = 300) -> Dict[str, Any]:
+    """The uninterrupted 2-worker run: its final weights are what every interrupted run must end with.
+
+    It also records what the job wrote outside the directories it was given (R4): it runs in an empty working
+    directory with its own empty TMPDIR and HOME, and with a checkpoint_dir (so worker:1 writes and must remove
+    a temporary checkpoint directory).
+    """
+    work.mkdir(parents=True, exist_ok=True)
+    cwd, tmp, home = work / "cwd", work / "tmp", work / "home"
+    for path in (cwd, tmp, home):
+        path.mkdir(exist_ok=True)
+    run = Run(["--workers", "2", "--timeout", str(timeout - 10), "--", str(JOB)], cwd=cwd,
+              env=_job_env(work, REL_BACKUP_DIR=work / "ref-backup", REL_WEIGHTS_OUT=work / "ref-{task}.npz",
+                           REL_CHECKPOINT_DIR=work / "ckpt", TMPDIR=tmp, HOME=home))
+    run.wait(timeout)
+    ok = run.returncode == 0 and (work / "ref-worker0.npz").exists()
+    return _result(ok, "" if ok else f"reference run failed (rc={run.returncode}):\n{run.tail()}",
+                   weights=str(work / "ref-worker0.npz"), seconds=round(run.seconds, 1),
+                   written={"cwd": _tree(cwd), "tmp": _tree(tmp), "home": _tree(home), "ckpt": _tree(work / "ckpt"),
+                            "backup_left": (work / "ref-backup").exists()})
+
+
+def _expected_resume(epoch: int, step: int, victim_is_chief: bool) -> List[Optional[tuple]]:
+    """The backups a job killed right after (epoch, step) may resume from (the chief writes them)."""
+    candidates = []
+    last = (step // BACKUP_FREQ) * BACKUP_FREQ
+    # The chief killed at a backup step dies before writing it; a killed peer may or may not let it write.
+    for s in ([last - BACKUP_FREQ, last] if last == step else [last]):
+        if s < 0:
+            continue
+        candidates.append((epoch, s) if s > 0 else ((epoch, 0) if epoch > 0 else None))
+    if victim_is_chief and last == step:
+        candidates = candidates[:1]
+    return candidates
+
+
+def r1_trial(work: Path, reference: Path, *, rng: random.Random, timeout: float = 360,
+             atol: float = 1e-5, rtol: float = 1e-5) -> Dict[str, Any]:
+    """R1: kill one worker of a 2-worker MWMS job at a random step; the restarted job must end like the reference."""
+    import numpy as np
+
+    work.mkdir(parents=True, exist_ok=True)
+    victim = rng.choice(["worker:0", "worker:1"])
+    epoch, step = rng.randrange(EPOCHS), rng.randrange(1, STEPS_PER_EPOCH)
+    run = Run(["--workers", "2", "--max-restarts", "1", "--timeout", str(timeout - 10), "--", str(JOB)],
+              env=_job_env(work, REL_BACKUP_DIR=work / "backup", REL_WEIGHTS_OUT=work / "res-{task}.npz",
+                           REL_KILL_AT=f"{victim}:{epoch}:{step}"))
+    run.wait(timeout)
+    measured = {"victim": victim, "kill_at": [epoch, step], "seconds": round(run.seconds, 1)}
+    if run.returncode != 0:
+        return _result(False, f"job failed (rc={run.returncode}, timed out={run.timed_out}):\n{run.tail()}", **measured)
+    if not (work / "killed").exists():
+        return _result(False, "the victim was never killed", **measured)
+    restarted = "restarting the whole job" in run.text
+    reports = run.json_lines()
+    resumed = {tuple(r["resumed_from"]) if r["resumed_from"] else None for r in reports}
+    measured.update(restarted=restarted, resumed_from=sorted(resumed, key=str), reports=len(reports))
+    allowed = _expected_resume(epoch, step, victim == "worker:0")
+    if not restarted or len(reports) != 2 or len(resumed) != 1 or next(iter(resumed)) not in allowed:
+        return _result(False, f"expected one restart resuming from one of {allowed}; got {measured}", **measured)
+    ref = np.load(reference)
+    diffs = []
+    for task in ("worker0", "worker1"):
+        res = np.load(work / f"res-{task}.npz")
+        for key in ref.files:
+            diffs.append(float(np.max(np.abs(res[key] - ref[key]))))
+            if not np.allclose(res[key], ref[key], rtol=rtol, atol=atol):
+                return _result(False, f"{task} weights {key} differ from the reference by {diffs[-1]:.3g}",
+                               **measured, max_abs_diff=max(diffs))
+    backup_left = (work / "backup").exists()
+    if backup_left:
+        return _result(False, "the backup directory was not removed after training completed", **measured)
+    return _result(True, **measured, max_abs_diff=max(diffs))
+
+
+# ------------------------------------------------------------------------------------------------------- R2
+def _lost_peer_verdict(run: Run, *, lost: str, limit_from: float, patterns: Sequence[str],
+                       limit: float = LOST_PEER_LIMIT_S) -> Dict[str, Any]:
+    measured = {"rc": run.returncode, "seconds": round(run.seconds, 1),
+                "exit_after_loss_s": round(run.seconds - limit_from, 1), "timed_out": run.timed_out}
+    if run.timed_out:
+        return _result(False, f"hang: still running after {run.seconds:.0f} s:\n{run.tail()}", **measured)
+    if run.returncode in (0, None):
+        return _result(False, f"exit status {run.returncode}, expected non-zero:\n{run.tail()}", **measured)
+    missing = [p for p in patterns if not re.search(p, run.text)]
+    if missing:
+        return _result(False, f"output does not name the lost task {lost} (no match for {missing}):\n{run.tail()}",
+                       **measured)
+    if run.seconds - limit_from > limit:
+        return _result(False, f"exited {run.seconds - limit_from:.0f} s after {lost} was lost (limit {limit:g} s)",
+                       **measured)
+    return _result(True, **measured)
+
+
+def r2_local_dies(work: Path, *, timeout: float = 180) -> Dict[str, Any]:
+    """Local mode: worker:1 is SIGKILLed mid-epoch; the job exits non-zero naming worker:1."""
+    work.mkdir(parents=True, exist_ok=True)
+    run = Run(["--workers", "2", "--", str(JOB)], env=_job_env(work, REL_KILL_AT="worker:1:0:4", REL_EPOCHS=1))
+    run.wait(timeout)
+    killed = run.first(r"REL: worker:1 kills itself") or run.seconds
+    return _lost_peer_verdict(run, lost="worker:1", limit_from=killed,
+                              patterns=[r"worker:1 \(pid \d+\) failed: killed by SIGKILL"])
+
+
+def r2_local_never_joins(work: Path, *, startup: float = 12, timeout: float = 180) -> Dict[str, Any]:
+    """Local mode: worker:1 runs but never starts TensorFlow; worker:0 gives up after the start-up timeout."""
+    work.mkdir(parents=True, exist_ok=True)
+    run = Run(["--workers", "2", "--", str(JOB)],
+              env=_job_env(work, REL_HANG_BEFORE_START="worker:1", TFACCEL_STARTUP_TIMEOUT=startup))
+    run.wait(timeout)
+    hung = run.first(r"REL: worker:1 hangs") or 0.0
+    return _lost_peer_verdict(run, lost="worker:1", limit_from=hung, limit=startup + 40,
+                              patterns=[r"worker:0 \(pid \d+\) failed",
+                                        r"did not come up within the start-up timeout of .*waited for: worker:1"])
+
+
+def _cluster_file(work: Path) -> Path:
+    ports = free_ports(2)
+    path = work / "cluster.yaml"
+    path.write_text("worker:\n" + "".join(f"  - 127.0.0.1:{p}\n" for p in ports))
+    return path
+
+
+def r2_host_never_starts(work: Path, *, startup: float = 12, timeout: float = 180) -> Dict[str, Any]:
+    """Per-host mode: only worker:0's host runs; worker:1 never starts. worker:0 fails naming worker:1."""
+    work.mkdir(parents=True, exist_ok=True)
+    cluster = _cluster_file(work)
+    run = Run(["--cluster", str(cluster), "--task", "worker:0", "--", str(JOB)],
+              env=_job_env(work, TFACCEL_STARTUP_TIMEOUT=startup))
+    run.wait(timeout)
+    return _lost_peer_verdict(run, lost="worker:1", limit_from=0.0, limit=startup + 40,
+                              patterns=[r"did not come up within the start-up timeout of .*waited for: worker:1"])
+
+
+def r2_host_dies(work: Path, *, timeout: float = 240) -> Dict[str, Any]:
+    """Per-host mode: one launcher per task; worker:1 dies mid-epoch; worker:0's launcher exits non-zero naming
+    worker:1 (TensorFlow's aborted collective names /job:worker/replica:0/task:1) within the limit."""
+    work.mkdir(parents=True, exist_ok=True)
+    cluster = _cluster_file(work)
+    env = _job_env(work, REL_KILL_AT="worker:1:0:4", REL_EPOCHS=1)
+    runs = [Run(["--cluster", str(cluster), "--task", f"worker:{i}", "--", str(JOB)], env=env) for i in (0, 1)]
+    runs[1].wait(timeout)
+    runs[0].wait(max(5.0, timeout - runs[0].seconds if runs[0].seconds else timeout))
+    killed = runs[1].first(r"REL: worker:1 kills itself")
+    if killed is None:
+        return _result(False, f"worker:1 never reached its kill step:\n{runs[1].tail()}\n---\n{runs[0].tail()}")
+    killed += runs[1].begun - runs[0].begun  # on worker:0's clock
+    verdict = _lost_peer_verdict(runs[0], lost="worker:1", limit_from=killed,
+                                 patterns=[r"/job:worker/replica:0/task:1", r"worker:0 \(pid \d+\) failed"])
+    verdict["victim_launcher_rc"] = runs[1].returncode
+    return verdict
+
+
+def r2_horovod_dies(work: Path, *, timeout: float = 180) -> Dict[str, Any]:
+    """Horovod: rank 1 is SIGKILLed mid-epoch; horovodrun ends rank 0 and the launch exits non-zero naming rank 1."""
+    work.mkdir(parents=True, exist_ok=True)
+    run = Run(["--backend", "horovod", "-np", "2", "--", str(JOB)],
+              env=_job_env(work, REL_KILL_AT="rank:1:0:4", REL_EPOCHS=1))
+    run.wait(timeout)
+    killed = run.first(r"REL: rank:1 kills itself") or 0.0
+    return _lost_peer_verdict(run, lost="rank 1", limit_from=killed,
+                              patterns=[r"Process name: 1", r"Exit code: 137"])
+
+
+def r2_horovod_never_joins(work: Path, *, gloo_timeout: int = 12, timeout: float = 180) -> Dict[str, Any]:
+    """Horovod: rank 1 never calls hvd.init; rank 0's Gloo rendezvous times out naming rank 1 (key 1)."""
+    work.mkdir(parents=True, exist_ok=True)
+    run = Run(["--backend", "horovod", "-np", "2", "--gloo-timeout", str(gloo_timeout), "--", str(JOB)],
+              env=_job_env(work, REL_HANG_BEFORE_START="rank:1"))
+    run.wait(timeout)
+    hung = run.first(r"REL: rank:1 hangs") or 0.0
+    return _lost_peer_verdict(run, lost="rank 1", limit_from=hung, limit=gloo_timeout + 40,
+                              patterns=[r"Wait timeout after \d+ seconds for key\(s\): 1"])
+
+
+R2_SCENARIOS = {
+    "local: peer dies mid-step": r2_local_dies,
+    "local: peer never joins": r2_local_never_joins,
+    "per-host: peer never starts": r2_host_never_starts,
+    "per-host: peer dies mid-step": r2_host_dies,
+    "horovod: rank dies mid-step": r2_horovod_dies,
+    "horovod: rank never joins": r2_horovod_never_joins,
+}
+
+
+def leftover_pids() -> List[int]:
+    return [pid for pid in STARTED_PIDS if pid_alive(pid)]
+
+
+
+# ------------------------------------------------------------------------------------------------------- R3
+class _Task:
+    """One process of a hand-built parameter-server cluster (so a test can kill a server task itself)."""
+
+    def __init__(self, name: str, cluster: Dict[str, List[str]], env: Mapping[str, str]) -> None:
+        role, index = name.split(":")
+        self.name = name
+        child = env_for(env)
+        child["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": role, "index": int(index)}})
+        self.proc = start_process([sys.executable, str(JOB)], env=child, cwd=str(REPO_ROOT))
+        STARTED_PIDS.append(self.proc.pid)
+        self.lines: List[tuple] = []
+        self.begun = time.monotonic()
+        self._threads = [threading.Thread(target=self._read, args=(s,), daemon=True)
+                         for s in (self.proc.stdout, self.proc.stderr)]
+        for thread in self._threads:
+            thread.start()
+
+    def _read(self, stream: Any) -> None:
+        for raw in iter(stream.readline, b""):
+            self.lines.append((time.monotonic(), raw.decode("utf-8", "replace").rstrip("\n")))
+        stream.close()
+
+    @property
+    def text(self) -> str:
+        return "\n".join(line for _, line in list(self.lines))
+
+
+def r3_ps_task_lost(work: Path, *, victim: str = "worker:1", after_epoch: int = 1,
+                    timeout: float = 300) -> Dict[str, Any]:
+    """Parameter server: chief + 2 workers + 1 ps; ``victim`` is SIGKILLed after the chief logs epoch
+    ``after_epoch``. A lost worker: ClusterCoordinator re-schedules its closures and the job completes. A lost
+    ps: the chief fails (non-zero) within the limit, naming the ps task."""
+    work.mkdir(parents=True, exist_ok=True)
+    ports = iter(free_ports(4))
+    cluster = {"chief": [f"127.0.0.1:{next(ports)}"], "worker": [f"127.0.0.1:{next(ports)}" for _ in range(2)],
+               "ps": [f"127.0.0.1:{next(ports)}"]}
+    env = {"REL_EPOCHS": "4", "REL_STRATEGY": "parameter_server"}
+    tasks = {name: _Task(name, cluster, env) for name in ("ps:0", "worker:0", "worker:1", "chief:0")}
+    chief = tasks["chief:0"]
+    killed_at: Optional[float] = None
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline and chief.proc.poll() is None:
+            if killed_at is None and re.search(rf"epoch {after_epoch}/\d+", chief.text):
+                tasks[victim].proc.send_signal(signal.SIGKILL)
+                killed_at = time.monotonic()
+            time.sleep(0.1)
+        timed_out = chief.proc.poll() is None
+    finally:
+        terminate([t.proc for t in tasks.values()], grace=2)
+    for task in tasks.values():
+        for thread in task._threads:
+            thread.join(timeout=5)
+    rc = chief.proc.returncode
+    measured = {"victim": victim, "rc": rc, "timed_out": timed_out, "seconds": round(time.monotonic() - chief.begun, 1),
+                "exit_after_loss_s": round(time.monotonic() - killed_at, 1) if killed_at else None}
+    if killed_at is None:
+        return _result(False, f"the chief never logged epoch {after_epoch}:\n{chief.text[-3000:]}", **measured)
+    if timed_out:
+        return _result(False, f"hang: the chief still ran {timeout:g} s after start:\n{chief.text[-3000:]}", **measured)
+    if victim.startswith("worker"):
+        reports = [json.loads(line[line.find("{\"task\""):]) for _, line in chief.lines if "{\"task\"" in line]
+        ok = rc == 0 and reports and reports[-1]["steps"] > 0
+        measured["steps"] = reports[-1]["steps"] if reports else None
+        return _result(ok, "" if ok else f"job did not complete after losing {victim}:\n{chief.text[-3000:]}",
+                       **measured)
+    names = re.search(r"/job:ps/replica:0/task:0|ps:0", chief.text) is not None
+    ok = rc not in (0, None) and names and measured["exit_after_loss_s"] <= LOST_PEER_LIMIT_S
+    return _result(ok, "" if ok else f"expected a non-zero exit naming ps:0 within {LOST_PEER_LIMIT_S:g} s:\n"
+                   f"{chief.text[-3000:]}", **measured)

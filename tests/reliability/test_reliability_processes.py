@@ -1,0 +1,80 @@
+"""Issue 9: fault tolerance and hang safety with real processes on 127.0.0.1 (R1, R2, R3, R4 side effects).
+
+Each scenario lives in rel_scenarios.py (scripts/reliability.py runs the same ones N times and prints tallies).
+"""
+
+import os
+import random
+
+import pytest
+
+import harness
+import rel_scenarios as rs
+
+
+@pytest.fixture(autouse=True)
+def _track_scenario_pids():
+    """Hands every PID a scenario started to the suite's no-leftover-processes check."""
+    before = len(rs.STARTED_PIDS)
+    yield
+    harness.STARTED_PIDS.extend(rs.STARTED_PIDS[before:])
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted 2-worker job (backup_dir + backup_freq + checkpoint_dir), run once for the module."""
+    result = rs.r1_reference(tmp_path_factory.mktemp("r1-reference"))
+    assert result["ok"], result["why"]
+    return result
+
+
+def _check(result):
+    assert result["ok"], f"{result['why']}\nmeasured: { {k: v for k, v in result.items() if k != 'why'} }"
+
+
+@pytest.mark.slow
+def test_r1_killed_worker_restarts_and_ends_with_the_uninterrupted_weights(reference, tmp_path):
+    """`tfaccel launch --workers 2 --max-restarts 1`: a worker SIGKILLed at a random step (seeded), the job
+    restarts, resumes from the last step backup and ends with the reference weights (to float tolerance)."""
+    result = rs.r1_trial(tmp_path, reference["weights"], rng=random.Random(20261122))
+    _check(result)
+    assert result["max_abs_diff"] <= 1e-5
+
+
+def test_r4_nothing_written_outside_named_dirs_and_worker_temp_checkpoints_removed(reference):
+    """The reference job ran in an empty cwd with its own TMPDIR and HOME: only the named dirs got files, the
+    backup is removed at the end, worker:1's temporary checkpoint directory is gone."""
+    written = reference["written"]
+    assert written["cwd"] == [], written
+    assert written["tmp"] == [], written  # worker:1's tfaccel-worker-ckpt-* removed
+    assert [p for p in written["home"] if not p.startswith(".keras")] == [], written  # Keras' own config only
+    assert any(p.startswith("ckpt-3") for p in written["ckpt"]) and "checkpoint" in written["ckpt"], written
+    assert not written["backup_left"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", list(rs.R2_SCENARIOS))
+def test_r2_lost_peer_fails_every_survivor_with_its_name_never_hangs(scenario, tmp_path):
+    """A peer that never starts/joins or dies mid-step: non-zero exit naming it within the limit (local mode,
+    per-host mode, Horovod)."""
+    if scenario.startswith("horovod") and os.environ.get("TFACCEL_NO_HOROVOD") != "1":
+        from tfaccel.launch.horovod import find_horovodrun
+
+        find_horovodrun()  # fails (not skips) when Horovod is not built: CI builds it (scripts/install_horovod.sh)
+    elif scenario.startswith("horovod"):
+        pytest.skip("TFACCEL_NO_HOROVOD=1: Horovod deliberately not built here")
+    result = rs.R2_SCENARIOS[scenario](tmp_path)
+    _check(result)
+    assert result["exit_after_loss_s"] <= rs.LOST_PEER_LIMIT_S
+
+
+@pytest.mark.slow
+def test_r3_parameter_server_worker_lost_closures_rescheduled_job_completes(tmp_path):
+    result = rs.r3_ps_task_lost(tmp_path, victim="worker:1")
+    _check(result)
+
+
+@pytest.mark.slow
+def test_r3_parameter_server_ps_lost_fails_clearly(tmp_path):
+    result = rs.r3_ps_task_lost(tmp_path, victim="ps:0")
+    _check(result)
