@@ -287,7 +287,10 @@ def compile_and_fit(
             if not model.built:
                 raise ConfigError("resuming from backup_dir needs a built model: give build_model's model an "
                                   "Input layer (keras.Input(shape)) so its weights exist before training")
-            opt.build(model.trainable_variables)
+            # model.optimizer: under mixed_float16 the LossScaleOptimizer, whose own variables (loss scale, step
+            # counter) the backup holds too; with only the inner optimizer built, Keras skips loading them
+            # (UserWarning "... has 12 variables whereas the saved optimizer has 14") and the scale restarts.
+            model.optimizer.build(model.trainable_variables)
             model.load_weights(state["weights_path"])
     _warn_float16_outputs(model, plan)
 

@@ -114,6 +114,29 @@ def test_float32_gets_no_loss_scaling_and_no_warning(clean_tf_config):
     assert not isinstance(result.model.optimizer, keras.optimizers.LossScaleOptimizer)
 
 
+def test_resume_restores_the_loss_scale_state(tmp_path, clean_tf_config):
+    """A backup holds the LossScaleOptimizer's own variables; resuming loads them (Keras skipped them silently)."""
+    import warnings
+
+    import keras
+
+    class StopAtSecondEpoch(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 1:
+                raise RuntimeError("stopped after epoch 1")
+
+    options = dict(epochs=2, n=64, strategy="default", precision="mixed_float16", jit_compile=False,
+                   backup_dir=str(tmp_path))
+    with pytest.raises(RuntimeError, match="stopped after epoch 1"):
+        _fit(_build_float32_out, callbacks=[StopAtSecondEpoch()], **options)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result, _ = _fit(_build_float32_out, **options)
+    assert result.resumed_from == (1, 0) and result.steps == 2
+    assert not [w for w in caught if "Skipping variable loading" in str(w.message)], [str(w.message) for w in caught]
+    assert int(result.model.optimizer.step_counter.numpy()) == 4  # 2 steps before the backup + 2 after
+
+
 def _build_not_xla_compilable():
     """A model with a py_function: it runs in a plain tf.function and cannot be compiled by XLA."""
     import keras
