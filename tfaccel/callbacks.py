@@ -71,9 +71,15 @@ def read_backup(backup_dir: Optional[str]) -> Optional[BackupState]:
 
 
 def save_weights_atomically(model: Any, path: str) -> None:
+    """Writes the weights under a temporary name, then renames; a failed write leaves no half file (issue 9)."""
     tmp = f"{path[:-len('.weights.h5')]}.tmp-{os.getpid()}.weights.h5"
-    model.save_weights(tmp, overwrite=True)
-    os.replace(tmp, path)
+    try:
+        model.save_weights(tmp, overwrite=True)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 class StepBackup:
