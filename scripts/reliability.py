@@ -1,0 +1,95 @@
+"""Runs the issue-9 reliability scenarios N times and prints tallies (real processes on 127.0.0.1).
+
+    python scripts/reliability.py                  # R1 x10, every R2 scenario x3
+    python scripts/reliability.py --r1 10 --r2 1 --json rel_out/tallies.json
+
+Prints one line per promise, e.g. ``R1 resume-equals-uninterrupted: 10/10``, then the measurements of every
+trial (kill point, restart, resumed-from backup, max weight difference; exit time after a peer was lost).
+The scenarios live in tests/reliability/rel_scenarios.py, shared with the test suite (which runs 1 trial).
+"""
+
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from absl import app, flags
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "reliability"))
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    flags.DEFINE_integer("r1", 10, "R1 trials (kill a worker at a random step, restart, compare weights)")
+    flags.DEFINE_integer("r2", 3, "trials of every R2 scenario (lost peer: local, per-host, Horovod)")
+    flags.DEFINE_integer("r3", 1, "trials of each R3 scenario (parameter server: worker lost, ps lost)")
+    flags.DEFINE_integer("seed", 9, "seed of the random kill points")
+    flags.DEFINE_string("json", None, "also write every trial's measurements here")
+    flags.DEFINE_string("workdir", None, "where trials write (default: a temporary directory, removed)")
+
+
+def _line(name: str, results: list) -> str:
+    good = sum(1 for r in results if r["ok"])
+    return f"{name}: {good}/{len(results)}"
+
+
+def main(argv: list) -> None:
+    del argv
+    import rel_scenarios as rs
+
+    tmp = None if FLAGS.workdir else tempfile.TemporaryDirectory(prefix="tfaccel-reliability-")
+    work = Path(FLAGS.workdir or tmp.name)
+    rng = random.Random(FLAGS.seed)
+    tallies = {}
+    began = time.monotonic()
+    try:
+        if FLAGS.r1:
+            ref = rs.r1_reference(work / "r1-reference")
+            if not ref["ok"]:
+                sys.exit(f"R1 reference run failed: {ref['why']}")
+            results = []
+            for i in range(FLAGS.r1):
+                result = rs.r1_trial(work / f"r1-{i}", Path(ref["weights"]), rng=rng)
+                results.append(result)
+                print(f"  R1 trial {i + 1}: {'ok' if result['ok'] else 'FAILED'} "
+                      + json.dumps({k: v for k, v in result.items() if k not in ("ok", "why")})
+                      + (f"\n    {result['why']}" if not result["ok"] else ""), flush=True)
+            tallies["R1 resume-equals-uninterrupted"] = results
+        for name, scenario in rs.R2_SCENARIOS.items():
+            results = []
+            for i in range(FLAGS.r2):
+                result = scenario(work / f"r2-{name.replace(' ', '_').replace(':', '')}-{i}")
+                results.append(result)
+                print(f"  R2 {name} trial {i + 1}: {'ok' if result['ok'] else 'FAILED'} "
+                      + json.dumps({k: v for k, v in result.items() if k not in ("ok", "why")})
+                      + (f"\n    {result['why'][:2000]}" if not result["ok"] else ""), flush=True)
+            tallies[f"R2 {name}: non-zero exit naming the lost task within {rs.LOST_PEER_LIMIT_S:g} s"] = results
+        for victim, what in (("worker:1", "worker lost, closures re-scheduled, job completes"),
+                             ("ps:0", "ps lost, job fails clearly")):
+            results = [rs.r3_ps_task_lost(work / f"r3-{victim.replace(':', '')}-{i}", victim=victim)
+                       for i in range(FLAGS.r3)]
+            for i, result in enumerate(results):
+                print(f"  R3 {victim} trial {i + 1}: {'ok' if result['ok'] else 'FAILED'} "
+                      + json.dumps({k: v for k, v in result.items() if k not in ("ok", "why")}), flush=True)
+            if results:
+                tallies[f"R3 parameter server: {what}"] = results
+    finally:
+        left = rs.leftover_pids()
+        if tmp is not None:
+            tmp.cleanup()
+    print(f"\ntallies ({time.monotonic() - began:.0f} s; processes left alive: {len(left)}):")
+    for name, results in tallies.items():
+        print(_line(name, results))
+    if FLAGS.json:
+        Path(FLAGS.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(FLAGS.json).write_text(json.dumps({k: v for k, v in tallies.items()}, indent=1))
+    if left or not all(r["ok"] for results in tallies.values() for r in results):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)
