@@ -30,7 +30,8 @@ PS_PROGRAM = Path(__file__).with_name("training_precision_ps_program.py")
 CPU_WARNING = "precision: {} on a CPU works but is slower than float32 there; use precision='auto' to let tfaccel pick"
 OUTPUT_WARNING = (r"model 'half_out': output\(s\) \S+ come out in {}; compute the last layer in float32 \(e\.g\. "
                   r"keras\.layers\.Dense\(n, dtype='float32'\) or keras\.layers\.Activation\('softmax', "
-                  r"dtype='float32'\)\), as the Keras mixed precision guide advises, so the loss is computed in float32")
+                  r"dtype='float32'\)\), as the Keras mixed precision guide advises, so the loss is computed in "
+                  r"float32")
 
 
 @pytest.fixture(autouse=True)
@@ -84,6 +85,7 @@ def test_precision_on_each_training_path(precision, strategy, loop, replicas, cl
     model, opt = result.model, result.model.optimizer
     assert result.plan.precision == precision and result.plan.num_replicas == replicas
     assert result.plan.jit_compile is (replicas == 1)  # "auto": XLA on one CPU device, off under mirrored
+    assert model.jit_compile is result.plan.jit_compile  # what Keras fit (and the compiled loop) got
     assert result.details["loop"].startswith("compiled" if (loop, strategy) == ("auto", "default") else "keras fit")
     assert model.dtype_policy.name == precision and model.layers[0].compute_dtype == precision[6:]
     assert warnings == [CPU_WARNING.format(precision)]
