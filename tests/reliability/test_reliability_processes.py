@@ -41,6 +41,7 @@ def test_r1_killed_worker_restarts_and_ends_with_the_uninterrupted_weights(refer
     assert result["max_abs_diff"] <= 1e-5
 
 
+@pytest.mark.slow
 def test_r4_nothing_written_outside_named_dirs_and_worker_temp_checkpoints_removed(reference):
     """The reference job ran in an empty cwd with its own TMPDIR and HOME: only the named dirs got files, the
     backup is removed at the end, worker:1's temporary checkpoint directory is gone."""
@@ -57,7 +58,8 @@ def test_r4_nothing_written_outside_named_dirs_and_worker_temp_checkpoints_remov
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scenario", list(rs.R2_SCENARIOS))
+@pytest.mark.parametrize("scenario", [pytest.param(name, marks=[pytest.mark.horovod] if name.startswith("horovod")
+                                                   else []) for name in rs.R2_SCENARIOS])
 def test_r2_lost_peer_fails_every_survivor_with_its_name_never_hangs(scenario, tmp_path):
     """A peer that never starts/joins or dies mid-step: non-zero exit naming it within the limit (local mode,
     per-host mode, Horovod)."""
