@@ -22,9 +22,9 @@ REPO = Path(__file__).resolve().parent.parent.parent
 # ----------------------------------------------------------------------------------------------- R2 defaults
 def test_default_timeouts_are_bounded_and_stated():
     t = ph.resolve_timeouts(environ={})
-    assert (t.startup, t.heartbeat, t.collective) == (60.0, 30.0, 600.0)
+    assert (t.startup, t.heartbeat, t.collective) == (60.0, 20.0, 600.0)
     assert t.sources == ("default", "default", "default")
-    assert t.notes() == ("peer timeouts: start-up 60 s, lost-peer heartbeat 30 s, per-collective 600 s (a peer that "
+    assert t.notes() == ("peer timeouts: start-up 60 s, lost-peer heartbeat 20 s, per-collective 600 s (a peer that "
                          "never starts or dies fails every surviving worker with its name instead of a hang)",)
 
 
