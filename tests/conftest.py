@@ -38,6 +38,17 @@ def cpu_replicas() -> list:
 
 
 @pytest.fixture(autouse=True)
+def restore_environment():
+    """A test that writes os.environ (ClusterSpec.export, a job that exports its TF_CONFIG) must not leak it
+    into later tests: "auto" would pick another strategy there."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@pytest.fixture(autouse=True)
 def no_leftover_processes():
     """Every process a test started through the harness must be gone when the test ends."""
     before = len(harness.STARTED_PIDS)

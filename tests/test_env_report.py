@@ -13,7 +13,7 @@ def _tfaccel(*args, env=None, timeout=120):
                           timeout=timeout, env=env)
 
 
-def test_env_json_is_valid_and_names_tf_and_devices():
+def test_env_json_is_valid_and_names_tf_and_devices(clean_tf_config):
     proc = _tfaccel("env", "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)  # JSON only on stdout

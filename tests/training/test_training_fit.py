@@ -2,6 +2,7 @@
 
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -141,12 +142,15 @@ def test_multi_worker_two_processes_identical_weights_and_history(tmp_path):
 
 
 def test_parameter_server_exact_steps_and_learns(tmp_path):
-    cluster = harness.loopback_cluster(2, ps=1, chief=True)
-    tasks = harness.tf_configs_for(cluster, roles=("chief", "worker", "ps"))
-    results = harness.run_tasks(SCRIPT, tasks=tasks, timeout=400,
-                                env={"FIT_STRATEGY": "auto", "FIT_EPOCHS": "4", "FIT_CHECKPOINT_DIR": str(tmp_path / "c")})
-    chief = results[0]
-    assert chief.returncode == 0, chief.describe()
+    """chief (coordinator) + 2 workers + 1 ps, started by tfaccel's launcher as a user would."""
+    from tfaccel.launch import run_local
+
+    result = run_local([sys.executable, str(SCRIPT)], workers=2, ps=1, timeout=300, echo=False,
+                       env={"FIT_STRATEGY": "auto", "FIT_EPOCHS": "4", "FIT_CHECKPOINT_DIR": str(tmp_path / "c"),
+                            "PYTHONPATH": str(harness.REPO_ROOT)})
+    harness.STARTED_PIDS.extend(result.pids)  # the leftover-process fixture checks them too
+    chief = result.task("chief:0")
+    assert result.returncode == 0, f"{result.message}\n{chief.stderr[-3000:]}"
     report = harness.last_json_line(chief.stdout)
     assert report["strategy"] == "parameter_server"
     steps_per_epoch = 1437 // 64  # digits train split, drop_remainder batches
