@@ -300,7 +300,9 @@ def compile_and_fit(
     else:
         verbose_ = verbose if chief else 0
     timer = Throughput(examples_per_step=batch.global_batch or 0)
-    cbs: List[Any] = list(callbacks) + list(backend.extra_callbacks()) + [timer]
+    # Backend callbacks first: Horovod's metric averaging must run before a user's EarlyStopping or
+    # checkpoint callback reads the metrics, or ranks could stop at different epochs and hang.
+    cbs: List[Any] = list(backend.extra_callbacks()) + list(callbacks) + [timer]
     backup_cb = None
     if backup_dir:
         backup_cb = StepBackup(backup_dir, save_freq=backup_freq, is_chief=chief, step_offset=start_step,
