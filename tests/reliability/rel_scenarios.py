@@ -166,6 +166,7 @@ def r1_reference(work: Path, *, timeout: float = 300) -> Dict[str, Any]:
     ok = run.returncode == 0 and (work / "ref-worker0.npz").exists()
     return _result(ok, "" if ok else f"reference run failed (rc={run.returncode}):\n{run.tail()}",
                    weights=str(work / "ref-worker0.npz"), seconds=round(run.seconds, 1),
+                   notes=[r.get("notes", []) for r in run.json_lines()],
                    written={"cwd": _tree(cwd), "tmp": _tree(tmp), "home": _tree(home), "ckpt": _tree(work / "ckpt"),
                             "backup_left": (work / "ref-backup").exists()})
 

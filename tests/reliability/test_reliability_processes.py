@@ -42,6 +42,13 @@ def test_r1_killed_worker_restarts_and_ends_with_the_uninterrupted_weights(refer
 
 
 @pytest.mark.slow
+def test_r2_plan_of_every_worker_states_the_peer_timeouts(reference):
+    assert len(reference["notes"]) == 2
+    for notes in reference["notes"]:
+        assert "peer timeouts: start-up 60 s, lost-peer heartbeat 20 s, per-collective 600 s" in " ".join(notes)
+
+
+@pytest.mark.slow
 def test_r4_nothing_written_outside_named_dirs_and_worker_temp_checkpoints_removed(reference):
     """The reference job ran in an empty cwd with its own TMPDIR and HOME: only the named dirs got files, the
     backup is removed at the end, worker:1's temporary checkpoint directory is gone."""
