@@ -281,6 +281,7 @@ def compile_and_fit(
                                        global_clipnorm=global_clipnorm,
                                        gradient_accumulation_steps=gradient_accumulation_steps)
         opt = backend.wrap_optimizer(opt)
+        plan = _refine_plan_for_model(plan, model, jit_compile)
         model.compile(optimizer=opt, loss=loss_, metrics=metrics_, jit_compile=plan.jit_compile,
                       steps_per_execution=spe)
         if state:
@@ -405,6 +406,18 @@ def compile_and_fit(
     if chief:
         say("%s", result.summary())
     return result
+
+
+def _refine_plan_for_model(plan: Any, model: Any, requested_jit: Union[str, bool]) -> Any:
+    """The plan's "auto" XLA decision, revisited now that the model exists (convolutions on CPU: off)."""
+    from tfaccel.devices import detect_devices
+    from tfaccel.xla import refine_jit_for_model
+
+    jit, reason = refine_jit_for_model(plan.jit_compile, plan.jit_reason, requested=requested_jit, model=model,
+                                       devices=detect_devices())
+    if (jit, reason) == (plan.jit_compile, plan.jit_reason):
+        return plan
+    return dataclasses.replace(plan, jit_compile=jit, jit_reason=reason)
 
 
 def _warn_float16_outputs(model: Any, plan: Any) -> None:

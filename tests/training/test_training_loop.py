@@ -89,3 +89,24 @@ def test_auto_steps_per_execution_divides_backup_freq():
     assert _choose_steps_per_execution("auto", steps_per_epoch=100, backup_freq=10, backend=backend)[0] == 10
     assert _choose_steps_per_execution("auto", steps_per_epoch=100, backup_freq=None, backend=backend)[0] == 64
     assert _choose_steps_per_execution("auto", steps_per_epoch=12, backup_freq=None, backend=backend)[0] == 12
+
+
+@pytest.mark.parametrize("conv,requested,expected", [(True, "auto", False), (False, "auto", True),
+                                                     (True, True, True), (True, False, False)])
+def test_auto_xla_is_off_for_convolutions_on_cpu(conv, requested, expected, clean_tf_config):
+    import keras
+
+    from tfaccel.xla import CPU_CONV_NOTE
+
+    def build():
+        layers = [keras.Input((8, 8, 1))]
+        layers += [keras.layers.Conv2D(4, 3)] if conv else []
+        layers += [keras.layers.Flatten(), keras.layers.Dense(3, activation="softmax")]
+        return keras.Sequential(layers)
+
+    x = np.random.default_rng(0).random((32, 8, 8, 1), dtype=np.float32)
+    y = np.arange(32) % 3
+    result = tfaccel.compile_and_fit(build, (x, y), global_batch_size=16, strategy="default", jit_compile=requested,
+                                     loss="sparse_categorical_crossentropy", verbose=0)
+    assert result.plan.jit_compile is expected and result.model.jit_compile is expected
+    assert (result.plan.jit_reason == CPU_CONV_NOTE) is (conv and requested == "auto")
