@@ -5,7 +5,7 @@ run one after another on the same data, so machine noise hits them alike):
 
 * P1 compile_and_fit with its defaults / a naive ``model.fit(x, y)`` with Keras defaults (target >= 6.0)
 * P2 compile_and_fit / the best hand-tuned Keras fit with the same batch: cached tf.data, prefetch,
-  ``steps_per_execution=64``, ``jit_compile=True`` (target >= 0.97)
+  ``steps_per_execution=64``, the faster of ``jit_compile=True`` and ``False`` (target >= 0.97)
 * P3 compile_and_fit / a hand-written XLA loop running a whole epoch in one ``tf.while_loop`` without
   Keras' fit: the limit for that model on this machine (target >= 0.85)
 * P4 weak-scaling efficiency of 2 workers x 1 thread vs 1 worker x 1 thread on loopback, each worker with
@@ -97,14 +97,18 @@ def _naive(build: Callable, x: Any, y: Any, epochs: int) -> float:
 
 
 def _hand_tuned(build: Callable, x: Any, y: Any, epochs: int, batch: int) -> float:
+    """The best hand-tuned Keras fit: cached tf.data, prefetch, steps_per_execution=64, with and without XLA."""
     import tensorflow as tf
 
-    model = build()
-    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"],
-                  steps_per_execution=64, jit_compile=True)
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=0).batch(batch).cache().prefetch(
-        tf.data.AUTOTUNE)
-    return _timed_fit(model, ds, epochs, len(x))
+    best = 0.0
+    for jit in (True, False):
+        model = build()
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+                      steps_per_execution=64, jit_compile=jit)
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=0).batch(batch).cache().prefetch(
+            tf.data.AUTOTUNE)
+        best = max(best, _timed_fit(model, ds, epochs, len(x)))
+    return best
 
 
 def _hand_xla_loop(build: Callable, x: Any, y: Any, epochs: int, batch: int) -> float:
@@ -178,16 +182,22 @@ _SCALING_WORKER = r"""
 import json, os, sys
 import numpy as np
 import tfaccel
-from tfaccel.models import get_model_builder
 n, batch, epochs = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 strategy = sys.argv[4]
 rng = np.random.default_rng(0)
 x = rng.random((n, 32, 32, 3), dtype=np.float32)
 y = rng.integers(0, 10, n).astype(np.int32)
-builder = get_model_builder("mnist_cnn")
-result = tfaccel.compile_and_fit(lambda: builder(input_shape=(32, 32, 3), num_classes=10, filters=64, hidden_units=32),
-    (x, y), epochs=epochs, per_replica_batch_size=batch, strategy=strategy, loss="sparse_categorical_crossentropy",
-    scale_learning_rate="none", verbose=0, seed=0, jit_compile=False, loop="keras")
+
+def build():
+    # Compute-bound on purpose (weak scaling measures the all-reduce's cost against the step): two 3x3
+    # convolutions on 32x32x3 inputs and global pooling, ~20k parameters to all-reduce per step.
+    import keras
+    return keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Conv2D(32, 3, activation="relu"),
+                             keras.layers.Conv2D(64, 3, activation="relu"), keras.layers.GlobalAveragePooling2D(),
+                             keras.layers.Dense(10, activation="softmax")])
+result = tfaccel.compile_and_fit(build, (x, y), epochs=epochs, per_replica_batch_size=batch, strategy=strategy,
+    loss="sparse_categorical_crossentropy", scale_learning_rate="none", verbose=0, seed=0, loop="keras",
+    steps_per_execution=1)  # the same loop in every contender (multi_worker runs 1 step per execution)
 print(json.dumps({"examples_per_sec": result.examples_per_sec, "replicas": result.plan.num_replicas,
                   "strategy": result.plan.strategy}))
 """
