@@ -187,33 +187,29 @@ def test_tf_server_listens_on_every_interface_upstream(tmp_path):
     """Known upstream limitation (TF 2.21): tf.distribute servers bind 0.0.0.0/[::] whatever address the cluster
     names (grpc_server_lib.cc adds "0.0.0.0:<port>"). tfaccel gives only 127.0.0.1 addresses, but the port is
     reachable from other interfaces: firewall it. This test fails when TF starts honouring the address."""
-    from tfaccel.launch.procs import free_ports
+    from tfaccel.launch.procs import free_ports, start_process, terminate
 
     ports = free_ports(3)
     cluster = {"chief": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}"], "ps": [f"127.0.0.1:{ports[2]}"]}
-    program = "import sys; from tfaccel.launch.server import main; sys.exit(main([]))"
-    tasks = [("ps", 0, json.dumps({"cluster": cluster, "task": {"type": "ps", "index": 0}}))]
-    import threading
-
-    found = {}
-
-    def probe():
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and "state" not in found:
-            for line in Path("/proc/net/tcp6").read_text().splitlines()[1:] + Path(
-                    "/proc/net/tcp").read_text().splitlines()[1:]:
-                fields = line.split()
-                local, state = fields[1], fields[3]
-                if state == "0A" and int(local.rsplit(":", 1)[1], 16) == ports[2]:
-                    found["state"] = local.rsplit(":", 1)[0]
-            time.sleep(0.5)
-
-    thread = threading.Thread(target=probe)
-    thread.start()
-    harness.run_tasks(program, tasks=tasks, timeout=25)  # the server never exits by itself: ended at the timeout
-    thread.join()
-    assert "state" in found, "the ps server never listened"
-    assert set(found["state"]) == {"0"}, f"TF now binds {found['state']}: update README 'Reliability' and this test"
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env.update(harness.CHILD_ENV, PYTHONPATH=str(REPO),
+               TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "ps", "index": 0}}))
+    proc = start_process([sys.executable, "-m", "tfaccel.launch.server"], env=env, cwd=str(tmp_path))
+    harness.STARTED_PIDS.append(proc.pid)
+    bound = None
+    try:
+        deadline = time.monotonic() + 90
+        while bound is None and time.monotonic() < deadline and proc.poll() is None:
+            for table in ("/proc/net/tcp6", "/proc/net/tcp"):
+                for line in Path(table).read_text().splitlines()[1:]:
+                    local, state = line.split()[1], line.split()[3]
+                    if state == "0A" and int(local.rsplit(":", 1)[1], 16) == ports[2]:  # 0A: LISTEN
+                        bound = local.rsplit(":", 1)[0]
+            time.sleep(0.3)
+    finally:
+        terminate([proc], grace=2)
+    assert bound is not None, "the ps server never listened"
+    assert set(bound) == {"0"}, f"TF now binds {bound}: update README 'Reliability' and this test"
 
 
 def test_cluster_yaml_is_loaded_safely(tmp_path):
