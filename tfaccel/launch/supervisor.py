@@ -281,6 +281,16 @@ class _Attempt:
                 continue
             for thread in run.threads:  # the process is gone: let its last lines arrive before showing them
                 thread.join(timeout=2)
+            if run.task.server and run.task.task_type == "worker" and any(
+                    other is not run and other.task.server and other.task.task_type == "worker"
+                    and other.proc.poll() is None for other in self.running):
+                # issue 9 (R3): ClusterCoordinator re-schedules a lost worker's closures on the other workers, so
+                # a parameter-server job goes on while at least one worker server is alive.
+                self.log.warning("launch: %s (pid %d), a parameter-server worker, exited: %s after %.1f s; the job "
+                                 "goes on with the other workers (the coordinator re-schedules its work). Last lines "
+                                 "of %s:\n%s", run.task.name, run.proc.pid, describe_returncode(rc), now - run.started,
+                                 run.task.name, _indent(run.tail()) or "    (no output)")
+                continue
             what = "failed" if not run.task.server else "(a server task) exited before the command tasks finished"
             code = exit_code(rc) if rc != 0 else 1
             message = (f"{run.task.name} (pid {run.proc.pid}) {what}: {describe_returncode(rc)} after "
