@@ -55,6 +55,7 @@ class Run:
         STARTED_PIDS.append(self.proc.pid)
         self.lines: List[tuple] = []  # (seconds since start, stream, text)
         self.task_pids: List[int] = []
+        self.pid_of: Dict[str, int] = {}  # task name -> PID of its latest start
         self._lock = threading.Lock()
         self._threads = [threading.Thread(target=self._read, args=(s, n), daemon=True)
                          for s, n in ((self.proc.stdout, "out"), (self.proc.stderr, "err"))]
@@ -70,6 +71,7 @@ class Run:
             match = _STARTED_RE.search(line)
             if match:
                 self.task_pids.append(int(match.group(2)))
+                self.pid_of[match.group(1)] = int(match.group(2))
                 STARTED_PIDS.append(int(match.group(2)))
             with self._lock:
                 self.lines.append((time.monotonic() - self.begun, name, line))
@@ -413,3 +415,27 @@ def r3_ps_task_lost(work: Path, *, victim: str = "worker:1", after_epoch: int = 
     ok = rc not in (0, None) and names and measured["exit_after_loss_s"] <= LOST_PEER_LIMIT_S
     return _result(ok, "" if ok else f"expected a non-zero exit naming ps:0 within {LOST_PEER_LIMIT_S:g} s:\n"
                    f"{chief.text[-3000:]}", **measured)
+
+
+def r3_launch_ps_worker_lost(work: Path, *, after_epoch: int = 1, timeout: float = 300) -> Dict[str, Any]:
+    """`tfaccel launch --ps 1 --workers 2`: worker:1's server is SIGKILLed after the chief logs epoch
+    ``after_epoch``; the launcher keeps the job going and it completes (exit 0)."""
+    work.mkdir(parents=True, exist_ok=True)
+    run = Run(["--ps", "1", "--workers", "2", "--timeout", str(timeout - 10), "--", str(JOB)],
+              env={"REL_EPOCHS": "4", "REL_STRATEGY": "parameter_server"})
+    deadline = time.monotonic() + timeout
+    killed = None
+    while time.monotonic() < deadline and run.proc.poll() is None:
+        if killed is None and run.first(rf"\[chief 0\].*epoch {after_epoch}/\d+") is not None and "worker:1" in run.pid_of:
+            os.kill(run.pid_of["worker:1"], signal.SIGKILL)
+            killed = time.monotonic() - run.begun
+        time.sleep(0.1)
+    run.wait(max(1.0, deadline - time.monotonic()))
+    reports = run.json_lines()
+    measured = {"rc": run.returncode, "seconds": round(run.seconds, 1), "killed_at_s": killed,
+                "steps": reports[-1]["steps"] if reports else None,
+                "steps_scheduled": 4 * reports[-1]["steps_per_epoch"] if reports else None}
+    if killed is None:
+        return _result(False, f"the chief never logged epoch {after_epoch}:\n{run.tail()}", **measured)
+    ok = run.returncode == 0 and bool(reports) and "a parameter-server worker, exited" in run.text
+    return _result(ok, "" if ok else f"the job did not go on after losing worker:1:\n{run.tail()}", **measured)

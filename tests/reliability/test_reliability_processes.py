@@ -91,3 +91,12 @@ def test_r3_parameter_server_worker_lost_closures_rescheduled_job_completes(tmp_
 def test_r3_parameter_server_ps_lost_fails_clearly(tmp_path):
     result = rs.r3_ps_task_lost(tmp_path, victim="ps:0")
     _check(result)
+
+
+@pytest.mark.slow
+def test_r3_launched_parameter_server_job_survives_a_lost_worker(tmp_path):
+    """Through `tfaccel launch --ps 1 --workers 2`: the launcher keeps the job going when a worker server dies
+    (while another is alive) and the coordinator finishes it. At-least-once: steps may exceed those scheduled."""
+    result = rs.r3_launch_ps_worker_lost(tmp_path)
+    _check(result)
+    assert result["steps"] >= result["steps_scheduled"]
