@@ -411,7 +411,10 @@ def r3_ps_task_lost(work: Path, *, victim: str = "worker:1", after_epoch: int = 
         measured["steps_scheduled"] = 4 * reports[-1]["steps_per_epoch"] if reports else None
         return _result(ok, "" if ok else f"job did not complete after losing {victim}:\n{chief.text[-3000:]}",
                        **measured)
-    names = re.search(r"/job:ps/replica:0/task:0|ps:0", chief.text) is not None
+    naming = [line for _, line in chief.lines if re.search(r"/job:ps/replica:0/task:0|\bps:0\b", line)
+              and "TF_CONFIG" not in line]
+    names = bool(naming)
+    measured["message"] = naming[-1][:300] if naming else None
     ok = rc not in (0, None) and names and measured["exit_after_loss_s"] <= LOST_PEER_LIMIT_S
     return _result(ok, "" if ok else f"expected a non-zero exit naming ps:0 within {LOST_PEER_LIMIT_S:g} s:\n"
                    f"{chief.text[-3000:]}", **measured)
