@@ -76,6 +76,13 @@ def main(argv: list) -> None:
                       + json.dumps({k: v for k, v in result.items() if k not in ("ok", "why")}), flush=True)
             if results:
                 tallies[f"R3 parameter server: {what}"] = results
+        results = [rs.r3_launch_ps_worker_lost(work / f"r3-launch-{i}") for i in range(FLAGS.r3)]
+        for i, result in enumerate(results):
+            print(f"  R3 tfaccel launch --ps 1 --workers 2, worker:1 lost, trial {i + 1}: "
+                  f"{'ok' if result['ok'] else 'FAILED'} "
+                  + json.dumps({k: v for k, v in result.items() if k not in ("ok", "why")}), flush=True)
+        if results:
+            tallies["R3 tfaccel launch --ps: worker lost, job completes"] = results
     finally:
         left = rs.leftover_pids()
         if tmp is not None:
