@@ -171,10 +171,3 @@ def startup_error(exc: BaseException, *, task: Optional[Any], timeouts: PeerTime
         f"timeout (strategy option startup_timeout_seconds, or ${ENV_NAMES['startup']}). "
         f"TensorFlow said: {type(exc).__name__}: {first_line}")
 
-
-def is_startup_timeout(exc: BaseException) -> bool:
-    """True for the errors TF 2.21 raises when the start-up barrier or registration times out."""
-    import tensorflow as tf
-
-    return isinstance(exc, (tf.errors.DeadlineExceededError, tf.errors.UnavailableError)) or \
-        "Barrier timed out" in str(exc)
