@@ -92,9 +92,6 @@ class Run:
                 with_suppress_kill(pid)
         return self
 
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        terminate([self.proc], grace=0.1, sig=sig)
-
     @property
     def text(self) -> str:
         with self._lock:
@@ -429,7 +426,8 @@ def r3_launch_ps_worker_lost(work: Path, *, after_epoch: int = 1, timeout: float
     deadline = time.monotonic() + timeout
     killed = None
     while time.monotonic() < deadline and run.proc.poll() is None:
-        if killed is None and run.first(rf"\[chief 0\].*epoch {after_epoch}/\d+") is not None and "worker:1" in run.pid_of:
+        epoch_done = run.first(rf"\[chief 0\].*epoch {after_epoch}/\d+") is not None
+        if killed is None and epoch_done and "worker:1" in run.pid_of:
             os.kill(run.pid_of["worker:1"], signal.SIGKILL)
             killed = time.monotonic() - run.begun
         time.sleep(0.1)
