@@ -238,12 +238,12 @@ def _two_workers_mwms(script: str, config: BenchConfig, per_worker_examples: int
 
 
 def _two_ranks_horovod(script: str, config: BenchConfig, per_worker_examples: int) -> Optional[float]:
+    from tfaccel.launch.horovod import run_horovod
+
     try:
-        from tfaccel.launch.horovod import run_horovod  # noqa: F401
         import horovod.tensorflow  # noqa: F401
     except Exception:  # noqa: BLE001 - Horovod not built here: the figure is reported as not measured
         return None
-    from tfaccel.launch.horovod import run_horovod
 
     cmd = [sys.executable, script, str(2 * per_worker_examples), str(config.scaling_batch), "3", "horovod"]
     outcome = run_horovod(2, cmd, timeout=config.scaling_timeout, env=_scaling_env(), echo=False)

@@ -6,7 +6,7 @@ epoch ``e``, step ``s`` sees exactly the batches the uninterrupted job saw from 
 
 import dataclasses
 import math
-from typing import Any, Callable, Optional, Tuple, Union
+from typing import Any, Callable, Optional, Tuple
 
 import numpy as np
 

@@ -15,7 +15,7 @@ Two Keras 3.15 behaviours are corrected here (seen on Keras 3.15.1 / TF 2.21.0):
 """
 
 import math
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Tuple
 
 from tfaccel.errors import ConfigError, invalid_choice
 

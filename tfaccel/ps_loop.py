@@ -16,7 +16,6 @@ Pitfalls this module handles (all measured on this stack with real ps/worker pro
   returns per-batch sums, added up on the coordinator.
 """
 
-import math
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -92,9 +91,8 @@ def fit_parameter_server(build_model: Callable[[], Any], train_data: Any, *, bac
     import tensorflow as tf
 
     from tfaccel.data import is_batched
-    from tfaccel.optim import make_optimizer
     from tfaccel.precision import check_output_dtype, wrap_loss_scale
-    from tfaccel.training import FitResult, _resolve_loss
+    from tfaccel.training import FitResult, build_model_and_optimizer
 
     log = get_logger()
     strategy, coordinator = backend.strategy, backend.coordinator
@@ -148,14 +146,12 @@ def fit_parameter_server(build_model: Callable[[], Any], train_data: Any, *, bac
     # ---- model, optimizer and counters, all built inside the scope (so they live on the ps tasks) ----------------
     updates_per_epoch = max(1, steps // accum)
     with strategy.scope():
-        model = build_model()
-        if not isinstance(model, keras.Model):
-            raise ConfigError(f"build_model must return a keras.Model; it returned {type(model).__name__}")
-        loss_, metrics_ = _resolve_loss(model, loss, metrics)
-        opt, opt_info = make_optimizer(optimizer, learning_rate=learning_rate, replicas=backend.num_replicas_in_sync,
-                                       scale_learning_rate=scale_learning_rate,
-                                       warmup_steps=int(round(warmup_epochs * updates_per_epoch)), clipnorm=clipnorm,
-                                       global_clipnorm=global_clipnorm, gradient_accumulation_steps=1)
+        # Accumulation happens in this loop's step (several micro-batches per update), not in the optimizer.
+        model, loss_, metrics_, opt, opt_info = build_model_and_optimizer(
+            build_model, backend=backend, loss=loss, metrics=metrics, optimizer=optimizer,
+            learning_rate=learning_rate, scale_learning_rate=scale_learning_rate,
+            warmup_steps=int(round(warmup_epochs * updates_per_epoch)), clipnorm=clipnorm,
+            global_clipnorm=global_clipnorm, gradient_accumulation_steps=1)
         opt = wrap_loss_scale(opt, plan.precision)  # a LossScaleOptimizer under mixed_float16
         opt.build(model.trainable_variables)  # inside the scope: slot variables on the ps tasks
         exact_assign_add(opt.iterations)

@@ -1,7 +1,6 @@
 """``compile_and_fit``: one call that builds, compiles and fits a Keras model on any backend."""
 
 import dataclasses
-import os
 import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
@@ -100,6 +99,30 @@ def _choose_steps_per_execution(requested: Union[str, int], *, steps_per_epoch: 
             spe -= 1
         return spe, f"auto: min(steps/epoch, {STEPS_PER_EXECUTION_AUTO_MAX}) dividing backup_freq={backup_freq}"
     return spe, f"auto: min(steps/epoch={steps_per_epoch}, {STEPS_PER_EXECUTION_AUTO_MAX})"
+
+
+def build_model_and_optimizer(build_model: Callable[[], Any], *, backend: Any, loss: Any, metrics: Any,
+                              optimizer: Any, learning_rate: Optional[float], scale_learning_rate: Optional[str],
+                              warmup_steps: int, clipnorm: Optional[float], global_clipnorm: Optional[float],
+                              gradient_accumulation_steps: int) -> tuple:
+    """Builds the model and tfaccel's optimizer; call inside the strategy scope (every training path does).
+
+    Returns:
+        (model, loss, metrics, optimizer, optimizer description).
+    """
+    import keras
+
+    from tfaccel.optim import make_optimizer
+
+    model = build_model()
+    if not isinstance(model, keras.Model):
+        raise ConfigError(f"build_model must return a keras.Model; it returned {type(model).__name__}")
+    loss_, metrics_ = _resolve_loss(model, loss, metrics)
+    opt, opt_info = make_optimizer(optimizer, learning_rate=learning_rate, replicas=backend.num_replicas_in_sync,
+                                   scale_learning_rate=scale_learning_rate, warmup_steps=warmup_steps,
+                                   clipnorm=clipnorm, global_clipnorm=global_clipnorm,
+                                   gradient_accumulation_steps=gradient_accumulation_steps)
+    return model, loss_, metrics_, opt, opt_info
 
 
 def _resolve_loss(model: Any, loss: Any, metrics: Any) -> tuple:
@@ -213,7 +236,6 @@ def compile_and_fit(
 
     from tfaccel.callbacks import ChiefCheckpoint, StepBackup, Throughput, read_backup, remove_backup
     from tfaccel.data import is_batched, make_input, resolve_batch_sizes
-    from tfaccel.optim import make_optimizer
     from tfaccel.plan import resolve_plan
     from tfaccel.precision import set_precision
 
@@ -271,15 +293,11 @@ def compile_and_fit(
                                                   backend=backend)
     updates_per_epoch = max(1, steps // gradient_accumulation_steps)
     with backend.scope():
-        model = build_model()
-        if not isinstance(model, keras.Model):
-            raise ConfigError(f"build_model must return a keras.Model; it returned {type(model).__name__}")
-        loss_, metrics_ = _resolve_loss(model, loss, metrics)
-        opt, opt_info = make_optimizer(optimizer, learning_rate=learning_rate, replicas=backend.num_replicas_in_sync,
-                                       scale_learning_rate=scale_learning_rate,
-                                       warmup_steps=int(round(warmup_epochs * updates_per_epoch)), clipnorm=clipnorm,
-                                       global_clipnorm=global_clipnorm,
-                                       gradient_accumulation_steps=gradient_accumulation_steps)
+        model, loss_, metrics_, opt, opt_info = build_model_and_optimizer(
+            build_model, backend=backend, loss=loss, metrics=metrics, optimizer=optimizer,
+            learning_rate=learning_rate, scale_learning_rate=scale_learning_rate,
+            warmup_steps=int(round(warmup_epochs * updates_per_epoch)), clipnorm=clipnorm,
+            global_clipnorm=global_clipnorm, gradient_accumulation_steps=gradient_accumulation_steps)
         opt = backend.wrap_optimizer(opt)
         plan = _refine_plan_for_model(plan, model, jit_compile)
         model.compile(optimizer=opt, loss=loss_, metrics=metrics_, jit_compile=plan.jit_compile,

@@ -6,7 +6,7 @@ want that; ``compile_and_fit`` uses the whole ``Backend``.
 """
 
 import dataclasses
-from typing import Any, Callable, ContextManager, List, Optional, Tuple
+from typing import Any, Callable, ContextManager, List, Tuple
 
 
 @dataclasses.dataclass
