@@ -10,7 +10,9 @@ run one after another on the same data, so machine noise hits them alike):
   Keras' fit: the limit for that model on this machine (target >= 0.85)
 * P4 weak-scaling efficiency of 2 workers x 1 thread vs 1 worker x 1 thread on loopback, each worker with
   the same per-worker batch, on a compute-bound CNN: ``throughput(2 workers) / (2 x throughput(1 worker))``
-  for MultiWorkerMirrored (``p4_mwms``) and Horovod (``p4_horovod``, when Horovod is built) (target >= 0.90)
+  for MultiWorkerMirrored (``p4_mwms``) and Horovod (``p4_horovod``, when Horovod is built) (target >= 0.90).
+  Beside it, ``scaling.p4_ceiling``: the same ratio for two processes that do not communicate at all, which
+  is what the machine itself allows (shared memory bandwidth and caches).
 
 Throughput leaves out the first epoch (tracing and XLA compilation) in every contender.
 """
@@ -226,6 +228,26 @@ def _single_worker(script: str, config: BenchConfig, per_worker_examples: int) -
     return float(_last_json(proc.stdout)["examples_per_sec"])
 
 
+def _two_independent(script: str, config: BenchConfig, per_worker_examples: int) -> float:
+    """Two unconnected single-worker processes at once: what this machine allows with no communication at all."""
+    argv = [sys.executable, script, str(per_worker_examples), str(config.scaling_batch), "3", "default"]
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_scaling_env())
+             for _ in range(2)]
+    total = 0.0
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=config.scaling_timeout)
+            if proc.returncode != 0:
+                raise RuntimeError(f"independent run failed:\n{err[-1500:]}")
+            total += float(_last_json(out)["examples_per_sec"])
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return total
+
+
 def _two_workers_mwms(script: str, config: BenchConfig, per_worker_examples: int) -> float:
     from tfaccel.launch import run_local
 
@@ -265,13 +287,19 @@ def measure_scaling(config: BenchConfig) -> Dict[str, Any]:
         rows = []
         for r in range(config.repeats):
             one = _single_worker(script, config, per_worker)
+            independent = _two_independent(script, config, per_worker)
             two = _two_workers_mwms(script, config, per_worker)
             hvd = _two_ranks_horovod(script, config, per_worker)
-            rows.append({"one_worker": one, "mwms_two_workers": two, "horovod_two_ranks": hvd})
+            rows.append({"one_worker": one, "two_independent": independent, "mwms_two_workers": two,
+                         "horovod_two_ranks": hvd})
             log.info("bench scaling round %d: %s", r + 1, rows[-1])
     out: Dict[str, Any] = {
-        "examples_per_sec": {k: _summary([row[k] for row in rows]) for k in ("one_worker", "mwms_two_workers")},
+        "examples_per_sec": {k: _summary([row[k] for row in rows])
+                             for k in ("one_worker", "two_independent", "mwms_two_workers")},
         "p4_mwms": _summary([row["mwms_two_workers"] / (2 * row["one_worker"]) for row in rows]),
+        # The machine's own ceiling: two processes that do not communicate at all (memory bandwidth, shared
+        # caches). P4 cannot exceed it whatever the all-reduce costs.
+        "p4_ceiling": _summary([row["two_independent"] / (2 * row["one_worker"]) for row in rows]),
         "per_worker_batch": config.scaling_batch,
     }
     if all(row["horovod_two_ranks"] is not None for row in rows):
@@ -367,6 +395,10 @@ def format_report(report: Dict[str, Any]) -> str:
             ok = "meets" if r["median"] >= TARGETS[key] else "BELOW"
             lines.append(f"{label}: {r['median']:.2f} (min {r['min']:.2f}, max {r['max']:.2f}); target "
                          f">= {TARGETS[key]} -> {ok}")
+    if "scaling" in report:
+        c = report["scaling"]["p4_ceiling"]
+        lines.append(f"P4 ceiling of this machine (2 independent processes, no communication): {c['median']:.2f} "
+                     f"(min {c['min']:.2f}, max {c['max']:.2f})")
     if "scaling" in report and "p4_horovod_note" in report["scaling"]:
         lines.append(f"P4 Horovod: {report['scaling']['p4_horovod_note']}")
     for model, m in report.get("per_model", {}).items():

@@ -34,6 +34,7 @@ def test_scaling_figures_with_real_processes(clean_tf_config):
     config = BenchConfig(repeats=1, examples=128, epochs=2, models=("mlp",), scaling=True, scaling_examples=256,
                          scaling_batch=32)
     report = run_bench(config)
+    assert 0 < report["scaling"]["p4_ceiling"]["median"] < 2.5
     for key in ("p4_mwms", "p4_horovod"):  # Horovod is built in CI (scripts/install_horovod.sh)
         assert 0 < report[key]["median"] < 2.5, report.get("scaling")
 
