@@ -8,9 +8,7 @@ Example:
     '0.1.0'
 """
 
-import importlib
-from typing import Any
-
+from tfaccel._lazy import lazy_exports
 from tfaccel._version import __version__
 from tfaccel.errors import BackendUnavailableError, ConfigError, DeviceError, TfaccelError
 
@@ -42,14 +40,4 @@ _LAZY = {
 __all__ = ["__version__", "TfaccelError", "ConfigError", "DeviceError", "BackendUnavailableError", *_LAZY]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'tfaccel' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports("tfaccel", globals(), _LAZY, __all__)

@@ -9,7 +9,7 @@ Example:
 Importing this package does not import TensorFlow.
 """
 
-from typing import Any
+from tfaccel._lazy import lazy_exports
 
 __all__ = ["run_local", "run_host", "LaunchResult", "TaskOutcome", "LaunchTask"]
 
@@ -18,16 +18,4 @@ _LAZY = {"run_local": "tfaccel.launch.local", "run_host": "tfaccel.launch.host",
          "LaunchTask": "tfaccel.launch.supervisor"}
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'tfaccel.launch' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports("tfaccel.launch", globals(), _LAZY, __all__)
