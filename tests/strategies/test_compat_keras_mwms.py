@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import harness
+from strategies_logs import tfaccel_records
 from tfaccel.compat import is_disabled, keras_mwms
 
 PROGRAM = Path(__file__).with_name("strategies_fit_program.py")
@@ -16,22 +17,8 @@ UPSTREAM_MESSAGE = ("with an unsupported type (<class 'tensorflow.python.distrib
 
 @pytest.fixture
 def log_records():
-    records = []
-
-    class _Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(record)
-
-    from tfaccel.log import get_logger
-
-    logger = get_logger()
-    handler = _Keep(level=logging.DEBUG)
-    old_level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
-    yield records
-    logger.removeHandler(handler)
-    logger.setLevel(old_level)
+    with tfaccel_records() as records:
+        yield records
 
 
 @pytest.fixture
