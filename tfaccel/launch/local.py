@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from tfaccel.errors import ConfigError
+from tfaccel.launch.netns import check_network_mode, open_network
 from tfaccel.launch.procs import LOOPBACK, free_ports
 from tfaccel.launch.supervisor import RESTART_ENV, LaunchResult, LaunchTask, TaskOutcome, run_job
 from tfaccel.log import get_logger
@@ -204,6 +205,41 @@ def check_local_hosts(spec: Any, *, source: str = "cluster") -> None:
                           "each host instead")
 
 
+def _is_loopback(host: str) -> bool:
+    """True when every address ``host`` resolves to is a loopback one (127.0.0.0/8, ::1)."""
+    import ipaddress
+
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), None, proto=socket.IPPROTO_TCP)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+
+
+def _network_for(spec: Any, network: str, source: str) -> str:
+    """The network mode to use for ``spec``: a private namespace has only loopback, so every address must be one."""
+    if network == "host":
+        return network
+    other = []
+    for task_type, index in spec.tasks():
+        try:
+            address = spec.address(f"{task_type}:{index}")
+        except Exception:  # noqa: BLE001 - a task without an address needs no network
+            continue
+        if not _is_loopback(address.rpartition(":")[0]):
+            other.append(f"{task_type}:{index} ({address})")
+    if not other:
+        return network
+    if network == "private":
+        raise ConfigError(f"network='private': a private network namespace has only loopback, but the {source} "
+                          f"names non-loopback addresses: {', '.join(other)}; use 127.0.0.1 addresses or "
+                          "--network host")
+    get_logger().warning("launch: the %s names non-loopback addresses (%s): running on this machine's network, "
+                         "where TensorFlow's servers can be reached from other machines; use 127.0.0.1 addresses "
+                         "to run in a private network", source, ", ".join(other))
+    return "host"
+
+
 def _check_ps_has_chief(spec: Any, source: str) -> None:
     if _is_ps_cluster(spec) and not spec.roles.get("chief"):
         raise ConfigError(f"{source}: a parameter-server cluster needs a chief to run the command (the "
@@ -292,8 +328,12 @@ def run_local(cmd_or_callable: Command, *, workers: int = 2, ps: int = 0, chief:
               evaluator: bool = False, timeout: Optional[float] = None, max_restarts: int = 0,
               env: Optional[Mapping[str, str]] = None, cluster: Any = None, args: Sequence[Any] = (),
               kwargs: Optional[Mapping[str, Any]] = None, grace: float = 10.0, connect_timeout: float = 60.0,
-              echo: bool = True, capture_lines: Optional[int] = None) -> LaunchResult:
+              echo: bool = True, capture_lines: Optional[int] = None, network: str = "auto") -> LaunchResult:
     """Runs a command (or a Python callable) in every task of a cluster on this machine.
+
+    TensorFlow's servers bind 0.0.0.0 whatever address they are given, so by default the tasks run in a private
+    network namespace whose only interface is loopback (see :mod:`tfaccel.launch.netns`): nothing of the
+    cluster can be reached from outside it, and the tasks cannot reach other machines either.
 
     Args:
         cmd_or_callable: an argv list, a command string (split, never run by a shell), or a picklable
@@ -315,6 +355,9 @@ def run_local(cmd_or_callable: Command, *, workers: int = 2, ps: int = 0, chief:
         connect_timeout: seconds the server tasks get to accept connections. Defaults to 60.
         echo: stream every task's output with a ``[worker 1]`` prefix. Defaults to True.
         capture_lines: keep only the last N lines of each task's output; None keeps all. Defaults to None.
+        network: ``"private"`` (a loopback-only network namespace; an error where the system cannot make
+            one), ``"host"`` (this machine's network: the ports are reachable from other machines) or
+            ``"auto"`` (private where possible, else host with a warning). Defaults to "auto".
 
     Returns:
         A ``LaunchResult``: ``returncode``, ``tasks`` (``TaskOutcome(name, returncode, stdout, stderr, pid,
@@ -322,7 +365,9 @@ def run_local(cmd_or_callable: Command, *, workers: int = 2, ps: int = 0, chief:
 
     Raises:
         ConfigError: bad counts, a conflict between ``cluster`` and the counts, an empty command, a cluster with
-            addresses on another machine.
+            addresses on another machine, a bad ``network``, ``network="private"`` with a cluster whose
+            addresses are not loopback ones.
+        NetworkIsolationError: ``network="private"`` where no private network namespace can be made.
 
     Example:
         >>> from tfaccel.launch import run_local
@@ -338,9 +383,11 @@ def run_local(cmd_or_callable: Command, *, workers: int = 2, ps: int = 0, chief:
         raise ConfigError("cluster: given together with workers/ps/chief/evaluator; received "
                           f"workers={workers}, ps={ps}, chief={chief}, evaluator={evaluator}; pass either a "
                           "cluster or the counts")
+    check_network_mode(network)
     make_spec, notes = local_specs(workers=workers, ps=ps, chief=chief, evaluator=evaluator, cluster=cluster)
     for note in notes:
         log.info("launch: %s", note)
+    network = _network_for(make_spec(0), network, "cluster" if cluster is not None else "local cluster")
     warn_inherited_tf_config()
     base_env = child_base_env(env)
     payload: Optional[_CallablePayload] = None
@@ -363,10 +410,18 @@ def run_local(cmd_or_callable: Command, *, workers: int = 2, ps: int = 0, chief:
             command_for = lambda name: argv  # noqa: E731
         return build_tasks(spec, command_for, env=base_env, attempt=attempt)
 
+    net = None
     try:
-        return run_job(make_tasks, max_restarts=max_restarts, timeout=timeout, grace=grace,
-                       connect_timeout=connect_timeout, echo=echo, capture_lines=capture_lines,
-                       on_attempt_end=payload.collect if payload is not None else None)
+        net = open_network(network, log=log)
+        result = run_job(make_tasks, max_restarts=max_restarts, timeout=timeout, grace=grace,
+                         connect_timeout=connect_timeout, echo=echo, capture_lines=capture_lines,
+                         on_attempt_end=payload.collect if payload is not None else None, netns=net)
+        if net is not None and result.reason == "failed":
+            log.info("launch: the tasks ran without access to other machines (private network); if the "
+                     "command needs the network (downloads, remote storage), run it with --network host")
+        return result
     finally:
+        if net is not None:
+            net.close()
         if payload is not None:
             payload.tmp.cleanup()

@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 __all__ = ["free_ports", "start_process", "terminate", "pid_alive", "wait_for_ports", "port_open"]
 
@@ -35,32 +35,45 @@ def free_ports(count: int, host: str = LOOPBACK) -> List[int]:
 
 # Run before the real command (then exec'd in the same PID): SIGKILL this process when its parent dies
 # (prctl PR_SET_PDEATHSIG survives exec), so a SIGKILLed launcher does not leave its tasks running.
-_DIE_WITH_PARENT = (
-    "import ctypes, os, sys\n"
-    "ctypes.CDLL(None).prctl(1, 9)\n"  # PR_SET_PDEATHSIG = 1, SIGKILL = 9
-    "if os.getppid() != int(sys.argv[1]):\n"
-    "    os._exit(137)\n"  # the parent died before prctl took effect
+_EXEC = (
+    "import os, sys\n"
     "try:\n"
     "    os.execvp(sys.argv[2], sys.argv[2:])\n"
     "except OSError as exc:\n"
     "    sys.stderr.write(f'tfaccel launch: cannot run {sys.argv[2]!r}: {exc}\\n')\n"
     "    os._exit(127)\n")
+_DIE_WITH_PARENT = (
+    "import ctypes, os, sys\n"
+    "ctypes.CDLL(None).prctl(1, 9)\n"  # PR_SET_PDEATHSIG = 1, SIGKILL = 9
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    os._exit(137)\n"  # the parent died before prctl took effect
+    + _EXEC)
 
 
 def start_process(cmd: Sequence[str], *, env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
                   stdout: int = subprocess.PIPE, stderr: int = subprocess.PIPE,
-                  die_with_parent: bool = False) -> subprocess.Popen:
+                  die_with_parent: bool = False, netns: Optional[Any] = None) -> subprocess.Popen:
     """Starts ``cmd`` (never through a shell) in a new session so it can be ended with its children.
 
     ``die_with_parent`` (Linux): the process is SIGKILLed if this process dies first, even by SIGKILL. It goes
     through a tiny Python stub that sets ``PR_SET_PDEATHSIG`` and execs ``cmd`` in the same PID (no
     ``preexec_fn``, which is unsafe with threads). Processes the command starts itself are not covered.
+    ``netns``: a :class:`tfaccel.launch.netns.PrivateNetwork`; the stub joins its namespaces before the exec,
+    so the command and everything it starts live in that private network.
     """
     argv = list(cmd)
-    if die_with_parent and sys.platform.startswith("linux"):
-        argv = [sys.executable, "-S", "-c", _DIE_WITH_PARENT, str(os.getpid())] + argv
+    pass_fds: Tuple[int, ...] = ()
+    if netns is not None or (die_with_parent and sys.platform.startswith("linux")):
+        stub = ""
+        if netns is not None:
+            from tfaccel.launch.netns import JOIN_STUB
+
+            pass_fds = tuple(fd for fd, _ in netns.fds)
+            stub = JOIN_STUB + f"_tfaccel_join({list(netns.fds)!r})\n"
+        stub += _DIE_WITH_PARENT if die_with_parent else _EXEC
+        argv = [sys.executable, "-S", "-c", stub, str(os.getpid())] + argv
     return subprocess.Popen(argv, env=dict(env) if env is not None else None, cwd=cwd, stdout=stdout,
-                            stderr=stderr, stdin=subprocess.DEVNULL, start_new_session=True)
+                            stderr=stderr, stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=pass_fds)
 
 
 def pid_alive(pid: int) -> bool:

@@ -235,7 +235,7 @@ class _Attempt:
     def __init__(self, tasks: Sequence[LaunchTask], *, grace: float, connect_timeout: float,
                  peers: Sequence[Tuple[str, str]], stdout: Optional[IO[str]], stderr: Optional[IO[str]],
                  capture_lines: Optional[int], signals: _Signals, deadline: Optional[float],
-                 timeout: Optional[float]) -> None:
+                 timeout: Optional[float], netns: Any = None) -> None:
         self.tasks = list(tasks)
         self.grace = grace
         self.connect_timeout = connect_timeout
@@ -245,13 +245,14 @@ class _Attempt:
         self.signals = signals
         self.deadline = deadline
         self.timeout = timeout
+        self.netns = netns
         self.running: List[_Running] = []
         self.lock = threading.Lock()
         self.log = get_logger()
 
     # -- starting -----------------------------------------------------------------------------------------
     def _start(self, task: LaunchTask) -> None:
-        proc = start_process(task.cmd, env=task.env, die_with_parent=True)
+        proc = start_process(task.cmd, env=task.env, die_with_parent=True, netns=self.netns)
         out: Deque[str] = collections.deque(maxlen=self.capture_lines)
         err: Deque[str] = collections.deque(maxlen=self.capture_lines)
         threads = []
@@ -307,7 +308,8 @@ class _Attempt:
         waiting = []
         for run in self.running:
             if run.task.server and run.task.address and run.task.name not in confirmed:
-                if port_open(*_split_address(run.task.address), timeout=0.2):
+                probe = self.netns.port_open if self.netns is not None else port_open
+                if probe(*_split_address(run.task.address), timeout=0.2):
                     confirmed.add(run.task.name)
                 else:
                     waiting.append(run)
@@ -414,7 +416,8 @@ def run_job(make_tasks: Callable[[int], Sequence[LaunchTask]], *, max_restarts: 
             timeout: Optional[float] = None, grace: float = 10.0, connect_timeout: float = 60.0,
             peers: Sequence[Tuple[str, str]] = (), stdout: Optional[IO[str]] = None,
             stderr: Optional[IO[str]] = None, echo: bool = True, capture_lines: Optional[int] = None,
-            on_attempt_end: Optional[Callable[[int, List[TaskOutcome]], None]] = None) -> LaunchResult:
+            on_attempt_end: Optional[Callable[[int, List[TaskOutcome]], None]] = None,
+            netns: Any = None) -> LaunchResult:
     """Runs a job until it succeeds, fails more than ``max_restarts`` times, times out or is interrupted.
 
     Args:
@@ -430,6 +433,8 @@ def run_job(make_tasks: Callable[[int], Sequence[LaunchTask]], *, max_restarts: 
         echo: stream task output at all. Defaults to True.
         capture_lines: keep only the last N lines of each stream in the result; None keeps everything.
         on_attempt_end: called with (attempt, outcomes) after every attempt (e.g. to collect results).
+        netns: a :class:`tfaccel.launch.netns.PrivateNetwork` every task runs in (server ports are probed
+            inside it); None runs them on this machine's network. Defaults to None.
 
     Returns:
         A :class:`LaunchResult`.
@@ -455,7 +460,7 @@ def run_job(make_tasks: Callable[[int], Sequence[LaunchTask]], *, max_restarts: 
                 log.info("launch: attempt %d of at most %d: %d task(s)", attempt + 1, max_restarts + 1, len(tasks))
             runner = _Attempt(tasks, grace=grace, connect_timeout=connect_timeout, peers=peers, stdout=stdout,
                               stderr=stderr, capture_lines=capture_lines, signals=signals, deadline=deadline,
-                              timeout=timeout)
+                              timeout=timeout, netns=netns)
             verdict = runner.run()
             outcomes = runner.outcomes()
             attempts.append(outcomes)
