@@ -102,7 +102,8 @@ def env_report() -> Dict[str, Any]:
 
     Returns:
         A JSON-serialisable dict with keys ``python``, ``platform``, ``tfaccel``, ``tensorflow``, ``keras``,
-        ``numpy``, ``horovod``, ``devices``, ``tpu``, ``tf_config`` and ``auto``.
+        ``numpy``, ``horovod``, ``devices``, ``tpu``, ``tf_config``, ``auto`` and ``local_network`` (whether
+        ``tfaccel launch`` can run local clusters in a private loopback-only network namespace).
 
     Example:
         >>> import tfaccel
@@ -131,7 +132,18 @@ def env_report() -> Dict[str, Any]:
                 "COLAB_TPU_ADDR": os.environ.get("COLAB_TPU_ADDR"), "TPU_NAME": os.environ.get("TPU_NAME")},
         "tf_config": _tf_config_summary(os.environ.get("TF_CONFIG")),
         "auto": _auto_choices(),
+        "local_network": _local_network(),
     }
+
+
+def _local_network() -> Dict[str, Any]:
+    from tfaccel.launch.netns import isolation_available
+
+    ok, detail = isolation_available()
+    if ok:
+        how = "as root" if detail == "net" else "in a user namespace"
+        return {"private": True, "detail": f"private loopback-only network namespace ({how})"}
+    return {"private": False, "detail": f"host network: {detail}"}
 
 
 def format_report(report: Dict[str, Any]) -> str:
@@ -184,6 +196,10 @@ def format_report(report: Dict[str, Any]) -> str:
     else:
         roles = ", ".join(f"{r}={n}" for r, n in tfc["roles"].items())
         add("TF_CONFIG", f"task {tfc['task_type']}:{tfc['task_index']} of {tfc['num_tasks']} ({roles})")
+    net = report.get("local_network")
+    if net:
+        add("tfaccel launch local clusters", net["detail"] + ("" if net["private"] else
+                                                             " (their ports can be reached from other machines)"))
     auto = report.get("auto") or {}
     if "error" in auto:
         add("auto choices", auto["error"])

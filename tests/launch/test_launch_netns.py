@@ -248,3 +248,12 @@ def test_private_network_command_failure_hints_at_host_network(tmp_path):
     assert out.returncode != 0
     assert "--network host" in out.stderr and "Traceback" in out.stderr  # the task's own traceback, prefixed
     assert "[worker 0]" in out.stderr
+
+
+def test_env_report_says_whether_local_clusters_are_private():
+    from tfaccel.report import _local_network
+
+    ok, detail = netns.isolation_available()
+    info = _local_network()
+    assert info["private"] is ok
+    assert ("private loopback-only network namespace" in info["detail"]) if ok else (detail in info["detail"])

@@ -185,8 +185,9 @@ def test_local_clusters_use_loopback_addresses_only():
 @pytest.mark.slow
 def test_tf_server_listens_on_every_interface_upstream(tmp_path):
     """Known upstream limitation (TF 2.21): tf.distribute servers bind 0.0.0.0/[::] whatever address the cluster
-    names (grpc_server_lib.cc adds "0.0.0.0:<port>"). tfaccel gives only 127.0.0.1 addresses, but the port is
-    reachable from other interfaces: firewall it. This test fails when TF starts honouring the address."""
+    names (grpc_server_lib.cc adds "0.0.0.0:<port>"). That is why tfaccel launch runs local clusters in a private
+    loopback-only network namespace (tfaccel/launch/netns.py; proven in tests/launch/test_launch_netns.py). This
+    test fails when TF starts honouring the address: the namespace could then become optional."""
     from tfaccel.launch.procs import free_ports, start_process, terminate
 
     ports = free_ports(3)
@@ -209,7 +210,7 @@ def test_tf_server_listens_on_every_interface_upstream(tmp_path):
     finally:
         terminate([proc], grace=2)
     assert bound is not None, "the ps server never listened"
-    assert set(bound) == {"0"}, f"TF now binds {bound}: update README 'Reliability' and this test"
+    assert set(bound) == {"0"}, f"TF now binds {bound}: update README 'Reliability' (R4) and this test"
 
 
 def test_cluster_yaml_is_loaded_safely(tmp_path):
