@@ -121,26 +121,46 @@ class StepBackup:
                 global_step = epoch * steps_per_epoch + step
                 name = f"backup-{global_step}.weights.h5"
                 save_weights_atomically(self.model, os.path.join(backup_dir, name))
-                previous = read_backup(backup_dir)
-                atomic_write_text(os.path.join(backup_dir, _STATE_FILE), json.dumps(
-                    {"epoch": epoch, "step": step, "global_step": global_step, "weights": name}))
-                if previous and previous["weights"] != name:
-                    with contextlib.suppress(OSError):
-                        os.unlink(previous["weights_path"])
+                commit_backup(backup_dir, {"epoch": epoch, "step": step, "global_step": global_step, "weights": name})
                 self.last_saved = (epoch, step)
                 self.saves += 1
 
         return _StepBackup()
 
 
+def commit_backup(backup_dir: str, state: Dict[str, Any]) -> None:
+    """Makes ``state`` the backup to resume from, then removes the data of the one it replaces.
+
+    ``state["weights"]`` names data already complete in ``backup_dir`` (a ``.weights.h5`` file from StepBackup, a
+    ``tf.train.Checkpoint`` directory from the parameter-server loop). The JSON pointer is replaced atomically, so
+    a crash at any point leaves either the previous backup or the new one, both whole.
+    """
+    previous = read_backup(backup_dir)
+    atomic_write_text(os.path.join(backup_dir, _STATE_FILE), json.dumps(state))
+    if previous and previous["weights"] != state["weights"]:
+        _remove_data(previous["weights_path"])
+
+
+def _remove_data(path: str) -> None:
+    if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def is_backup_data(name: str) -> bool:
+    """Whether ``name`` (in a backup_dir) is backup data tfaccel wrote, or a temporary one a crash left behind."""
+    return name.startswith(("backup-", ".tmp-backup-")) and name.endswith((".weights.h5", ".ckpt"))
+
+
 def remove_backup(backup_dir: str) -> None:
-    """Removes the files StepBackup wrote (only those), and the directory if it is then empty."""
+    """Removes the files tfaccel's backups wrote (only those), and the directory if it is then empty."""
     if not os.path.isdir(backup_dir):
         return
     for name in os.listdir(backup_dir):
-        if name == _STATE_FILE or (name.startswith("backup-") and name.endswith(".weights.h5")):
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(backup_dir, name))
+        if name == _STATE_FILE or is_backup_data(name):
+            _remove_data(os.path.join(backup_dir, name))
     with contextlib.suppress(OSError):
         os.rmdir(backup_dir)
 

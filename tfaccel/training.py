@@ -193,8 +193,11 @@ def compile_and_fit(
         steps_per_execution: steps per compiled call; "auto" picks up to 64. Defaults to "auto".
         checkpoint_dir: the chief writes a ``tf.train.Checkpoint`` here at each epoch end. Defaults to None.
         backup_dir: backups for fault tolerance; a job restarted with the same directory resumes from the last
-            backup (epoch and step), and the backup is removed when training completes. Defaults to None.
-        backup_freq: also back up every this many steps (besides each epoch end). Defaults to None.
+            backup (epoch and step), and the backup is removed when training completes. Under parameter_server
+            the coordinator writes them (a ``tf.train.Checkpoint``, after ``coordinator.join()``) and a restarted
+            chief resumes; ``details["resumed"]`` says from where. Defaults to None.
+        backup_freq: also back up every this many steps (besides each epoch end); under parameter_server a
+            multiple of ``gradient_accumulation_steps``. Defaults to None.
         tensorboard_dir: TensorBoard logs, from the chief only. Defaults to None.
         callbacks: extra Keras callbacks.
         verbose: "auto" (progress bar on the chief when attached to a terminal, one line per epoch otherwise,
@@ -260,15 +263,16 @@ def compile_and_fit(
         from tfaccel.ps_loop import fit_parameter_server
 
         unsupported = {name: value for name, value in (
-            ("backup_dir", backup_dir), ("backup_freq", backup_freq), ("tensorboard_dir", tensorboard_dir),
-            ("callbacks", list(callbacks) or None), ("loop", None if loop == "auto" else loop),
+            ("tensorboard_dir", tensorboard_dir), ("callbacks", list(callbacks) or None),
+            ("loop", None if loop == "auto" else loop),
             ("steps_per_execution", None if steps_per_execution == "auto" else steps_per_execution)) if value}
         if unsupported:
             raise ConfigError(
                 f"strategy {backend.name}: {', '.join(f'{k}={v!r}' for k, v in unsupported.items())} cannot apply to "
                 "tfaccel's ClusterCoordinator loop (Keras callbacks and fit options do not run there). Supported: "
-                "epochs, steps_per_epoch, validation_data, checkpoint_dir (written by the coordinator), metrics as "
-                "names or functions, gradient_accumulation_steps, clipping, learning-rate scaling and warmup")
+                "epochs, steps_per_epoch, validation_data, checkpoint_dir and backup_dir/backup_freq (written by the "
+                "coordinator), metrics as names or functions, gradient_accumulation_steps, clipping, learning-rate "
+                "scaling and warmup")
 
         return fit_parameter_server(
             build_model, train_data, backend=backend, plan=plan, batch=batch, validation_data=validation_data,
@@ -276,7 +280,7 @@ def compile_and_fit(
             scale_learning_rate=scale_learning_rate, warmup_epochs=warmup_epochs, loss=loss, metrics=metrics,
             gradient_accumulation_steps=gradient_accumulation_steps, clipnorm=clipnorm,
             global_clipnorm=global_clipnorm, checkpoint_dir=checkpoint_dir, seed=seed, shuffle=shuffle,
-            verbose=verbose)
+            verbose=verbose, backup_dir=backup_dir, backup_freq=backup_freq, backup_state=state)
 
     inp = make_input(train_data, backend=backend, batch=batch, epochs=epochs, seed=seed, shuffle=shuffle,
                      drop_remainder=drop_remainder, steps_per_epoch=steps_per_epoch, start_epoch=start_epoch,

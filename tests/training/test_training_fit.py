@@ -188,7 +188,7 @@ def test_killed_mid_epoch_resumes_from_backup_with_same_result(tmp_path):
     assert not (tmp_path / "backup").exists()  # removed once training completed
 
 
-def test_parameter_server_refuses_options_its_loop_cannot_honour(monkeypatch, clean_tf_config):
+def test_parameter_server_refuses_options_its_loop_cannot_honour(monkeypatch, clean_tf_config, tmp_path):
     """The message path only: the backend is swapped for a PS-shaped one (the real PS run is tested above)."""
     import tensorflow as tf
 
@@ -203,8 +203,29 @@ def test_parameter_server_refuses_options_its_loop_cannot_honour(monkeypatch, cl
 
     monkeypatch.setattr(tfaccel.plan, "resolve_plan", ps_shaped)
     calls, counted = _calls()
-    with pytest.raises(ConfigError, match=r"strategy parameter_server: backup_dir='/tmp/b', tensorboard_dir='/tmp/t' "
-                                          r"cannot apply to tfaccel's ClusterCoordinator loop"):
-        tfaccel.compile_and_fit(counted, (np.zeros((64, 8, 8, 1), "float32"), np.zeros(64, "int64")),
-                                loss="sparse_categorical_crossentropy", backup_dir="/tmp/b", tensorboard_dir="/tmp/t")
+    data = (np.zeros((64, 8, 8, 1), "float32"), np.zeros(64, "int64"))
+    with pytest.raises(ConfigError, match=r"strategy parameter_server: tensorboard_dir='/tmp/t', "
+                                          r"steps_per_execution=4 cannot apply to tfaccel's ClusterCoordinator loop "
+                                          r".*Supported: .*backup_dir/backup_freq \(written by the coordinator\)"):
+        tfaccel.compile_and_fit(counted, data, loss="sparse_categorical_crossentropy", backup_dir=str(tmp_path),
+                                backup_freq=5, tensorboard_dir="/tmp/t", steps_per_execution=4)
+    # backup_dir is honoured now (tests/training/test_ps_backup.py); what its loop cannot do is refused clearly.
+    with pytest.raises(ConfigError, match=r"parameter_server: backup_freq=5 must be a multiple of "
+                                          r"gradient_accumulation_steps=2: .* \(try backup_freq=4\)"):
+        tfaccel.compile_and_fit(counted, data, loss="sparse_categorical_crossentropy", backup_dir=str(tmp_path),
+                                backup_freq=5, gradient_accumulation_steps=2, global_batch_size=8)
+    (tmp_path / "backup-7.ckpt").mkdir()
+    (tmp_path / "tfaccel_backup.json").write_text(json.dumps(
+        {"epoch": 0, "step": 7, "global_step": 7, "weights": "backup-7.ckpt", "format": "tf.train.Checkpoint"}))
+    with pytest.raises(ConfigError, match=r"the backup is at step 7 of epoch 0, but an epoch now has 2 steps in "
+                                          r"updates of 1; the data, batch size or gradient_accumulation_steps changed"):
+        tfaccel.compile_and_fit(counted, data, loss="sparse_categorical_crossentropy", backup_dir=str(tmp_path),
+                                global_batch_size=32)
+    (tmp_path / "backup-7.weights.h5").write_bytes(b"h5")
+    (tmp_path / "tfaccel_backup.json").write_text(json.dumps(
+        {"epoch": 0, "step": 7, "global_step": 7, "weights": "backup-7.weights.h5"}))
+    with pytest.raises(ConfigError, match=r"holds backup-7.weights.h5, a backup of the Keras training path"):
+        tfaccel.compile_and_fit(counted, data, loss="sparse_categorical_crossentropy", backup_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match=r"parameter_server backend has no ClusterCoordinator"):
+        tfaccel.compile_and_fit(counted, data, loss="sparse_categorical_crossentropy")
     assert calls == []
