@@ -3,6 +3,7 @@
 TensorFlow is imported inside the factories, never at module import.
 """
 
+import contextlib
 import numbers
 from typing import Any, Optional, Sequence
 
@@ -141,6 +142,9 @@ def make_multi_worker(*, devices: Any, task: Optional[Any], implementation: str 
                       heartbeat_timeout_seconds: Optional[float] = None) -> Backend:
     """``MultiWorkerMirroredStrategy`` with the Keras 3 compat fix in place (see ``tfaccel.compat.keras_mwms``).
 
+    SIGTERM still ends the worker (``tfaccel.compat.tf_sigterm``). ``apply_compat=False`` leaves both upstream
+    behaviours as they are.
+
     Start-up, lost-peer (heartbeat) and per-collective timeouts default to tfaccel's bounded values (see
     ``tfaccel.strategies.peer_health``), so a peer that never starts or dies fails the job instead of hanging.
     """
@@ -168,9 +172,14 @@ def make_multi_worker(*, devices: Any, task: Optional[Any], implementation: str 
     if task is not None and task.num_tasks > 1 and task.task_type in ("chief", "worker"):
         peer_health.configure_coordination(
             (resolver or tf.distribute.cluster_resolver.TFConfigClusterResolver()).cluster_spec(), timeouts)
+    # TF installs a SIGTERM-swallowing preemption notifier inside this constructor (tfaccel.compat.tf_sigterm).
+    from tfaccel.compat import tf_sigterm
+
+    sigterm_fix = tf_sigterm.around_strategy_creation() if apply_compat else contextlib.nullcontext()
     try:
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver,
-                                                             communication_options=options)
+        with sigterm_fix:
+            strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver,
+                                                                 communication_options=options)
     except tf.errors.OpError as exc:  # the start-up barrier timed out: name who never came
         raise peer_health.startup_error(exc, task=task, timeouts=timeouts) from exc
     except (RuntimeError, ValueError) as exc:
@@ -185,7 +194,7 @@ def make_multi_worker(*, devices: Any, task: Optional[Any], implementation: str 
     return Backend(name="multi_worker", strategy=strategy, num_replicas_in_sync=strategy.num_replicas_in_sync,
                    num_workers=num_workers, worker_index=index, is_chief=is_chief,
                    supports_jit=bool(devices.num_gpus), jit_note="" if devices.num_gpus else MULTI_WORKER_CPU_NOTE,
-                   notes=timeouts.notes())
+                   notes=timeouts.notes() + ((tf_sigterm.NOTE,) if tf_sigterm.is_applied() else ()))
 
 
 # ------------------------------------------------------------------------------------------ parameter_server
