@@ -2,6 +2,7 @@
 
     python scripts/reliability.py                  # R1 x10, every R2 scenario x3
     python scripts/reliability.py --r1 10 --r2 1 --json rel_out/tallies.json
+    python scripts/reliability.py --r1 0 --r2 0 --r3 0 --r1_horovod 5   # R1 under Horovod only
 
 Prints one line per promise, e.g. ``R1 resume-equals-uninterrupted: 10/10``, then the measurements of every
 trial (kill point, restart, resumed-from backup, max weight difference; exit time after a peer was lost).
@@ -24,6 +25,9 @@ FLAGS = flags.FLAGS
 
 def define_flags() -> None:
     flags.DEFINE_integer("r1", 10, "R1 trials (kill a worker at a random step, restart, compare weights)")
+    flags.DEFINE_integer("r1_horovod", 0, "R1 trials under Horovod (tfaccel launch --backend horovod -np 2 "
+                         "--max-restarts 1: kill a rank at a random step, restart all ranks, compare weights); "
+                         "every second trial gives each rank its own backup_dir (hosts without a shared disk)")
     flags.DEFINE_integer("r2", 3, "trials of every R2 scenario (lost peer: local, per-host, Horovod)")
     flags.DEFINE_integer("r3", 1, "trials of each R3 scenario (parameter server: worker lost, ps lost)")
     flags.DEFINE_integer("seed", 9, "seed of the random kill points")
@@ -38,6 +42,7 @@ def _line(name: str, results: list) -> str:
 
 def main(argv: list) -> None:
     del argv
+    import rel_horovod as rh
     import rel_scenarios as rs
 
     tmp = None if FLAGS.workdir else tempfile.TemporaryDirectory(prefix="tfaccel-reliability-")
@@ -58,6 +63,20 @@ def main(argv: list) -> None:
                       + json.dumps({k: v for k, v in result.items() if k not in ("ok", "why")})
                       + (f"\n    {result['why']}" if not result["ok"] else ""), flush=True)
             tallies["R1 resume-equals-uninterrupted"] = results
+        if FLAGS.r1_horovod:
+            ref = rh.r1_horovod_reference(work / "r1-horovod-reference")
+            if not ref["ok"]:
+                sys.exit(f"R1 Horovod reference run failed: {ref['why']}")
+            print(f"  R1 horovod reference: {ref['seconds']} s", flush=True)
+            results = []
+            for i in range(FLAGS.r1_horovod):
+                result = rh.r1_horovod_trial(work / f"r1-horovod-{i}", Path(ref["weights"]), rng=rng,
+                                             per_rank_dirs=i % 2 == 1)
+                results.append(result)
+                print(f"  R1 horovod trial {i + 1}: {'ok' if result['ok'] else 'FAILED'} "
+                      + json.dumps({k: v for k, v in result.items() if k not in ("ok", "why")})
+                      + (f"\n    {result['why'][:2000]}" if not result["ok"] else ""), flush=True)
+            tallies["R1 horovod resume-equals-uninterrupted"] = results
         for name, scenario in rs.R2_SCENARIOS.items():
             results = []
             for i in range(FLAGS.r2):
@@ -66,7 +85,8 @@ def main(argv: list) -> None:
                 print(f"  R2 {name} trial {i + 1}: {'ok' if result['ok'] else 'FAILED'} "
                       + json.dumps({k: v for k, v in result.items() if k not in ("ok", "why")})
                       + (f"\n    {result['why'][:2000]}" if not result["ok"] else ""), flush=True)
-            tallies[f"R2 {name}: non-zero exit naming the lost task within {rs.LOST_PEER_LIMIT_S:g} s"] = results
+            if results:
+                tallies[f"R2 {name}: non-zero exit naming the lost task within {rs.LOST_PEER_LIMIT_S:g} s"] = results
         for victim, what in (("worker:1", "worker lost, closures re-scheduled, job completes"),
                              ("ps:0", "ps lost, job fails clearly")):
             results = [rs.r3_ps_task_lost(work / f"r3-{victim.replace(':', '')}-{i}", victim=victim)

@@ -255,6 +255,10 @@ def compile_and_fit(
                                 replicas=backend.num_replicas_in_sync, pre_batched=pre_batched)
     drop_remainder = backend.name == "tpu"
     state = read_backup(backup_dir)
+    if backup_dir and backend.name == "horovod":  # only rank 0 writes backups: every rank resumes from its one
+        from tfaccel.strategies.horovod import agree_on_backup
+
+        state = agree_on_backup(state)
     start_epoch, start_step = (state.epoch, state.step) if state else (0, 0)
     if state and start_epoch >= epochs:
         log.info("backup in %s says training already finished (epoch %d of %d)", backup_dir, start_epoch, epochs)
@@ -314,7 +318,8 @@ def compile_and_fit(
             # counter) the backup holds too; with only the inner optimizer built, Keras skips loading them
             # (UserWarning "... has 12 variables whereas the saved optimizer has 14") and the scale restarts.
             model.optimizer.build(model.trainable_variables)
-            model.load_weights(state["weights_path"])
+            if state["weights_path"]:  # None: a Horovod rank without rank 0's file gets rank 0's broadcast
+                model.load_weights(state["weights_path"])
     _warn_float16_outputs(model, plan)
 
     chief = backend.is_chief

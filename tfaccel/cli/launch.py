@@ -13,6 +13,7 @@ Per-host mode::
 Horovod (through ``horovodrun --gloo``, see :mod:`tfaccel.launch.horovod`)::
 
     tfaccel launch --backend horovod -np 2 -- python train.py
+    tfaccel launch --backend horovod -np 2 --max-restarts 1 -- python train.py   # rerun all ranks on failure
 
 Exit status: 0, the failing task's code (128 + N when it was killed by signal N), 124 on --timeout,
 128 + N when the launcher got signal N, 1 when peers never came up, 2 for bad options.
@@ -44,7 +45,8 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
                     "stop them all when one fails. Put the command after `--`.",
         epilog="examples:\n  tfaccel launch --workers 2 -- python train.py\n"
                "  tfaccel launch --ps 1 --workers 2 -- python coordinator.py\n"
-               "  tfaccel launch --cluster cluster.yaml --task worker:1 -- python train.py",
+               "  tfaccel launch --cluster cluster.yaml --task worker:1 -- python train.py\n"
+               "  tfaccel launch --backend horovod -np 2 --max-restarts 1 -- python train.py",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     layout = parser.add_argument_group("cluster (local mode unless --task is given)")
     layout.add_argument("--workers", type=int, default=None, metavar="N",
@@ -61,7 +63,8 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
                         help="per-host mode: run only this task of --cluster, e.g. worker:1")
     run = parser.add_argument_group("supervision")
     run.add_argument("--max-restarts", type=int, default=None, metavar="K",
-                     help="restart the whole job (fresh ports) up to K times after a failure (default: 0)")
+                     help="restart the whole job (fresh ports) up to K times after a failure; with --backend "
+                          "horovod horovodrun is run again with every rank (default: 0)")
     run.add_argument("--timeout", type=float, default=None, metavar="S",
                      help="stop everything after S seconds, restarts included; exit 124 (default: none)")
     run.add_argument("--grace", type=float, default=None, metavar="S",
@@ -103,7 +106,7 @@ def _options(args: argparse.Namespace) -> dict:
     backend = args.backend or DEFAULT_BACKEND
     horovod_only = {"-np": args.np, "-H": args.hosts, "--gloo-timeout": args.gloo_timeout}
     if backend == "horovod":
-        tf_only = dict(counts, **{"--cluster": args.cluster, "--task": args.task, "--max-restarts": args.max_restarts,
+        tf_only = dict(counts, **{"--cluster": args.cluster, "--task": args.task,
                                   "--connect-timeout": args.connect_timeout})
         given = [name for name, value in tf_only.items() if value is not None]
         if given:
@@ -140,7 +143,7 @@ def _options(args: argparse.Namespace) -> dict:
         if args.workers is None:
             filled.append(f"--workers {DEFAULT_WORKERS}")
         filled.append("ports chosen by the OS on 127.0.0.1")
-    if args.max_restarts is None and backend == "tf":
+    if args.max_restarts is None:
         filled.append("--max-restarts 0")
     if args.timeout is None:
         filled.append("--timeout none")
@@ -233,9 +236,14 @@ def _horovod(opts: dict, *, dry_run: bool) -> int:
 
     if dry_run:
         argv = build_horovodrun_command(opts["np"], opts["hosts"], opts["cmd"], gloo_timeout=opts["gloo_timeout"])
+        restarts = (f"; on a failure all ranks are started again, up to {opts['max_restarts']} time(s)"
+                    if opts["max_restarts"] else "")
         sys.stdout.write(f"tfaccel launch --dry-run (horovod): would start {opts['np']} rank(s) through "
-                         f"horovodrun; nothing was started\n{shlex.join(argv)}\n")
+                         f"horovodrun{restarts}; nothing was started\n"
+                         "options: " + json.dumps({k: opts[k] for k in ("max_restarts", "timeout", "grace")}) + "\n"
+                         f"{shlex.join(argv)}\n")
         return 0
     result = run_horovod(opts["np"], opts["cmd"], hosts=opts["hosts"], timeout=opts["timeout"], grace=opts["grace"],
-                         gloo_timeout=opts["gloo_timeout"], capture_lines=CAPTURE_LINES)
+                         gloo_timeout=opts["gloo_timeout"], max_restarts=opts["max_restarts"],
+                         capture_lines=CAPTURE_LINES)
     return result.returncode

@@ -5,6 +5,10 @@ tfaccel builds Horovod without MPI (see ``scripts/install_horovod.sh``), so rank
 over ssh on other hosts) and prefixes their output with ``[rank]<stdout>:``; tfaccel supervises the one
 ``horovodrun`` process: bounded by a timeout, stopped with its process group, its output streamed.
 
+Restarts (``max_restarts``, issue 9 R1): horovodrun ends every rank when one fails and exits non-zero; the
+job is then run again as a whole (a fresh horovodrun, all ranks, a fresh rendezvous port). With
+``compile_and_fit(backup_dir=...)`` the ranks resume from the last step-level backup (written by rank 0).
+
 Batch semantics: every rank runs the same command on its own shard; tfaccel's ``global_batch_size`` is
 still the global batch (each rank steps on ``global_batch_size // N`` examples).
 """
@@ -18,7 +22,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from tfaccel.errors import BackendUnavailableError, ConfigError
 from tfaccel.launch.local import child_base_env, normalize_command
-from tfaccel.launch.supervisor import LaunchResult, LaunchTask, run_job
+from tfaccel.launch.supervisor import RESTART_ENV, LaunchResult, LaunchTask, run_job
 from tfaccel.log import get_logger
 
 __all__ = ["build_horovodrun_command", "run_horovod", "parse_hosts", "find_horovodrun"]
@@ -150,7 +154,8 @@ def run_horovod(np: int, cmd: Union[str, Sequence[str]], *, hosts: Union[None, s
                 timeout: Optional[float] = None, grace: float = 10.0, echo: bool = True,
                 capture_lines: Optional[int] = None, horovodrun: Optional[str] = None,
                 start_timeout: Optional[int] = None, gloo_timeout: Optional[int] = None,
-                network_interfaces: Optional[str] = None, verbose: bool = False) -> LaunchResult:
+                network_interfaces: Optional[str] = None, verbose: bool = False,
+                max_restarts: int = 0) -> LaunchResult:
     """Runs ``cmd`` as ``np`` Horovod ranks through ``horovodrun --gloo`` and waits for it.
 
     The ``horovodrun`` process is supervised like any tfaccel task: its output is streamed with a
@@ -158,6 +163,11 @@ def run_horovod(np: int, cmd: Union[str, Sequence[str]], *, hosts: Union[None, s
     and stopped with its whole process group. TF_CONFIG is removed from the ranks' environment (Horovod
     ranks are not a tf.distribute cluster; a stray TF_CONFIG would make ``strategy="auto"`` pick
     multi_worker).
+
+    After a failure (a rank exited non-zero or was killed: horovodrun ends the other ranks and exits non-zero)
+    the whole job is run again, up to ``max_restarts`` times: a fresh ``horovodrun`` starts every rank, and
+    every rank sees ``TFACCEL_RESTART_COUNT`` (the attempt number, 0 first). A job that passes
+    ``backup_dir`` to ``compile_and_fit`` resumes from rank 0's last step-level backup.
 
     Args:
         np: number of ranks.
@@ -171,14 +181,21 @@ def run_horovod(np: int, cmd: Union[str, Sequence[str]], *, hosts: Union[None, s
         capture_lines: keep only the last N output lines in the result. Defaults to all.
         horovodrun, start_timeout, gloo_timeout, network_interfaces, verbose: see
             :func:`build_horovodrun_command`.
+        max_restarts: run the whole job (all ranks) again up to this many times after a failure; the
+            ``timeout`` bounds all attempts together. Defaults to 0.
 
     Returns:
-        A ``LaunchResult`` with one task, ``horovodrun:0`` (returncode 124 on timeout).
+        A ``LaunchResult`` with one task, ``horovodrun:0`` (returncode 124 on timeout); ``restarts`` says how
+        many times the job was started again, ``attempts`` holds every attempt's outcome.
 
     Raises:
-        ConfigError: bad arguments (see :func:`build_horovodrun_command`).
+        ConfigError: bad arguments (see :func:`build_horovodrun_command`), ``max_restarts`` not a whole number
+            >= 0.
         BackendUnavailableError: ``horovodrun`` is not installed.
     """
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ConfigError(f"max_restarts: must be a whole number >= 0; received {max_restarts!r}. Example: "
+                          "tfaccel launch --backend horovod -np 2 --max-restarts 1 -- python train.py")
     argv = tuple(build_horovodrun_command(np, hosts, cmd, extra_env=extra_env, horovodrun=horovodrun,
                                           start_timeout=start_timeout, gloo_timeout=gloo_timeout,
                                           network_interfaces=network_interfaces, verbose=verbose))
@@ -187,6 +204,11 @@ def run_horovod(np: int, cmd: Union[str, Sequence[str]], *, hosts: Union[None, s
     base["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), base.get("PATH", "")])
     get_logger().info("launch: %d Horovod rank(s) (Gloo) on %s: %s", np, argv[argv.index("-H") + 1],
                       " ".join(argv))
-    task = LaunchTask(task_type="horovodrun", task_index=0, cmd=argv, env=base)
-    return run_job(lambda attempt: [task], timeout=timeout, grace=grace, echo=echo, capture_lines=capture_lines)
+
+    def make_tasks(attempt: int) -> List[LaunchTask]:
+        # horovodrun exports its environment to every rank (local and over ssh), so the count reaches them all.
+        return [LaunchTask(task_type="horovodrun", task_index=0, cmd=argv, env={**base, RESTART_ENV: str(attempt)})]
+
+    return run_job(make_tasks, max_restarts=max_restarts, timeout=timeout, grace=grace, echo=echo,
+                   capture_lines=capture_lines)
 

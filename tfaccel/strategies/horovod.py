@@ -13,7 +13,8 @@ never calls, so under Keras 3 it *silently does not average gradients* (ranks di
   rank 0 at train begin, on the underlying ``tf.Variable``s (broadcasting Keras 3 variables directly fails
   with ``'SymbolicTensor' object has no attribute 'assign'``);
 * :class:`MetricAverageCallback` averages the epoch logs over ranks, so every rank's History agrees;
-* :func:`check_optimizer` refuses an optimizer already wrapped by ``horovod.tensorflow.keras``.
+* :func:`check_optimizer` refuses an optimizer already wrapped by ``horovod.tensorflow.keras``;
+* :func:`agree_on_backup` makes every rank resume from rank 0's backup (``backup_dir``, issue 9 R1).
 
 Batch semantics: Horovod has no ``tf.distribute`` strategy spreading a batch; each rank runs the default
 strategy on its own shard. A tfaccel ``global_batch_size`` still means the global batch: each rank gets
@@ -39,6 +40,7 @@ __all__ = [
     "INSTALL_HINT",
     "BroadcastVariablesCallback",
     "MetricAverageCallback",
+    "agree_on_backup",
     "check_optimizer",
     "distributed_optimizer",
     "import_horovod",
@@ -293,6 +295,41 @@ class MetricAverageCallback(keras.callbacks.Callback):
         averaged = hvd.allreduce(values, op=hvd.Average, name="tfaccel_metric_average")
         for key, value in zip(keys, np.asarray(averaged).tolist()):
             logs[key] = float(value)
+
+
+def agree_on_backup(state: Optional[Mapping[str, Any]], *, _hvd: Any = None) -> Optional[Mapping[str, Any]]:
+    """Rank 0's backup position, for every rank: where a restarted Horovod job resumes (issue 9 R1).
+
+    Only rank 0 writes backups (``StepBackup`` with ``is_chief``), so a rank on another host, or one that read
+    ``backup_dir`` at a different moment, may see another backup or none. Every rank calls this with what it
+    read; rank 0's ``(epoch, step)`` is broadcast and every rank resumes there. A rank whose own backup is not
+    that one loads no file: :class:`BroadcastVariablesCallback` gives it rank 0's model and optimizer
+    variables at train begin.
+
+    Args:
+        state: the ``BackupState`` this rank read from ``backup_dir`` (``tfaccel.callbacks.read_backup``), or None.
+
+    Returns:
+        None when rank 0 has no backup; ``state`` when it is rank 0's; else a ``BackupState`` at rank 0's
+        position with ``weights_path`` None.
+    """
+    from tfaccel.callbacks import BackupState
+
+    hvd = _hvd if _hvd is not None else import_horovod()
+    mine = [1, int(state["epoch"]), int(state["step"]), int(state.get("global_step", 0))] if state else [0, 0, 0, 0]
+    root = [int(v) for v in np.asarray(hvd.broadcast(tf.constant(mine, dtype=tf.int64), root_rank=0,
+                                                          name="tfaccel_backup_position")).tolist()]
+    if root == mine:
+        return state
+    if not root[0]:
+        get_logger().warning("horovod: rank %d found a backup (epoch %d, step %d) but rank 0 has none; starting from "
+                             "scratch like rank 0", int(hvd.rank()), mine[1], mine[2])
+        return None
+    get_logger().warning("horovod: rank %d resumes at rank 0's backup (epoch %d, step %d)%s; its model and optimizer "
+                         "come from rank 0's broadcast", int(hvd.rank()), root[1], root[2],
+                         f", not at its own (epoch {mine[1]}, step {mine[2]})" if mine[0] else
+                         ", which its backup_dir does not hold (not a shared directory?)")
+    return BackupState(epoch=root[1], step=root[2], global_step=root[3], weights=None, weights_path=None)
 
 
 # ------------------------------------------------------------------------------------------------- devices
