@@ -257,3 +257,37 @@ def test_env_report_says_whether_local_clusters_are_private():
     info = _local_network()
     assert info["private"] is ok
     assert ("private loopback-only network namespace" in info["detail"]) if ok else (detail in info["detail"])
+
+
+@pytest.mark.slow
+@needs_netns
+def test_horovod_ranks_on_localhost_run_in_the_private_network():
+    """horovodrun's rendezvous server and Gloo listen on every interface too: local ranks get the same namespace."""
+    code = ("import os, horovod.tensorflow as hvd, tensorflow as tf\n"
+            "hvd.init()\n"
+            "total = float(hvd.allreduce(tf.constant(float(hvd.rank() + 1)), op=hvd.Sum))\n"
+            "print('RANKNET', hvd.rank(), os.readlink('/proc/self/ns/net'), total, flush=True)\n")
+    out = _cli("--backend", "horovod", "-np", "2", "--timeout", "240", "--", sys.executable, "-c", code)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = {}
+    for line in out.stdout.splitlines():
+        if "RANKNET" in line:
+            rank, ns, total = line.split("RANKNET", 1)[1].split()
+            seen[int(rank)] = (ns, float(total))
+    assert sorted(seen) == [0, 1], out.stdout[-3000:]
+    assert seen[0] == seen[1] and seen[0][1] == 3.0  # one namespace, and Gloo's all-reduce works inside it
+    assert seen[0][0] != os.readlink("/proc/self/ns/net")
+    assert "private network namespace" in out.stderr
+
+
+def test_horovod_private_network_needs_local_hosts(monkeypatch):
+    from tfaccel.launch import horovod
+
+    monkeypatch.setattr(horovod, "find_horovodrun", lambda: "/bin/false")
+    with pytest.raises(ConfigError, match=r"network='private'.*'node1:2,node2:2'.*--network host"):
+        horovod.run_horovod(2, ["python", "train.py"], hosts="node1:2,node2:2", network="private",
+                            horovodrun="/bin/false")
+    with pytest.raises(ConfigError, match="received 'lan'"):
+        horovod.run_horovod(2, ["python", "train.py"], network="lan", horovodrun="/bin/false")
+    out = _cli("--dry-run", "--backend", "horovod", "-np", "2", "--network", "host", "--", sys.executable, "-c", "1")
+    assert out.returncode == 0 and '"network": "host"' in out.stdout, out.stderr

@@ -26,6 +26,7 @@ import sys
 from typing import List, Optional
 
 from tfaccel.errors import ConfigError
+from tfaccel.launch.netns import NETWORK_MODES
 
 LAUNCH_BACKENDS = ("tf", "horovod")  # tf: one process per tf.distribute task; horovod: horovodrun ranks
 DEFAULT_BACKEND = "tf"
@@ -73,6 +74,12 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
                      help="seconds the other tasks (per-host mode) or the server tasks (local mode) get to accept "
                           f"connections (default: {DEFAULT_CONNECT_TIMEOUT_HOST_S:g} per host, "
                           f"{DEFAULT_CONNECT_TIMEOUT_LOCAL_S:g} local)")
+    run.add_argument("--network", choices=NETWORK_MODES, default=None,
+                     help="local clusters and Horovod ranks on localhost only. private: run the tasks in a "
+                          "network namespace whose only interface is loopback (TensorFlow's servers bind 0.0.0.0, "
+                          "so otherwise their ports can be reached from other machines; the tasks then cannot "
+                          "reach other machines either); host: this machine's network; auto: private where the "
+                          "system allows it (default: auto)")
     hvd = parser.add_argument_group("horovod (--backend horovod)")
     hvd.add_argument("--backend", choices=LAUNCH_BACKENDS, default=None,
                      help=f"tf: one process per tf.distribute task (TF_CONFIG); horovod: ranks through horovodrun "
@@ -125,6 +132,9 @@ def _options(args: argparse.Namespace) -> dict:
         if given:
             raise ConfigError(f"--cluster: given together with {', '.join(given)}; the cluster file already says "
                               "how many tasks of each role there are: pass either --cluster or the counts")
+    if args.network is not None and args.task is not None:
+        raise ConfigError(f"--network: only for local clusters; received --network {args.network} with --task "
+                          f"{args.task} (per-host mode: the task must reach the other hosts); leave --network out")
     if args.max_restarts is not None and args.max_restarts < 0:
         raise ConfigError(f"--max-restarts: must be >= 0; received {args.max_restarts}")
     for name, value in (("--timeout", args.timeout), ("--grace", args.grace),
@@ -143,6 +153,8 @@ def _options(args: argparse.Namespace) -> dict:
         if args.workers is None:
             filled.append(f"--workers {DEFAULT_WORKERS}")
         filled.append("ports chosen by the OS on 127.0.0.1")
+    if args.network is None and not per_host:
+        filled.append("--network auto")
     if args.max_restarts is None:
         filled.append("--max-restarts 0")
     if args.timeout is None:
@@ -157,7 +169,7 @@ def _options(args: argparse.Namespace) -> dict:
         "np": DEFAULT_RANKS if args.np is None else args.np, "hosts": args.hosts, "gloo_timeout": args.gloo_timeout,
         "workers": DEFAULT_WORKERS if args.workers is None else args.workers, "ps": args.ps or 0,
         "chief": bool(args.chief), "evaluator": bool(args.evaluator),
-        "max_restarts": args.max_restarts or 0, "timeout": args.timeout,
+        "max_restarts": args.max_restarts or 0, "timeout": args.timeout, "network": args.network or "auto",
         "grace": DEFAULT_GRACE_S if args.grace is None else args.grace,
         "connect_timeout": connect_default if args.connect_timeout is None else args.connect_timeout,
     }
@@ -188,7 +200,7 @@ def run_cli(args: argparse.Namespace) -> int:
             "workers": opts["workers"], "ps": opts["ps"], "chief": opts["chief"], "evaluator": opts["evaluator"]}
         result = run_local(opts["cmd"], timeout=opts["timeout"], max_restarts=opts["max_restarts"],
                            grace=opts["grace"], connect_timeout=opts["connect_timeout"], capture_lines=CAPTURE_LINES,
-                           **local)
+                           network=opts["network"], **local)
     return result.returncode
 
 
@@ -226,7 +238,8 @@ def _dry_run(args: argparse.Namespace, opts: dict) -> int:
                    + ", ".join(f"{name} ({address})" for name, address in peers))
     if not opts["per_host"] and args.cluster is None:
         out.append("ports are chosen again by the OS when the job starts (and on every restart)")
-    out.append("options: " + json.dumps({k: opts[k] for k in ("max_restarts", "timeout", "grace", "connect_timeout")}))
+    keys = ("max_restarts", "timeout", "grace", "connect_timeout") + (() if opts["per_host"] else ("network",))
+    out.append("options: " + json.dumps({k: opts[k] for k in keys}))
     sys.stdout.write("\n".join(out) + "\n")
     return 0
 
@@ -240,10 +253,11 @@ def _horovod(opts: dict, *, dry_run: bool) -> int:
                     if opts["max_restarts"] else "")
         sys.stdout.write(f"tfaccel launch --dry-run (horovod): would start {opts['np']} rank(s) through "
                          f"horovodrun{restarts}; nothing was started\n"
-                         "options: " + json.dumps({k: opts[k] for k in ("max_restarts", "timeout", "grace")}) + "\n"
+                         "options: " + json.dumps({k: opts[k] for k in ("max_restarts", "timeout", "grace",
+                                                                         "network")}) + "\n"
                          f"{shlex.join(argv)}\n")
         return 0
     result = run_horovod(opts["np"], opts["cmd"], hosts=opts["hosts"], timeout=opts["timeout"], grace=opts["grace"],
                          gloo_timeout=opts["gloo_timeout"], max_restarts=opts["max_restarts"],
-                         capture_lines=CAPTURE_LINES)
+                         capture_lines=CAPTURE_LINES, network=opts["network"])
     return result.returncode

@@ -22,6 +22,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from tfaccel.errors import BackendUnavailableError, ConfigError
 from tfaccel.launch.local import child_base_env, normalize_command
+from tfaccel.launch.netns import check_network_mode, open_network
 from tfaccel.launch.supervisor import RESTART_ENV, LaunchResult, LaunchTask, run_job
 from tfaccel.log import get_logger
 
@@ -155,7 +156,7 @@ def run_horovod(np: int, cmd: Union[str, Sequence[str]], *, hosts: Union[None, s
                 capture_lines: Optional[int] = None, horovodrun: Optional[str] = None,
                 start_timeout: Optional[int] = None, gloo_timeout: Optional[int] = None,
                 network_interfaces: Optional[str] = None, verbose: bool = False,
-                max_restarts: int = 0) -> LaunchResult:
+                max_restarts: int = 0, network: str = "auto") -> LaunchResult:
     """Runs ``cmd`` as ``np`` Horovod ranks through ``horovodrun --gloo`` and waits for it.
 
     The ``horovodrun`` process is supervised like any tfaccel task: its output is streamed with a
@@ -183,6 +184,11 @@ def run_horovod(np: int, cmd: Union[str, Sequence[str]], *, hosts: Union[None, s
             :func:`build_horovodrun_command`.
         max_restarts: run the whole job (all ranks) again up to this many times after a failure; the
             ``timeout`` bounds all attempts together. Defaults to 0.
+        network: for ranks all on this machine (``hosts`` None or localhost/127.0.0.1 only): ``"private"``
+            runs horovodrun and its ranks in a loopback-only network namespace (horovodrun's rendezvous server
+            and Gloo would otherwise listen on every interface; see :mod:`tfaccel.launch.netns`), ``"host"`` on
+            this machine's network, ``"auto"`` private where possible. With other hosts the ranks need the
+            real network: ``"auto"`` uses it, ``"private"`` is an error. Defaults to "auto".
 
     Returns:
         A ``LaunchResult`` with one task, ``horovodrun:0`` (returncode 124 on timeout); ``restarts`` says how
@@ -190,7 +196,8 @@ def run_horovod(np: int, cmd: Union[str, Sequence[str]], *, hosts: Union[None, s
 
     Raises:
         ConfigError: bad arguments (see :func:`build_horovodrun_command`), ``max_restarts`` not a whole number
-            >= 0.
+            >= 0, a bad ``network``, ``network="private"`` with hosts other than this machine's loopback.
+        NetworkIsolationError: ``network="private"`` where no private network namespace can be made.
         BackendUnavailableError: ``horovodrun`` is not installed.
     """
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
@@ -199,6 +206,12 @@ def run_horovod(np: int, cmd: Union[str, Sequence[str]], *, hosts: Union[None, s
     argv = tuple(build_horovodrun_command(np, hosts, cmd, extra_env=extra_env, horovodrun=horovodrun,
                                           start_timeout=start_timeout, gloo_timeout=gloo_timeout,
                                           network_interfaces=network_interfaces, verbose=verbose))
+    check_network_mode(network)
+    if network != "host" and any(host not in ("localhost", "127.0.0.1") for host, _ in parse_hosts(hosts, np)):
+        if network == "private":
+            raise ConfigError(f"network='private': a private network namespace has only loopback, but the ranks "
+                              f"run on hosts {hosts!r}; use -H localhost:N or --network host")
+        network = "host"
     base: Dict[str, str] = child_base_env(env)
     # horovodrun finds itself and the rank's python through PATH: put this environment's bin first.
     base["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), base.get("PATH", "")])
@@ -209,6 +222,11 @@ def run_horovod(np: int, cmd: Union[str, Sequence[str]], *, hosts: Union[None, s
         # horovodrun exports its environment to every rank (local and over ssh), so the count reaches them all.
         return [LaunchTask(task_type="horovodrun", task_index=0, cmd=argv, env={**base, RESTART_ENV: str(attempt)})]
 
-    return run_job(make_tasks, max_restarts=max_restarts, timeout=timeout, grace=grace, echo=echo,
-                   capture_lines=capture_lines)
+    net = open_network(network, log=get_logger())
+    try:
+        return run_job(make_tasks, max_restarts=max_restarts, timeout=timeout, grace=grace, echo=echo,
+                       capture_lines=capture_lines, netns=net)
+    finally:
+        if net is not None:
+            net.close()
 
