@@ -81,8 +81,6 @@ def r1_horovod_trial(work: Path, reference: Path, *, rng: random.Random, timeout
 
     ``per_rank_dirs``: every rank gets its own backup_dir (as on hosts without a shared disk), so only rank 0's
     holds backups; the other rank must resume at rank 0's position with rank 0's broadcast weights."""
-    import numpy as np
-
     work.mkdir(parents=True, exist_ok=True)
     victim = rng.choice(RANKS)
     epoch, step = rng.randrange(EPOCHS), rng.randrange(1, rs.STEPS_PER_EPOCH)
@@ -113,16 +111,10 @@ def r1_horovod_trial(work: Path, reference: Path, *, rng: random.Random, timeout
                           f"{run.tail()}", **measured)
     if per_rank_dirs and next(iter(resumed)) is not None and "resumes at rank 0's backup" not in run.text:
         return rs._result(False, f"rank 1 did not say it resumes at rank 0's backup:\n{run.tail()}", **measured)
-    ref = np.load(reference)
-    diffs = []
-    for task in ("rank0", "rank1"):
-        res = np.load(work / f"res-{task}.npz")
-        for key in ref.files:
-            diffs.append(float(np.max(np.abs(res[key] - ref[key]))))
-            if not np.allclose(res[key], ref[key], rtol=rtol, atol=atol):
-                return rs._result(False, f"{task} weights {key} differ from the reference by {diffs[-1]:.3g}",
-                                  **measured, max_abs_diff=max(diffs))
+    mismatch, max_diff = rs.compare_weights(reference, work, ("rank0", "rank1"), rtol=rtol, atol=atol)
+    if mismatch:
+        return rs._result(False, mismatch, **measured, max_abs_diff=max_diff)
     if (work / "backup" / "rank0" if per_rank_dirs else work / "backup").exists():
         return rs._result(False, "the backup directory was not removed after training completed", **measured,
-                          max_abs_diff=max(diffs))
-    return rs._result(True, **measured, max_abs_diff=max(diffs))
+                          max_abs_diff=max_diff)
+    return rs._result(True, **measured, max_abs_diff=max_diff)

@@ -187,8 +187,6 @@ def _expected_resume(epoch: int, step: int, victim_is_chief: bool) -> List[Optio
 def r1_trial(work: Path, reference: Path, *, rng: random.Random, timeout: float = 360,
              atol: float = 1e-5, rtol: float = 1e-5) -> Dict[str, Any]:
     """R1: kill one worker of a 2-worker MWMS job at a random step; the restarted job must end like the reference."""
-    import numpy as np
-
     work.mkdir(parents=True, exist_ok=True)
     victim = rng.choice(["worker:0", "worker:1"])
     epoch, step = rng.randrange(EPOCHS), rng.randrange(1, STEPS_PER_EPOCH)
@@ -208,19 +206,29 @@ def r1_trial(work: Path, reference: Path, *, rng: random.Random, timeout: float 
     allowed = _expected_resume(epoch, step, victim == "worker:0")
     if not restarted or len(reports) != 2 or len(resumed) != 1 or next(iter(resumed)) not in allowed:
         return _result(False, f"expected one restart resuming from one of {allowed}; got {measured}", **measured)
+    mismatch, max_diff = compare_weights(reference, work, ("worker0", "worker1"), rtol=rtol, atol=atol)
+    if mismatch:
+        return _result(False, mismatch, **measured, max_abs_diff=max_diff)
+    backup_left = (work / "backup").exists()
+    if backup_left:
+        return _result(False, "the backup directory was not removed after training completed", **measured)
+    return _result(True, **measured, max_abs_diff=max_diff)
+
+
+def compare_weights(reference: Path, work: Path, tasks: Sequence[str], *, rtol: float,
+                    atol: float) -> "tuple[Optional[str], float]":
+    """Compares each task's ``res-<task>.npz`` with the reference: (None or what differs, the largest difference)."""
+    import numpy as np
+
     ref = np.load(reference)
-    diffs = []
-    for task in ("worker0", "worker1"):
+    diffs: List[float] = []
+    for task in tasks:
         res = np.load(work / f"res-{task}.npz")
         for key in ref.files:
             diffs.append(float(np.max(np.abs(res[key] - ref[key]))))
             if not np.allclose(res[key], ref[key], rtol=rtol, atol=atol):
-                return _result(False, f"{task} weights {key} differ from the reference by {diffs[-1]:.3g}",
-                               **measured, max_abs_diff=max(diffs))
-    backup_left = (work / "backup").exists()
-    if backup_left:
-        return _result(False, "the backup directory was not removed after training completed", **measured)
-    return _result(True, **measured, max_abs_diff=max(diffs))
+                return f"{task} weights {key} differ from the reference by {diffs[-1]:.3g}", max(diffs)
+    return None, max(diffs) if diffs else 0.0
 
 
 # ------------------------------------------------------------------------------------------------------- R2

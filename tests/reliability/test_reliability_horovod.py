@@ -18,7 +18,6 @@ import pytest
 
 import harness
 import rel_horovod as rh
-import rel_scenarios as rs
 from tfaccel.cli import launch as cli_launch
 from tfaccel.errors import ConfigError
 from tfaccel.launch import horovod as lh
@@ -60,7 +59,8 @@ def test_cli_help_and_dry_run_state_the_restarts(capsys, monkeypatch):
     out = capsys.readouterr().out.splitlines()
     assert out[0] == ("tfaccel launch --dry-run (horovod): would start 2 rank(s) through horovodrun; on a failure all "
                       "ranks are started again, up to 2 time(s); nothing was started")
-    assert json.loads(out[1].split("options: ", 1)[1]) == {"max_restarts": 2, "timeout": 60.0, "grace": 10.0}
+    assert json.loads(out[1].split("options: ", 1)[1]) == {"max_restarts": 2, "timeout": 60.0, "grace": 10.0,
+                                                           "network": "auto"}
     assert out[2].endswith("--gloo -np 2 -H localhost:2 --network-interfaces lo python train.py")
     subparsers = argparse.ArgumentParser(prog="tfaccel").add_subparsers()
     cli_launch.register(subparsers)
@@ -164,13 +164,6 @@ def test_agree_on_backup_says_when_a_rank_takes_rank_0s_backup():
 
 
 # ------------------------------------------------------------------------------------------- R1, real ranks
-@pytest.fixture(autouse=True)
-def _track_scenario_pids():
-    before = len(rs.STARTED_PIDS)
-    yield
-    harness.STARTED_PIDS.extend(rs.STARTED_PIDS[before:])
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     if os.environ.get("TFACCEL_NO_HOROVOD") == "1":
