@@ -255,6 +255,10 @@ def compile_and_fit(
                                 replicas=backend.num_replicas_in_sync, pre_batched=pre_batched)
     drop_remainder = backend.name == "tpu"
     state = read_backup(backup_dir)
+    if state and state.get("format") and backend.name != "parameter_server":
+        raise ConfigError(f"backup_dir {backup_dir}: holds {state['weights']}, a {state['format']} backup written by "
+                          f"a parameter_server job; strategy {backend.name} resumes only from its own Keras weight "
+                          "backups. Resume it with strategy='parameter_server', or give this job another backup_dir")
     if backup_dir and backend.name == "horovod":  # only rank 0 writes backups: every rank resumes from its one
         from tfaccel.strategies.horovod import agree_on_backup
 

@@ -329,3 +329,21 @@ def test_restore_refuses_a_keras_path_backup_and_a_different_model(tmp_path):
     with pytest.raises(ConfigError, match=r"backup-10.ckpt does not match this model and optimizer .*Remove the "
                                           r"directory to start from scratch"):
         restore_checkpoint_backup(read_backup(str(tmp_path / "ps")), other, backup_dir=str(tmp_path / "ps"))
+
+
+def test_keras_path_refuses_a_parameter_server_backup_before_building(tmp_path):
+    import tensorflow as tf
+
+    from tfaccel import compile_and_fit
+    from tfaccel.ps_loop import write_checkpoint_backup
+
+    weights, steps = _variables()
+    write_checkpoint_backup(str(tmp_path), tf.train.Checkpoint(w=weights, steps=steps), epoch=1, step=0,
+                            steps_per_epoch=10)
+    built = []
+    with pytest.raises(ConfigError, match=r"holds backup-10.ckpt, a tf.train.Checkpoint backup written by a "
+                                          r"parameter_server job; strategy default resumes only from its own"):
+        compile_and_fit(lambda: built.append(1), (np.zeros((8, 4), "float32"), np.zeros(8, "int64")),
+                        strategy="default", epochs=1, backup_dir=str(tmp_path))
+    assert built == []
+    assert sorted(os.listdir(tmp_path)) == ["backup-10.ckpt", "tfaccel_backup.json"]  # nothing lost
