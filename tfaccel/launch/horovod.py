@@ -22,7 +22,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from tfaccel.errors import BackendUnavailableError, ConfigError
 from tfaccel.launch.local import child_base_env, normalize_command
-from tfaccel.launch.netns import check_network_mode, open_network
+from tfaccel.launch.netns import check_network_mode
 from tfaccel.launch.supervisor import RESTART_ENV, LaunchResult, LaunchTask, run_job
 from tfaccel.log import get_logger
 
@@ -222,11 +222,6 @@ def run_horovod(np: int, cmd: Union[str, Sequence[str]], *, hosts: Union[None, s
         # horovodrun exports its environment to every rank (local and over ssh), so the count reaches them all.
         return [LaunchTask(task_type="horovodrun", task_index=0, cmd=argv, env={**base, RESTART_ENV: str(attempt)})]
 
-    net = open_network(network, log=get_logger())
-    try:
-        return run_job(make_tasks, max_restarts=max_restarts, timeout=timeout, grace=grace, echo=echo,
-                       capture_lines=capture_lines, netns=net)
-    finally:
-        if net is not None:
-            net.close()
+    return run_job(make_tasks, max_restarts=max_restarts, timeout=timeout, grace=grace, echo=echo,
+                   capture_lines=capture_lines, network=network)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from tfaccel.errors import ConfigError
-from tfaccel.launch.netns import check_network_mode, open_network
+from tfaccel.launch.netns import check_network_mode
 from tfaccel.launch.procs import LOOPBACK, free_ports
 from tfaccel.launch.supervisor import RESTART_ENV, LaunchResult, LaunchTask, TaskOutcome, run_job
 from tfaccel.log import get_logger
@@ -410,18 +410,10 @@ def run_local(cmd_or_callable: Command, *, workers: int = 2, ps: int = 0, chief:
             command_for = lambda name: argv  # noqa: E731
         return build_tasks(spec, command_for, env=base_env, attempt=attempt)
 
-    net = None
     try:
-        net = open_network(network, log=log)
-        result = run_job(make_tasks, max_restarts=max_restarts, timeout=timeout, grace=grace,
-                         connect_timeout=connect_timeout, echo=echo, capture_lines=capture_lines,
-                         on_attempt_end=payload.collect if payload is not None else None, netns=net)
-        if net is not None and result.reason == "failed":
-            log.info("launch: the tasks ran without access to other machines (private network); if the "
-                     "command needs the network (downloads, remote storage), run it with --network host")
-        return result
+        return run_job(make_tasks, max_restarts=max_restarts, timeout=timeout, grace=grace,
+                       connect_timeout=connect_timeout, echo=echo, capture_lines=capture_lines,
+                       on_attempt_end=payload.collect if payload is not None else None, network=network)
     finally:
-        if net is not None:
-            net.close()
         if payload is not None:
             payload.tmp.cleanup()

@@ -26,12 +26,13 @@ Example:
 
 import contextlib
 import dataclasses
+import functools
 import os
 import select
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from tfaccel.errors import ConfigError, TfaccelError
 
@@ -228,18 +229,14 @@ def _end(proc: subprocess.Popen) -> None:
                 stream.close()
 
 
-_AVAILABLE: Dict[str, Optional[str]] = {}
-
-
+@functools.lru_cache(maxsize=None)
 def isolation_available() -> Tuple[bool, str]:
     """(True, kind) when a private network namespace can be made here, else (False, the reason). Cached."""
-    if "result" not in _AVAILABLE:
-        try:
-            with PrivateNetwork.create() as net:
-                _AVAILABLE["result"], _AVAILABLE["detail"] = "yes", net.kind
-        except NetworkIsolationError as exc:
-            _AVAILABLE["result"], _AVAILABLE["detail"] = "no", str(exc)
-    return _AVAILABLE["result"] == "yes", str(_AVAILABLE["detail"])
+    try:
+        with PrivateNetwork.create() as net:
+            return True, net.kind
+    except NetworkIsolationError as exc:
+        return False, str(exc)
 
 
 def open_network(network: str, *, log: object = None) -> Optional[PrivateNetwork]:

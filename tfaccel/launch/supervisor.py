@@ -27,6 +27,7 @@ import threading
 import time
 from typing import IO, Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from tfaccel.launch.netns import open_network
 from tfaccel.launch.procs import port_open, start_process, terminate, wait_for_ports
 from tfaccel.log import get_logger
 
@@ -417,7 +418,7 @@ def run_job(make_tasks: Callable[[int], Sequence[LaunchTask]], *, max_restarts: 
             peers: Sequence[Tuple[str, str]] = (), stdout: Optional[IO[str]] = None,
             stderr: Optional[IO[str]] = None, echo: bool = True, capture_lines: Optional[int] = None,
             on_attempt_end: Optional[Callable[[int, List[TaskOutcome]], None]] = None,
-            netns: Any = None) -> LaunchResult:
+            network: str = "host") -> LaunchResult:
     """Runs a job until it succeeds, fails more than ``max_restarts`` times, times out or is interrupted.
 
     Args:
@@ -433,8 +434,9 @@ def run_job(make_tasks: Callable[[int], Sequence[LaunchTask]], *, max_restarts: 
         echo: stream task output at all. Defaults to True.
         capture_lines: keep only the last N lines of each stream in the result; None keeps everything.
         on_attempt_end: called with (attempt, outcomes) after every attempt (e.g. to collect results).
-        netns: a :class:`tfaccel.launch.netns.PrivateNetwork` every task runs in (server ports are probed
-            inside it); None runs them on this machine's network. Defaults to None.
+        network: ``"host"`` runs the tasks on this machine's network; ``"private"`` / ``"auto"`` in one
+            loopback-only network namespace for the whole run, restarts included (server ports are probed inside
+            it; see :func:`tfaccel.launch.netns.open_network`). Defaults to "host".
 
     Returns:
         A :class:`LaunchResult`.
@@ -449,7 +451,8 @@ def run_job(make_tasks: Callable[[int], Sequence[LaunchTask]], *, max_restarts: 
     deadline = begun + timeout if timeout else None
     attempts: List[List[TaskOutcome]] = []
     verdict = _Verdict("failed", 1, "not started")
-    with _Signals() as signals:
+    net = open_network(network, log=log)
+    with _Signals() as signals, net if net is not None else contextlib.nullcontext():
         for attempt in range(max_restarts + 1):
             if signals.received is not None and attempts:  # interrupted between two attempts: stop here
                 name = signal.Signals(signals.received).name
@@ -460,7 +463,7 @@ def run_job(make_tasks: Callable[[int], Sequence[LaunchTask]], *, max_restarts: 
                 log.info("launch: attempt %d of at most %d: %d task(s)", attempt + 1, max_restarts + 1, len(tasks))
             runner = _Attempt(tasks, grace=grace, connect_timeout=connect_timeout, peers=peers, stdout=stdout,
                               stderr=stderr, capture_lines=capture_lines, signals=signals, deadline=deadline,
-                              timeout=timeout, netns=netns)
+                              timeout=timeout, netns=net)
             verdict = runner.run()
             outcomes = runner.outcomes()
             attempts.append(outcomes)
@@ -478,6 +481,9 @@ def run_job(make_tasks: Callable[[int], Sequence[LaunchTask]], *, max_restarts: 
         what = {"failed": "failed", "timeout": "timed out", "interrupted": "interrupted",
                 "unreachable": "could not reach its peers"}.get(verdict.reason, verdict.reason)
         log.error("launch: job %s (exit %d): %s", what, verdict.returncode, verdict.message)
+        if net is not None and verdict.reason == "failed":
+            log.info("launch: the tasks ran without access to other machines (private network); if the "
+                     "command needs the network (downloads, remote storage), run it with --network host")
     return LaunchResult(returncode=verdict.returncode, tasks=attempts[-1], restarts=len(attempts) - 1,
                         reason=verdict.reason, failed_task=verdict.failed_task, message=verdict.message,
                         attempts=attempts, elapsed=elapsed)
