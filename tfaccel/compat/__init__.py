@@ -7,9 +7,9 @@ a test can check the upstream failure still happens (and tell us when a fix can 
 """
 
 import os
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Tuple
 
-__all__ = ["DISABLE_ENV", "is_disabled"]
+__all__ = ["DISABLE_ENV", "is_disabled", "major_minor"]
 
 DISABLE_ENV = "TFACCEL_DISABLE_COMPAT"
 
@@ -27,3 +27,12 @@ def is_disabled(name: str, environ: Optional[Mapping[str, str]] = None) -> bool:
     env = os.environ if environ is None else environ
     names = {part.strip() for part in env.get(DISABLE_ENV, "").split(",") if part.strip()}
     return name in names or "all" in names
+
+
+def major_minor(version: str) -> Tuple[int, int]:
+    """``(major, minor)`` of a version string such as ``"2.21.0"`` or ``"3.15.1rc0"``; ``(0, 0)`` when unreadable."""
+    parts = str(version).split(".")
+    try:
+        return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
+    except (IndexError, ValueError):
+        return (0, 0)

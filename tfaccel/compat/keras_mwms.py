@@ -23,7 +23,7 @@ The fix is applied by the ``multi_worker`` strategy factory, is idempotent and r
 import threading
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from tfaccel.compat import is_disabled
+from tfaccel.compat import is_disabled, major_minor
 from tfaccel.log import get_logger
 
 __all__ = ["NAME", "UPSTREAM_ISSUES", "AFFECTED_VERSIONS", "is_needed", "why_not_needed", "apply", "remove",
@@ -42,11 +42,7 @@ _originals: Dict[str, Any] = {}
 def _keras_version() -> Tuple[int, int]:
     import keras
 
-    parts = str(keras.__version__).split(".")
-    try:
-        return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
-    except (IndexError, ValueError):
-        return (0, 0)
+    return major_minor(keras.__version__)
 
 
 def _trainer_module() -> Any:

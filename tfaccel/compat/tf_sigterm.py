@@ -49,7 +49,7 @@ import sys
 import threading
 from typing import Any, Iterator, Optional, Tuple
 
-from tfaccel.compat import is_disabled
+from tfaccel.compat import is_disabled, major_minor
 from tfaccel.log import get_logger
 
 __all__ = ["NAME", "UPSTREAM_ISSUES", "UPSTREAM_CODE", "AFFECTED_VERSIONS", "KEEP_ENV", "NOTE", "is_needed",
@@ -137,11 +137,7 @@ def _is_tensorflows(buf: Any) -> bool:
 def _tf_version() -> Tuple[int, int]:
     import tensorflow as tf
 
-    parts = str(tf.__version__).split(".")
-    try:
-        return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
-    except (IndexError, ValueError):
-        return (0, 0)
+    return major_minor(tf.__version__)
 
 
 def why_not_needed() -> Optional[str]:
