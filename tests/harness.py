@@ -9,7 +9,6 @@ process by PID (its whole process group) whatever happens. Every PID it starts i
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -172,3 +171,17 @@ def last_json_line(text: str) -> dict:
             except ValueError:
                 continue
     raise AssertionError(f"no JSON result line in output:\n{text[-2000:]}")
+
+
+def run_small_ps_cluster(program: Union[str, Path], tmp_path: Path, *, timeout: float = 150.0) -> dict:
+    """Runs ``program`` as a chief + 1 worker + 1 ps cluster on 127.0.0.1; returns the chief's JSON result line.
+
+    The program gets ``PS_TEST_DONE`` (a file the chief creates when done, so the servers can exit); every task
+    must exit 0.
+    """
+    cluster = loopback_cluster(1, ps=1, chief=True)
+    tasks = tf_configs_for(cluster, roles=("ps", "worker", "chief"))
+    results = run_tasks(program, tasks=tasks, timeout=timeout, env={"PS_TEST_DONE": str(tmp_path / "done")})
+    assert_all_ok(results)
+    chief = [r for r in results if r.task_type == "chief"][0]
+    return last_json_line(chief.stdout)

@@ -259,7 +259,7 @@ def load_dataset(name: str, *, split: str = "train", num_examples: Optional[int]
         for d in input_shape:
             _positive_int(name, "input_shape entries", d)
         if not input_shape:
-            raise ConfigError(f"dataset 'synthetic': input_shape must have at least one dimension; received ()")
+            raise ConfigError("dataset 'synthetic': input_shape must have at least one dimension; received ()")
         return _synthetic(split, seed, num_examples or 1024, input_shape,
                           _positive_int(name, "num_classes", options.get("num_classes", 10)))
     if name == "synthetic_text":

@@ -9,12 +9,7 @@ PROGRAM = Path(__file__).with_name("strategies_ps_program.py")
 
 
 def test_parameter_server_coordinator(tmp_path) -> None:
-    cluster = harness.loopback_cluster(1, ps=1, chief=True)
-    tasks = harness.tf_configs_for(cluster, roles=("ps", "worker", "chief"))
-    results = harness.run_tasks(PROGRAM, tasks=tasks, timeout=150, env={"PS_TEST_DONE": str(tmp_path / "done")})
-    harness.assert_all_ok(results)
-    chief = [r for r in results if r.task_type == "chief"][0]
-    out = harness.last_json_line(chief.stdout)
+    out = harness.run_small_ps_cluster(PROGRAM, tmp_path, timeout=150)
     assert out["ok"] and out["strategy"] == "parameter_server", json.dumps(out)
     assert out["reason"] == "TF_CONFIG describes 3 tasks (chief x1, worker x1, ps x1) including ps tasks"
     assert out["uses_keras_fit"] is False and out["supports_jit"] is False and out["num_workers"] == 1

@@ -183,12 +183,7 @@ def test_explicit_jit_under_mirrored_falls_back_with_a_warning(clean_tf_config, 
 
 def test_parameter_server_loop_scales_the_loss(tmp_path):
     """A real chief + worker + ps: the coordinator loop's optimizer is a LossScaleOptimizer that steps."""
-    cluster = harness.loopback_cluster(1, ps=1, chief=True)
-    tasks = harness.tf_configs_for(cluster, roles=("ps", "worker", "chief"))
-    results = harness.run_tasks(PS_PROGRAM, tasks=tasks, timeout=150, env={"PS_TEST_DONE": str(tmp_path / "done")})
-    harness.assert_all_ok(results)
-    chief = [r for r in results if r.task_type == "chief"][0]
-    out = harness.last_json_line(chief.stdout)
+    out = harness.run_small_ps_cluster(PS_PROGRAM, tmp_path, timeout=150)
     assert out["strategy"] == "parameter_server" and out["precision"] == "mixed_float16", json.dumps(out)
     assert out["optimizers"] == ["LossScaleOptimizer"]
     assert out["step_counter"] == out["steps"] == 2 * 4 and out["inner_iterations"] == out["steps"]
