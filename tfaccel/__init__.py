@@ -33,8 +33,8 @@ _LAZY = {
     "DATASET_NAMES": "tfaccel.datasets",
     "get_model_builder": "tfaccel.models",
     "MODEL_NAMES": "tfaccel.models",
-    "compile_and_fit": "tfaccel.training",
-    "FitResult": "tfaccel.training",
+    "compile_and_fit": "tfaccel.train.api",
+    "FitResult": "tfaccel.train.api",
 }
 
 __all__ = ["__version__", "TfaccelError", "ConfigError", "DeviceError", "BackendUnavailableError", *_LAZY]

@@ -145,7 +145,7 @@ def _hand_xla_loop(build: Callable, x: Any, y: Any, epochs: int, batch: int) -> 
 
 
 def _compile_and_fit(build: Callable, x: Any, y: Any, epochs: int, **kwargs: Any) -> tuple:
-    from tfaccel.training import compile_and_fit
+    from tfaccel.train.api import compile_and_fit
 
     result = compile_and_fit(build, (x, y), epochs=epochs, loss="sparse_categorical_crossentropy",
                              metrics=["accuracy"], verbose=0, strategy="default", **kwargs)
@@ -345,7 +345,7 @@ def run_bench(config: BenchConfig, *, json_path: Optional[str] = None, png_path:
                 report[key] = {k: scaling[key][k] for k in ("median", "min", "max")}
     report["seconds"] = round(time.perf_counter() - t0, 1)
     if json_path:
-        from tfaccel.callbacks import atomic_write_text
+        from tfaccel.train.backups import atomic_write_text
 
         os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
         atomic_write_text(json_path, json.dumps(report, indent=2, default=str))

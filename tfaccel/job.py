@@ -72,7 +72,7 @@ def run_job(options: JobOptions) -> Dict[str, Any]:
         ClusterSpec.from_file(options.cluster).export(options.task)
     from tfaccel.datasets import load_dataset
     from tfaccel.models import get_model_builder
-    from tfaccel.training import compile_and_fit
+    from tfaccel.train.api import compile_and_fit
 
     builder = get_model_builder(options.model)
     x, y = load_dataset(options.dataset, split="train", num_examples=options.num_examples,
@@ -103,7 +103,7 @@ def run_job(options: JobOptions) -> Dict[str, Any]:
         "examples_per_sec": round(result.examples_per_sec, 1), "seconds": round(result.seconds, 2),
     }
     if options.json_out and result.plan.is_chief:
-        from tfaccel.callbacks import atomic_write_text
+        from tfaccel.train.backups import atomic_write_text
 
         os.makedirs(os.path.dirname(os.path.abspath(options.json_out)), exist_ok=True)
         atomic_write_text(options.json_out, json.dumps(summary, indent=2))

@@ -23,7 +23,7 @@ def main() -> None:
 
     import keras
 
-    from tfaccel.training import compile_and_fit
+    from tfaccel.train.api import compile_and_fit
 
     rank = os.environ.get("HOROVOD_RANK")
     tag = rank if rank is not None else "single"

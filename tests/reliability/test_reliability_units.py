@@ -95,7 +95,7 @@ def _model():
 
 
 def test_backup_that_fails_midway_leaves_the_previous_backup_intact(tmp_path):
-    from tfaccel.callbacks import StepBackup, read_backup
+    from tfaccel.train.backups import StepBackup, read_backup
 
     model = _model()
     cb = StepBackup(str(tmp_path), save_freq=5, is_chief=True, steps_per_epoch=20)
@@ -129,7 +129,7 @@ def test_checkpoint_that_fails_midway_keeps_the_previous_one_as_latest(tmp_path,
     import tensorflow as tf
     from tensorflow.python.checkpoint import checkpoint_management
 
-    from tfaccel.callbacks import ChiefCheckpoint
+    from tfaccel.train.backups import ChiefCheckpoint
 
     model = _model()
     cb = ChiefCheckpoint(str(tmp_path), is_chief=True, every_worker_saves=False)
@@ -155,7 +155,7 @@ def test_checkpoint_that_fails_midway_keeps_the_previous_one_as_latest(tmp_path,
 
 
 def test_atomic_write_text_never_leaves_a_mix(tmp_path, monkeypatch):
-    from tfaccel.callbacks import atomic_write_text
+    from tfaccel.train.backups import atomic_write_text
 
     target = tmp_path / "state.json"
     atomic_write_text(str(target), json.dumps({"step": 5}))

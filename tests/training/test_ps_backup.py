@@ -261,8 +261,8 @@ def _variables():
 def test_backup_that_fails_midway_leaves_the_previous_backup_intact(tmp_path, monkeypatch):
     import tensorflow as tf
 
-    from tfaccel.callbacks import read_backup, remove_backup
-    from tfaccel.ps_loop import restore_checkpoint_backup, write_checkpoint_backup
+    from tfaccel.train.backups import read_backup, remove_backup
+    from tfaccel.train.loops.coordinator import restore_checkpoint_backup, write_checkpoint_backup
 
     weights, steps = _variables()
     ckpt = tf.train.Checkpoint(w=weights, steps=steps)
@@ -285,12 +285,12 @@ def test_backup_that_fails_midway_leaves_the_previous_backup_intact(tmp_path, mo
     assert sorted(os.listdir(tmp_path)) == ["backup-10.ckpt", "tfaccel_backup.json"]  # no half backup left
 
     # The pointer write itself fails after the checkpoint was renamed into place: still the previous backup.
-    import tfaccel.callbacks
+    import tfaccel.train.backups
 
     def no_pointer(path, text):
         raise OSError("read-only file system")
 
-    monkeypatch.setattr(tfaccel.callbacks, "atomic_write_text", no_pointer)
+    monkeypatch.setattr(tfaccel.train.backups, "atomic_write_text", no_pointer)
     with pytest.raises(OSError, match="read-only"):
         write_checkpoint_backup(str(tmp_path), ckpt, epoch=1, step=5, steps_per_epoch=10)
     monkeypatch.undo()
@@ -311,8 +311,8 @@ def test_backup_that_fails_midway_leaves_the_previous_backup_intact(tmp_path, mo
 def test_restore_refuses_a_keras_path_backup_and_a_different_model(tmp_path):
     import tensorflow as tf
 
-    from tfaccel.callbacks import read_backup
-    from tfaccel.ps_loop import restore_checkpoint_backup, write_checkpoint_backup
+    from tfaccel.train.backups import read_backup
+    from tfaccel.train.loops.coordinator import restore_checkpoint_backup, write_checkpoint_backup
 
     (tmp_path / "keras").mkdir()
     (tmp_path / "keras" / "backup-5.weights.h5").write_bytes(b"h5")
@@ -335,7 +335,7 @@ def test_keras_path_refuses_a_parameter_server_backup_before_building(tmp_path):
     import tensorflow as tf
 
     from tfaccel import compile_and_fit
-    from tfaccel.ps_loop import write_checkpoint_backup
+    from tfaccel.train.loops.coordinator import write_checkpoint_backup
 
     weights, steps = _variables()
     write_checkpoint_backup(str(tmp_path), tf.train.Checkpoint(w=weights, steps=steps), epoch=1, step=0,

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from tfaccel.data import is_batched, make_input, resolve_batch_sizes
+from tfaccel.train.data import is_batched, make_input, resolve_batch_sizes
 from tfaccel.errors import ConfigError
 from tfaccel.strategies.base import Backend
 

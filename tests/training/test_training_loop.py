@@ -8,7 +8,7 @@ import pytest
 import tfaccel
 from tfaccel.errors import ConfigError
 from tfaccel.strategies.base import Backend
-from tfaccel.training import _choose_steps_per_execution
+from tfaccel.train.api import _choose_steps_per_execution
 
 
 def _build():

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tfaccel.errors import ConfigError
-from tfaccel.optim import make_optimizer, scaled_learning_rate
+from tfaccel.train.optim import make_optimizer, scaled_learning_rate
 
 
 def _mirrored():

@@ -307,13 +307,13 @@ def agree_on_backup(state: Optional[Mapping[str, Any]], *, _hvd: Any = None) -> 
     variables at train begin.
 
     Args:
-        state: the ``BackupState`` this rank read from ``backup_dir`` (``tfaccel.callbacks.read_backup``), or None.
+        state: the ``BackupState`` this rank read from ``backup_dir`` (``tfaccel.train.backups.read_backup``), or None.
 
     Returns:
         None when rank 0 has no backup; ``state`` when it is rank 0's; else a ``BackupState`` at rank 0's
         position with ``weights_path`` None.
     """
-    from tfaccel.callbacks import BackupState
+    from tfaccel.train.backups import BackupState
 
     hvd = _hvd if _hvd is not None else import_horovod()
     mine = [1, int(state["epoch"]), int(state["step"]), int(state.get("global_step", 0))] if state else [0, 0, 0, 0]

@@ -112,7 +112,7 @@ def build_model_and_optimizer(build_model: Callable[[], Any], *, backend: Any, l
     """
     import keras
 
-    from tfaccel.optim import make_optimizer
+    from tfaccel.train.optim import make_optimizer
 
     model = build_model()
     if not isinstance(model, keras.Model):
@@ -227,7 +227,7 @@ def compile_and_fit(
     _validate(build_model, epochs=epochs, steps_per_epoch=steps_per_epoch, warmup_epochs=warmup_epochs,
               gradient_accumulation_steps=gradient_accumulation_steps, steps_per_execution=steps_per_execution,
               verbose=verbose, loss=loss, callbacks=callbacks, backup_freq=backup_freq)
-    from tfaccel.optim import validate_optimizer_args
+    from tfaccel.train.optim import validate_optimizer_args
 
     validate_optimizer_args(optimizer, learning_rate=learning_rate, scale_learning_rate=scale_learning_rate,
                             clipnorm=clipnorm, global_clipnorm=global_clipnorm)
@@ -237,8 +237,8 @@ def compile_and_fit(
         raise ConfigError("validation_data cannot be a dataset_fn; pass (x, y) arrays or a tf.data.Dataset")
     import keras
 
-    from tfaccel.callbacks import ChiefCheckpoint, StepBackup, Throughput, read_backup, remove_backup
-    from tfaccel.data import is_batched, make_input, resolve_batch_sizes
+    from tfaccel.train.backups import ChiefCheckpoint, StepBackup, Throughput, read_backup, remove_backup
+    from tfaccel.train.data import is_batched, make_input, resolve_batch_sizes
     from tfaccel.plan import resolve_plan
     from tfaccel.precision import set_precision
 
@@ -268,7 +268,7 @@ def compile_and_fit(
         log.info("backup in %s says training already finished (epoch %d of %d)", backup_dir, start_epoch, epochs)
 
     if not backend.uses_keras_fit:
-        from tfaccel.ps_loop import fit_parameter_server
+        from tfaccel.train.loops.coordinator import fit_parameter_server
 
         unsupported = {name: value for name, value in (
             ("tensorboard_dir", tensorboard_dir), ("callbacks", list(callbacks) or None),
@@ -372,8 +372,8 @@ def compile_and_fit(
     ran_steps = 0
     epoch_seconds: Optional[List[float]] = None
     if use_compiled and start_epoch < epochs:
-        from tfaccel.data import _as_arrays
-        from tfaccel.ps_loop import _loss_fn, _metric_fns
+        from tfaccel.train.data import _as_arrays
+        from tfaccel.train.loops.coordinator import _loss_fn, _metric_fns
 
         x_arr, y_arr = _as_arrays(train_data)
         val_arrays = _as_arrays(validation_data) if validation_data is not None else None

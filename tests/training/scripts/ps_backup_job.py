@@ -20,7 +20,7 @@ if cfg.get("task", {}).get("type") in ("ps", "worker"):
 import numpy as np  # noqa: E402
 
 import tfaccel  # noqa: E402
-import tfaccel.ps_loop  # noqa: E402
+import tfaccel.train.loops.coordinator  # noqa: E402
 from tfaccel.datasets import load_dataset  # noqa: E402
 
 env = os.environ
@@ -33,8 +33,8 @@ def build():
                              keras.layers.Dense(10, activation="softmax")])
 
 
-real_restore = tfaccel.ps_loop.restore_checkpoint_backup
-real_write = tfaccel.ps_loop.write_checkpoint_backup
+real_restore = tfaccel.train.loops.coordinator.restore_checkpoint_backup
+real_write = tfaccel.train.loops.coordinator.write_checkpoint_backup
 
 
 def restore_spy(state, checkpoint, *, backup_dir):
@@ -53,8 +53,8 @@ def write_spy(*args, **kwargs):
     return path
 
 
-tfaccel.ps_loop.restore_checkpoint_backup = restore_spy
-tfaccel.ps_loop.write_checkpoint_backup = write_spy
+tfaccel.train.loops.coordinator.restore_checkpoint_backup = restore_spy
+tfaccel.train.loops.coordinator.write_checkpoint_backup = write_spy
 
 x, y = load_dataset("digits", split="train")
 result = tfaccel.compile_and_fit(

@@ -51,7 +51,7 @@ def write_checkpoint_backup(backup_dir: str, checkpoint: Any, *, epoch: int, ste
     named by ``tfaccel_backup.json`` (replaced atomically): a save that fails or is killed at any point leaves the
     previous backup whole and still the one a restart resumes from.
     """
-    from tfaccel.callbacks import commit_backup, read_backup
+    from tfaccel.train.backups import commit_backup, read_backup
 
     os.makedirs(backup_dir, exist_ok=True)
     global_step = epoch * steps_per_epoch + step
@@ -156,16 +156,16 @@ def fit_parameter_server(build_model: Callable[[], Any], train_data: Any, *, bac
                          backup_state: Any = None) -> Any:
     """Trains under ParameterServerStrategy with a ClusterCoordinator loop; see compile_and_fit.
 
-    ``backup_state`` is what ``tfaccel.callbacks.read_backup(backup_dir)`` found (None: start from scratch).
+    ``backup_state`` is what ``tfaccel.train.backups.read_backup(backup_dir)`` found (None: start from scratch).
     """
     import keras
     import numpy as np
     import tensorflow as tf
 
-    from tfaccel.callbacks import remove_backup
-    from tfaccel.data import is_batched
+    from tfaccel.train.backups import remove_backup
+    from tfaccel.train.data import is_batched
     from tfaccel.precision import check_output_dtype, wrap_loss_scale
-    from tfaccel.training import FitResult, build_model_and_optimizer
+    from tfaccel.train.api import FitResult, build_model_and_optimizer
 
     log = get_logger()
     strategy, coordinator = backend.strategy, backend.coordinator
@@ -405,6 +405,6 @@ def _evaluate(model: Any, data: Any, loss_fn: Callable, metric_fns: Dict[str, Ca
 
 
 def _batched(ds: Any) -> bool:
-    from tfaccel.data import is_batched
+    from tfaccel.train.data import is_batched
 
     return is_batched(ds)
