@@ -1,0 +1,262 @@
+"""The compiled loop: every whole batch of an epoch in one (XLA) ``tf.while_loop`` calling the model's own steps.
+
+For in-memory arrays on one replica, Keras' ``fit`` spends most of a small model's step outside the math
+(iterator hand-off, callbacks, Python per batch). This loop keeps the data on the device, draws each epoch's
+order from (seed, epoch), and calls ``model.train_step`` (Keras' or the user's) on every whole batch inside
+one compiled ``tf.while_loop``; the partial last batch runs as its own step, so no layer sees padding.
+``compute_loss``, ``model.losses``, sample weights, stateful metrics and the optimizer's schedule and clipping
+are therefore Keras' own. The epoch around it (callbacks, logs, validation through ``test_step``) mirrors
+``keras/src/backend/tensorflow/trainer.py`` ``fit``/``evaluate`` of Keras 3.15; :func:`compiled_blockers`
+lists what it cannot mirror (per-batch callbacks), and those jobs go to Keras ``fit``.
+"""
+
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+
+import numpy as np
+
+from tfaccel.train.loops.base import LoopResult
+
+__all__ = ["compiled_blockers", "run_compiled"]
+
+_BATCH_HOOKS = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end",
+                "on_test_batch_begin", "on_test_batch_end")
+
+
+def _settings_blockers(cb: Any) -> List[str]:
+    """Settings of Keras' own callbacks whose batch hooks act only under those settings (Keras 3.15)."""
+    import keras
+
+    name, cbs = type(cb).__name__, keras.callbacks
+    if isinstance(cb, (cbs.ModelCheckpoint, cbs.BackupAndRestore)):
+        freq = cb.save_freq
+        return [f"callback {name} saves every {freq} batches (save_freq={freq})"] \
+            if isinstance(freq, int) and not isinstance(freq, bool) else []
+    if isinstance(cb, cbs.TensorBoard):
+        found = [f"update_freq={cb.update_freq!r}"] if cb.update_freq != "epoch" else []
+        found += ["write_steps_per_second=True"] if cb.write_steps_per_second else []
+        found += ["profile_batch is set"] if getattr(cb, "_should_trace", False) else []
+        return [f"callback {name} writes per batch ({', '.join(found)})"] if found else []
+    return []
+
+
+def _keras_base(cb: Any) -> type:
+    """The Keras class whose batch hooks are known to be epoch-level (under :func:`_settings_blockers`)."""
+    import keras
+
+    cbs = keras.callbacks
+    for known in (cbs.ProgbarLogger, cbs.ModelCheckpoint, cbs.BackupAndRestore, cbs.TensorBoard):
+        if isinstance(cb, known):
+            return known
+    return cbs.Callback
+
+
+def compiled_blockers(model: Any, *, callbacks: Sequence[Any], steps_per_execution_given: bool = False) -> List[str]:
+    """Why the compiled loop cannot run this job exactly like ``model.fit`` (an empty list: it can).
+
+    Args:
+        model: the user's compiled Keras model.
+        callbacks: every callback of the job (the user's and tfaccel's).
+        steps_per_execution_given: whether the user asked for ``steps_per_execution``.
+
+    Returns:
+        One short readable phrase per reason, e.g. ``"callback LambdaCallback has per-batch hooks (on_batch_end)"``.
+    """
+    blockers = []
+    strategy = getattr(model, "distribute_strategy", None)
+    if strategy is not None and strategy.num_replicas_in_sync != 1:
+        blockers.append(f"the model's strategy has {strategy.num_replicas_in_sync} replicas (needs one)")
+    if getattr(model, "run_eagerly", False):
+        blockers.append("the model was compiled with run_eagerly=True")
+    if steps_per_execution_given:
+        blockers.append("steps_per_execution was given (the compiled loop runs whole epochs)")
+    for cb in callbacks:
+        base = _keras_base(cb)
+        hooks = [h for h in _BATCH_HOOKS if h in vars(cb) or getattr(type(cb), h) is not getattr(base, h)]
+        if hooks:
+            blockers.append(f"callback {type(cb).__name__} has per-batch hooks ({', '.join(hooks)})")
+        blockers.extend(_settings_blockers(cb))
+    return blockers
+
+
+def _as_tensors(x: Any, y: Any, sample_weight: Any) -> Any:
+    """The data as Keras' array adapter hands it to a step: floats in floatx, packed (x, y[, sw]) or x."""
+    import keras
+    import tensorflow as tf
+
+    def convert(a: Any) -> Any:
+        a = np.asarray(a)
+        if np.issubdtype(a.dtype, np.floating) and a.dtype != np.dtype(keras.config.floatx()):
+            a = a.astype(keras.config.floatx())
+        return tf.constant(a)
+
+    if isinstance(x, list):
+        x = tuple(x)  # as Keras does: a dataset would stack a list
+    if sample_weight is not None and isinstance(y, (list, tuple, dict)):
+        sample_weight = tf.nest.map_structure(lambda _: sample_weight, y)  # one array for every output
+    packed = keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
+    return tf.nest.map_structure(convert, packed)
+
+
+class _Pass:
+    """One pass over in-memory data with one of the model's step methods.
+
+    The whole batches run in one compiled ``tf.while_loop``; a partial last batch runs as a step of its own
+    (its own trace), so every layer sees exactly Keras' batches. The first call builds whatever the step
+    creates lazily (optimizer slots, compiled metrics) by tracing one step, as Keras' ``fit`` does.
+    """
+
+    def __init__(self, model: Any, step: Callable[[Any], Any], data: Any, *, batch_size: int,
+                 jit_compile: bool) -> None:
+        import tensorflow as tf
+
+        self.num_examples = int(tf.nest.flatten(data)[0].shape[0])
+        if self.num_examples == 0:
+            raise ValueError("compiled loop: the data has 0 examples; pass at least one example (or a batch)")
+        self.batch_size = batch_size
+        self.whole = self.num_examples // batch_size
+        self.num_batches = -(-self.num_examples // batch_size)
+        self._data, self._strategy = data, model.distribute_strategy
+
+        def one_step(batch: Any) -> Any:
+            out = self._strategy.run(step, args=(batch,))
+            return tf.nest.map_structure(tf.convert_to_tensor, out)
+
+        self._one_step = one_step
+        self._step = tf.function(one_step, jit_compile=jit_compile)
+        self._loop = tf.function(self._whole_batches, jit_compile=jit_compile)
+        with self._strategy.scope():  # builds lazily created variables outside the while loop
+            first = self._step.get_concrete_function(self._gather(tf.range(min(batch_size, self.num_examples))))
+        self._zeros = tf.nest.map_structure(lambda t: tf.zeros(t.shape, t.dtype), first.structured_outputs)
+
+    def _gather(self, idx: Any) -> Any:
+        import tensorflow as tf
+
+        return tf.nest.map_structure(lambda t: tf.gather(t, idx), self._data)
+
+    def _whole_batches(self, order: Any) -> Any:
+        import tensorflow as tf
+
+        def body(i: Any, last: Any) -> Any:
+            # tf.slice, not order[i*b:(i+1)*b]: Python slicing inside the XLA loop ran 100x slower here.
+            return i + 1, self._one_step(self._gather(tf.slice(order, [i * self.batch_size], [self.batch_size])))
+
+        _, last = tf.while_loop(lambda i, _: i < self.whole, body, (tf.constant(0), self._zeros),
+                                parallel_iterations=1)
+        return last
+
+    def run(self, order: np.ndarray) -> Any:
+        """Runs every batch in ``order`` (int32 example indices); returns the last step's outputs."""
+        import tensorflow as tf
+
+        with self._strategy.scope():
+            split = self.whole * self.batch_size
+            last = self._loop(tf.constant(order[:split])) if self.whole else None
+            if split < self.num_examples:
+                last = self._step(self._gather(tf.constant(order[split:])))
+        return last
+
+
+def _epoch_order(n: int, seed: Optional[int], epoch: int, shuffle: bool) -> np.ndarray:
+    if not shuffle:
+        return np.arange(n, dtype=np.int32)
+    return np.random.default_rng([0 if seed is None else int(seed), int(epoch)]).permutation(n).astype(np.int32)
+
+
+def _pythonify(logs: Any) -> Dict[str, Any]:
+    """Keras' ``pythonify_logs``: nested dicts flattened, sorted keys, floats where possible."""
+    result: Dict[str, Any] = {}
+    for key, value in sorted((logs or {}).items()):
+        if isinstance(value, dict):
+            result.update(_pythonify(value))
+            continue
+        try:
+            result[key] = float(np.asarray(value))
+        except (TypeError, ValueError):
+            result[key] = value
+    return result
+
+
+def _metrics_or_logs(model: Any, logs: Any) -> Any:
+    """Keras' ``_get_metrics_result_or_logs``: the model's metrics when the step returned the same keys."""
+    metric_logs = model.get_metrics_result()
+    if isinstance(logs, dict) and set(logs) == set(metric_logs):
+        return metric_logs
+    return logs
+
+
+def _should_eval(epoch: int, validation_freq: Union[int, List[int]]) -> bool:
+    if isinstance(validation_freq, int):
+        return (epoch + 1) % validation_freq == 0
+    if isinstance(validation_freq, (list, tuple)):
+        return epoch + 1 in validation_freq
+    raise ValueError(f"validation_freq must be an int (every N epochs) or a list of 1-based epochs; received "
+                     f"validation_freq={validation_freq!r} of type {type(validation_freq).__name__}. "
+                     f"Pass e.g. validation_freq=1 or validation_freq=[1, 5].")
+
+
+def _evaluate(model: Any, val_pass: _Pass, cb_list: Any) -> Dict[str, Any]:
+    """Keras' ``evaluate`` as ``fit`` calls it: same callbacks, all metrics reset first, ``val_`` prefixes."""
+    cb_list.on_test_begin()
+    model.reset_metrics()
+    logs = _pythonify(_metrics_or_logs(model, val_pass.run(_epoch_order(val_pass.num_examples, 0, 0, False))))
+    cb_list.on_test_end(logs)
+    return {f"val_{name}": value for name, value in logs.items()}
+
+
+def run_compiled(model: Any, *, x: Any, y: Any, sample_weight: Any, batch_size: int, epochs: int,
+                 initial_epoch: int, shuffle: bool, seed: Optional[int], validation: Any,
+                 validation_batch_size: Optional[int], validation_freq: Union[int, List[int]], jit_compile: bool,
+                 callbacks: List[Any], verbose: Any) -> LoopResult:
+    """Trains ``model`` as Keras ``fit`` would, each epoch's whole batches in one compiled call.
+
+    Args:
+        model: the user's compiled Keras model (one replica).
+        x: an array, a dict or a list of arrays. y: an array (or None). sample_weight: None or an array
+            (class weights already folded in).
+        batch_size: examples per step. epochs, initial_epoch, validation_freq, verbose: as in Keras ``fit``.
+        shuffle: draw each epoch's order from (seed, epoch). seed: the order's seed.
+        validation: None or (x, y, sample_weight). validation_batch_size: defaults to ``batch_size``.
+        jit_compile: compile the steps and the epoch loop with XLA.
+        callbacks: epoch-level callbacks (:func:`compiled_blockers` returned [] for them).
+
+    Returns:
+        LoopResult: Keras' history, the training seconds of each epoch (validation and callbacks excluded), and
+        the number of steps run.
+
+    Raises:
+        ValueError: the model is not compiled, the data is empty, or validation_freq is not an int or a list.
+    """
+    import keras
+
+    if not getattr(model, "compiled", False):
+        raise ValueError("compiled loop: the model is not compiled; call model.compile(optimizer=..., loss=...) "
+                         "before training it")
+    train = _Pass(model, model.train_step, _as_tensors(x, y, sample_weight), batch_size=batch_size,
+                  jit_compile=jit_compile)
+    val = None if validation is None else _Pass(model, model.test_step, _as_tensors(*validation),
+                                                batch_size=validation_batch_size or batch_size,
+                                                jit_compile=jit_compile)
+    cb_list = keras.callbacks.CallbackList(callbacks, add_history=True, add_progbar=verbose != 0, model=model,
+                                           verbose=verbose, epochs=epochs, steps=train.num_batches)
+    model.stop_training = False
+    cb_list.on_train_begin()
+    seconds: List[float] = []
+    epoch_logs = None
+    for epoch in range(getattr(model, "_initial_epoch", None) or initial_epoch, epochs):  # BackupAndRestore
+        model.reset_metrics()
+        cb_list.on_epoch_begin(epoch)
+        start = time.perf_counter()
+        logs = train.run(_epoch_order(train.num_examples, seed, epoch, shuffle))
+        seconds.append(time.perf_counter() - start)
+        epoch_logs = dict(_metrics_or_logs(model, logs))
+        if val is not None and _should_eval(epoch, validation_freq):
+            epoch_logs.update(_evaluate(model, val, cb_list))
+        cb_list.on_epoch_end(epoch, epoch_logs)
+        if model.stop_training:
+            break
+    if isinstance(model.optimizer, keras.optimizers.Optimizer) and epochs > 0:
+        model.optimizer.finalize_variable_values(model.trainable_weights)
+    cb_list.on_train_end(logs=epoch_logs)
+    return LoopResult(history=dict(model.history.history), epoch_seconds=seconds,
+                      steps=len(seconds) * train.num_batches)
