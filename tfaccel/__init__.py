@@ -33,6 +33,8 @@ _LAZY = {
     "DATASET_NAMES": "tfaccel.datasets",
     "get_model_builder": "tfaccel.models",
     "MODEL_NAMES": "tfaccel.models",
+    "scope": "tfaccel.train.scope",
+    "fit": "tfaccel.train.api",
     "compile_and_fit": "tfaccel.train.api",
     "FitResult": "tfaccel.train.api",
 }

@@ -43,6 +43,7 @@ __all__ = [
     "agree_on_backup",
     "check_optimizer",
     "distributed_optimizer",
+    "distribute_in_place",
     "import_horovod",
     "is_distributed_optimizer",
     "launched_by_horovod",
@@ -213,18 +214,38 @@ def distributed_optimizer(optimizer: Any, *, compression: str = "none", _hvd: An
     if (keras.mixed_precision.dtype_policy().name == "mixed_float16"
             and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)):
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-    base = type(optimizer)
+    return _averaging_class(type(optimizer), hvd, comp).from_config(optimizer.get_config())
+
+
+def _averaging_class(base: type, hvd: Any, comp: Any) -> type:
+    """A subclass of ``base`` (same name and module, so saved files name the plain Keras class) whose
+    ``apply()`` averages the gradients over all ranks first."""
 
     def apply(self: Any, grads: Sequence[Any], trainable_variables: Optional[Sequence[Any]] = None) -> Any:
         return base.apply(self, _allreduce_gradients(hvd, grads, compression=comp), trainable_variables)
 
-    cls = type(base.__name__, (base,), {
+    return type(base.__name__, (base,), {
         "apply": apply,
         _WRAPPED_ATTR: True,
         "__module__": base.__module__,
         "__doc__": f"{base.__name__} whose apply() averages gradients over Horovod ranks (tfaccel).",
     })
-    return cls.from_config(optimizer.get_config())
+
+
+def distribute_in_place(optimizer: Any, *, compression: str = "none", _hvd: Any = None) -> Any:
+    """Makes the user's compiled optimizer average gradients over all ranks, keeping the object (and its state,
+    schedule and clipping): its class is swapped for an averaging subclass. ``tfaccel.fit`` calls it on
+    ``model.optimizer`` (a LossScaleOptimizer under mixed_float16, so every rank skips or applies the same steps).
+
+    Returns:
+        The same optimizer.
+    """
+    check_optimizer(optimizer)
+    if is_distributed_optimizer(optimizer):
+        return optimizer
+    hvd = _hvd if _hvd is not None else import_horovod()
+    optimizer.__class__ = _averaging_class(type(optimizer), hvd, _compression(compression, hvd))
+    return optimizer
 
 
 # ----------------------------------------------------------------------------------------------- callbacks
@@ -414,7 +435,7 @@ def make_backend(*, devices: Any = None, task: Any = None, compression: str = "n
     size, rank = int(hvd.size()), int(hvd.rank())
 
     def wrap_optimizer(optimizer: Any) -> Any:
-        return distributed_optimizer(optimizer, compression=compression, _hvd=hvd)
+        return distribute_in_place(optimizer, compression=compression, _hvd=hvd)
 
     def extra_callbacks() -> List[Any]:
         return [BroadcastVariablesCallback(root_rank=0, _hvd=hvd), MetricAverageCallback(_hvd=hvd)]

@@ -1,4 +1,10 @@
-"""``compile_and_fit``: one call that builds, compiles and fits a Keras model on any backend."""
+"""``tfaccel.fit`` and ``compile_and_fit``: train the user's compiled model exactly as Keras would, on any backend.
+
+``fit(model, x, y, ...)`` takes ``keras.Model.fit``'s arguments with Keras' meaning plus tfaccel's keyword
+options, prepares the data once (``tfaccel.train.data``), adapts the user's optimizer in place only where the
+backend needs it (``tfaccel.train.optim``), picks one loop (``tfaccel.train.loops``) and says why in the
+result. ``compile_and_fit`` builds and compiles inside ``tfaccel.scope()`` and calls ``fit``.
+"""
 
 import dataclasses
 import sys
@@ -8,10 +14,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 from tfaccel.errors import ConfigError, invalid_choice
 from tfaccel.log import get_logger
 
-__all__ = ["FitResult", "compile_and_fit", "STEPS_PER_EXECUTION_AUTO_MAX"]
+__all__ = ["FitResult", "fit", "compile_and_fit", "LOOP_CHOICES", "STEPS_PER_EXECUTION_AUTO_MAX"]
 
-# Upper bound of steps_per_execution="auto": enough to hide Python/dispatch overhead of small models
-# (measured: 64 steps per execution + XLA gave 6.3x the throughput of a naive fit on an MNIST MLP here).
+# Upper bound of steps_per_execution="auto" (measured: 64 steps per execution + XLA gave 6.3x a naive fit here).
 STEPS_PER_EXECUTION_AUTO_MAX = 64
 VERBOSE_CHOICES = ("auto", 0, 1, 2)
 LOOP_CHOICES = ("auto", "keras", "compiled")
@@ -19,19 +24,19 @@ LOOP_CHOICES = ("auto", "keras", "compiled")
 
 @dataclasses.dataclass(frozen=True)
 class FitResult:
-    """What compile_and_fit did.
+    """What ``fit`` did.
 
     Attributes:
-        model: the trained Keras model.
-        history: ``{"loss": [...], "val_loss": [...], ...}``, one value per epoch, like Keras.
+        model: the trained Keras model (the user's own object).
+        history: Keras' history dict (``{"loss": [...], "val_loss": [...], ...}``), as ``model.fit`` returns it.
         plan: the ``Plan`` (strategy, precision, XLA and why).
         examples_per_sec: training throughput, leaving out the first epoch when there are several.
         seconds: wall time of the training loop.
-        global_batch_size: examples per optimizer micro-step over all replicas.
+        global_batch_size: examples per step over all replicas (None for datasets, which carry their batches).
         steps_per_epoch: steps per epoch.
-        steps: optimizer micro-steps run by this call (after a resume, only the remaining ones).
+        steps: training steps run by this call (after a resume or an early stop, only those that ran).
         resumed_from: ``(epoch, step)`` of the backup this run resumed from, or None.
-        details: everything else worth knowing (learning rate rule, data pipeline, checkpoints).
+        details: the loop and why, the data, the optimizer changes, checkpoints, backups.
     """
 
     model: Any
@@ -40,7 +45,7 @@ class FitResult:
     examples_per_sec: float
     seconds: float
     global_batch_size: Optional[int]
-    steps_per_epoch: int
+    steps_per_epoch: Optional[int]
     steps: int
     resumed_from: Optional[tuple] = None
     details: Dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -49,165 +54,383 @@ class FitResult:
         last = {k: v[-1] for k, v in self.history.items() if v}
         metrics = ", ".join(f"{k}={v:.4g}" for k, v in last.items())
         return (f"trained {self.steps} steps in {self.seconds:.1f}s, {self.examples_per_sec:,.0f} examples/s; "
-                f"{metrics}; plan: {self.plan.summary()}")
+                f"{metrics}; loop: {self.details.get('loop', '?')}; plan: {self.plan.summary()}")
 
 
-def _validate(build_model: Any, *, epochs: Any, steps_per_epoch: Any, warmup_epochs: Any,
-              gradient_accumulation_steps: Any, steps_per_execution: Any, verbose: Any, loss: Any,
-              callbacks: Any, backup_freq: Any) -> None:
-    import keras
+def _check_int(name: str, value: Any, minimum: int, *, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{name} must be {'None or ' if optional else ''}a whole number >= {minimum}; "
+                          f"received {value!r}")
 
-    if not callable(build_model) or isinstance(build_model, keras.layers.Layer):
-        raise ConfigError(f"build_model must be a callable returning a keras.Model (it is called inside the strategy "
-                          f"scope); received {type(build_model).__name__}. Pass the function, not its result: "
-                          "compile_and_fit(build_model, ...) rather than compile_and_fit(build_model(), ...)")
-    for name, value, minimum in (("epochs", epochs, 1), ("gradient_accumulation_steps", gradient_accumulation_steps, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ConfigError(f"{name} must be a whole number >= {minimum}; received {value!r}")
-    for name, value in (("steps_per_epoch", steps_per_epoch), ("backup_freq", backup_freq)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ConfigError(f"{name} must be None or a whole number >= 1; received {value!r}")
+
+def _validate(*, epochs: Any, initial_epoch: Any, steps_per_epoch: Any, backup_freq: Any, verbose: Any, loop: Any,
+              callbacks: Any, gradient_accumulation_steps: Any, steps_per_execution: Any, warmup_epochs: Any) -> None:
+    _check_int("epochs", epochs, 1)
+    _check_int("initial_epoch", initial_epoch, 0)
+    _check_int("gradient_accumulation_steps", gradient_accumulation_steps, 1)
+    _check_int("steps_per_epoch", steps_per_epoch, 1, optional=True)
+    _check_int("backup_freq", backup_freq, 1, optional=True)
+    if steps_per_execution != "auto":
+        _check_int("steps_per_execution", steps_per_execution, 1)
     if isinstance(warmup_epochs, bool) or not isinstance(warmup_epochs, (int, float)) or warmup_epochs < 0:
         raise ConfigError(f"warmup_epochs must be a number >= 0; received {warmup_epochs!r}")
-    if steps_per_execution != "auto" and (isinstance(steps_per_execution, bool)
-                                          or not isinstance(steps_per_execution, int) or steps_per_execution < 1):
-        raise ConfigError(f"steps_per_execution must be 'auto' or a whole number >= 1; received {steps_per_execution!r}")
     if verbose not in VERBOSE_CHOICES or isinstance(verbose, bool):
         raise invalid_choice("verbose", verbose, [str(v) for v in VERBOSE_CHOICES])
-    if isinstance(callbacks, (str, bytes)) or not isinstance(callbacks, (list, tuple)):
+    if loop not in LOOP_CHOICES:
+        raise invalid_choice("loop", loop, LOOP_CHOICES)
+    if callbacks is not None and (isinstance(callbacks, (str, bytes)) or not isinstance(callbacks, (list, tuple))):
         raise ConfigError(f"callbacks must be a list of keras callbacks; received {type(callbacks).__name__}")
 
 
-def _choose_steps_per_execution(requested: Union[str, int], *, steps_per_epoch: int, backup_freq: Optional[int],
-                                backend: Any) -> tuple:
+def _verbose(verbose: Any, chief: bool) -> int:
+    if verbose == "auto":
+        return (1 if sys.stdout.isatty() else 2) if chief else 0
+    return int(verbose) if chief else 0
+
+
+def _choose_loop(requested: str, *, backend: Any, model: Any, data: Any, user_callbacks: Sequence[Any],
+                 backup_freq: Optional[int], steps_per_execution: Any) -> tuple:
+    """(loop name, reason). The compiled loop only where it trains exactly like Keras fit."""
+    if not backend.uses_keras_fit:
+        if requested != "auto":
+            raise ConfigError(f"loop={requested!r}: strategy {backend.name} trains with tfaccel's ClusterCoordinator "
+                              "loop only (Keras 3 fit does not run ParameterServerStrategy, keras-team/keras#18624)")
+        return "coordinator", "parameter_server: tfaccel's ClusterCoordinator loop (keras-team/keras#18624)"
+    from tfaccel.train.loops.compiled import compiled_blockers
+
+    blockers = []
+    if backend.num_replicas_in_sync != 1 or backend.name not in ("default", "one_device"):
+        blockers.append(f"strategy {backend.name} with {backend.num_replicas_in_sync} replica(s)")
+    if data.kind != "arrays":
+        blockers.append(f"data is {data.note.split(' used')[0]}, not in-memory arrays")
+    elif data.validation is not None and data.validation[1] is None and data.validation[2] is None:
+        blockers.append("validation_data is not arrays")
+    if backup_freq:
+        blockers.append("backup_freq asks for step-level backups")
+    blockers += compiled_blockers(model, callbacks=list(user_callbacks),
+                                  steps_per_execution_given=steps_per_execution != "auto")
+    if requested == "compiled" and blockers:
+        raise ConfigError("loop='compiled' cannot train this job exactly like Keras fit: " + "; ".join(blockers) +
+                          ". Use loop='auto' (Keras fit then trains it)")
+    if requested == "keras":
+        return "keras_fit", "Keras fit (asked for)"
+    if blockers:
+        return "keras_fit", "Keras fit (" + "; ".join(blockers) + ")"
+    return "compiled", "compiled whole-epoch loop running the model's train_step (one replica, array data)"
+
+
+def _steps_per_execution(requested: Any, *, backend: Any, model: Any, per_batch_callbacks: bool,
+                         steps_per_epoch: Optional[int]) -> tuple:
     if backend.name == "multi_worker":
-        # Keras 3.15's multi-step loop (TensorFlowTrainer.multi_step_on_iterator) fails under
-        # MultiWorkerMirroredStrategy: "You must feed a value for placeholder tensor .../while/cond/Placeholder"
-        # from the distributed iterator's has_next (seen on Keras 3.15.1 / TF 2.21.0).
-        reason = "multi_worker: Keras 3.15's multi-step loop fails under MultiWorkerMirroredStrategy"
+        # Keras 3.15's multi-step loop fails under MultiWorkerMirroredStrategy: "You must feed a value for
+        # placeholder tensor .../while/cond/Placeholder" from the distributed iterator (Keras 3.15.1, TF 2.21.0).
         if requested not in ("auto", 1):
-            get_logger().warning("steps_per_execution=%s cannot work here (%s); using 1", requested, reason)
-        return 1, reason
+            get_logger().warning("steps_per_execution=%s cannot work under multi_worker (Keras 3.15's multi-step loop "
+                                 "fails under MultiWorkerMirroredStrategy); using 1", requested)
+        return 1, "multi_worker: Keras 3.15's multi-step loop fails under MultiWorkerMirroredStrategy"
     if requested != "auto":
         return int(requested), "given"
-    if not backend.uses_keras_fit:
-        return 1, "parameter_server: the coordinator schedules steps itself"
+    if model.steps_per_execution != 1:
+        return model.steps_per_execution, "as compiled"
+    if per_batch_callbacks or not steps_per_epoch:
+        return 1, "1: per-batch callbacks must see every batch" if per_batch_callbacks else "1: epoch length unknown"
     spe = min(steps_per_epoch, STEPS_PER_EXECUTION_AUTO_MAX)
-    if backup_freq:
-        spe = max(1, min(spe, backup_freq))
-        while backup_freq % spe:
-            spe -= 1
-        return spe, f"auto: min(steps/epoch, {STEPS_PER_EXECUTION_AUTO_MAX}) dividing backup_freq={backup_freq}"
     return spe, f"auto: min(steps/epoch={steps_per_epoch}, {STEPS_PER_EXECUTION_AUTO_MAX})"
 
 
-def build_model_and_optimizer(build_model: Callable[[], Any], *, backend: Any, loss: Any, metrics: Any,
-                              optimizer: Any, learning_rate: Optional[float], scale_learning_rate: Optional[str],
-                              warmup_steps: int, clipnorm: Optional[float], global_clipnorm: Optional[float],
-                              gradient_accumulation_steps: int) -> tuple:
-    """Builds the model and tfaccel's optimizer; call inside the strategy scope (every training path does).
+def _resume(backup_dir: Optional[str], *, backend: Any, model: Any) -> tuple:
+    """(state, epoch, step) of the backup to resume from; the weights and optimizer state are loaded."""
+    from tfaccel.train.backups import read_backup
 
-    Returns:
-        (model, loss, metrics, optimizer, optimizer description).
-    """
+    state = read_backup(backup_dir)
+    if state and state.get("format") and backend.uses_keras_fit:
+        raise ConfigError(f"backup_dir {backup_dir}: holds {state['weights']}, a {state['format']} backup written by "
+                          f"a parameter_server job; strategy {backend.name} resumes only from its own Keras weight "
+                          "backups. Resume it with strategy='parameter_server', or give this job another backup_dir")
+    if backup_dir and backend.name == "horovod":  # only rank 0 writes backups: every rank resumes from its one
+        from tfaccel.strategies.horovod import agree_on_backup
+
+        state = agree_on_backup(state)
+    if not state or not backend.uses_keras_fit:
+        return state, (state.epoch, state.step) if state else (0, 0)
+    if not model.built:
+        raise ConfigError("resuming from backup_dir needs a built model: give the model an Input layer "
+                          "(keras.Input(shape)) so its weights exist before training")
+    with backend.scope():
+        # model.optimizer: under mixed_float16 the LossScaleOptimizer, whose own variables the backup holds too.
+        model.optimizer.build(model.trainable_variables)
+    if state["weights_path"]:  # None: a Horovod rank without rank 0's file gets rank 0's broadcast
+        model.load_weights(state["weights_path"])
+    return state, (state.epoch, state.step)
+
+
+def _adapt(model: Any, *, backend: Any, plan: Any, requested_jit: Any, data: Any, scale_learning_rate: Any,
+           base_batch_size: Optional[int], warmup_epochs: float, accumulation: int) -> Dict[str, Any]:
+    """Everything tfaccel changes on the user's model before training, each change named for the plan."""
+    from tfaccel.train.optim import adapt_optimizer, scale_learning_rate as scale_lr
+
+    if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False):
+        raise ConfigError("fit: the model is not compiled; call model.compile(optimizer=..., loss=...) inside "
+                          "`with tfaccel.scope():` first")
+    changes: Dict[str, Any] = {}
+    note = adapt_optimizer(model, replicas=backend.num_replicas_in_sync, accumulation_steps=accumulation)
+    if note:
+        changes["optimizer"] = note
+    updates = max(1, (data.steps_per_epoch or 1) // accumulation)
+    base = base_batch_size or (data.batch_size // backend.num_replicas_in_sync if data.batch_size else None)
+    changes["learning_rate"] = scale_lr(model, scale_learning_rate, global_batch=data.batch_size, base_batch=base,
+                                        warmup_steps=int(round(warmup_epochs * updates)))
+    if backend.name == "horovod":
+        backend.wrap_optimizer(model.optimizer)  # in place: the user keeps their object
+        changes["horovod"] = "optimizer averages gradients over ranks; weights broadcast from rank 0; metrics averaged"
+    jit = _refined_jit(plan, model, requested_jit)
+    if bool(model.jit_compile) != jit:
+        changes["jit_compile"] = f"{model.jit_compile} -> {jit} ({plan.jit_reason})"
+        model.jit_compile = jit
+        model.train_function = model.test_function = model.predict_function = None
+    return changes
+
+
+def _refined_jit(plan: Any, model: Any, requested_jit: Any) -> bool:
+    """The plan's "auto" XLA decision, revisited now that the model exists (convolutions on CPU: off)."""
+    from tfaccel.devices import detect_devices
+    from tfaccel.xla import refine_jit_for_model
+
+    jit, _ = refine_jit_for_model(plan.jit_compile, plan.jit_reason, requested=requested_jit, model=model,
+                                  devices=detect_devices())
+    return bool(jit)
+
+
+def _tfaccel_callbacks(*, backend: Any, data: Any, backup_dir: Optional[str], backup_freq: Optional[int],
+                       checkpoint_dir: Optional[str], tensorboard_dir: Optional[str], start_step: int) -> tuple:
+    """(callbacks before the user's, callbacks after the user's, named ones) that tfaccel adds."""
     import keras
 
-    from tfaccel.train.optim import make_optimizer
+    from tfaccel.train.backups import ChiefCheckpoint, StepBackup, Throughput
 
-    model = build_model()
-    if not isinstance(model, keras.Model):
-        raise ConfigError(f"build_model must return a keras.Model; it returned {type(model).__name__}")
-    loss_, metrics_ = _resolve_loss(model, loss, metrics)
-    opt, opt_info = make_optimizer(optimizer, learning_rate=learning_rate, replicas=backend.num_replicas_in_sync,
-                                   scale_learning_rate=scale_learning_rate, warmup_steps=warmup_steps,
-                                   clipnorm=clipnorm, global_clipnorm=global_clipnorm,
-                                   gradient_accumulation_steps=gradient_accumulation_steps)
-    return model, loss_, metrics_, opt, opt_info
-
-
-def _resolve_loss(model: Any, loss: Any, metrics: Any) -> tuple:
-    if loss is None:
-        existing = getattr(model, "loss", None)
-        if existing is None:
-            raise ConfigError("loss is required (e.g. loss='sparse_categorical_crossentropy'), unless build_model "
-                              "returns a model it already compiled with one")
-        loss = existing
-    return loss, list(metrics or [])
+    chief = backend.is_chief
+    named: Dict[str, Any] = {"timer": Throughput(examples_per_step=data.batch_size or 0)}
+    if backup_dir:
+        named["backup"] = StepBackup(backup_dir, save_freq=backup_freq, is_chief=chief, step_offset=start_step,
+                                     steps_per_epoch=data.steps_per_epoch or 0)
+    if checkpoint_dir:
+        named["checkpoint"] = ChiefCheckpoint(checkpoint_dir, is_chief=chief,
+                                              every_worker_saves=backend.name == "multi_worker")
+    after = list(named.values())
+    if tensorboard_dir and chief:
+        after.append(keras.callbacks.TensorBoard(tensorboard_dir))
+    # Backend callbacks first: Horovod's metric averaging must run before a user's EarlyStopping or checkpoint
+    # reads the metrics, or ranks could stop at different epochs and hang.
+    return list(backend.extra_callbacks()), after, named
 
 
-def compile_and_fit(
-    build_model: Callable[[], Any],
-    train_data: Any,
-    *,
-    validation_data: Any = None,
-    epochs: int = 1,
-    steps_per_epoch: Optional[int] = None,
-    global_batch_size: Optional[int] = None,
-    per_replica_batch_size: Optional[int] = None,
-    strategy: str = "auto",
-    precision: str = "auto",
-    jit_compile: Union[str, bool] = "auto",
-    optimizer: Any = "adam",
-    learning_rate: Optional[float] = None,
-    scale_learning_rate: Optional[str] = "linear",
-    warmup_epochs: float = 0,
-    loss: Any = None,
-    metrics: Optional[Sequence[Any]] = None,
-    gradient_accumulation_steps: int = 1,
-    clipnorm: Optional[float] = None,
-    global_clipnorm: Optional[float] = None,
-    steps_per_execution: Union[str, int] = "auto",
-    checkpoint_dir: Optional[str] = None,
-    backup_dir: Optional[str] = None,
-    backup_freq: Optional[int] = None,
-    tensorboard_dir: Optional[str] = None,
-    callbacks: Sequence[Any] = (),
-    verbose: Union[str, int] = "auto",
-    seed: Optional[int] = None,
-    shuffle: bool = True,
-    strategy_options: Optional[Dict[str, Any]] = None,
-    loop: str = "auto",
-) -> FitResult:
-    """Builds, compiles and fits a Keras model on the best (or the named) backend.
+def _run_loop(name: str, model: Any, *, data: Any, backend: Any, plan: Any, epochs: int, initial_epoch: int,
+              start_step: int, callbacks: List[Any], named: Dict[str, Any], verbose: int, options: Dict[str, Any]) -> Any:
+    if name == "compiled":
+        from tfaccel.train.loops.compiled import run_compiled
+
+        x = data.x
+        return run_compiled(model, x=x, y=data.y, sample_weight=data.sample_weight, batch_size=data.batch_size,
+                            epochs=epochs, initial_epoch=initial_epoch, shuffle=bool(data.shuffle), seed=data.seed,
+                            validation=data.validation, validation_batch_size=options["validation_batch_size"],
+                            validation_freq=options["validation_freq"], jit_compile=bool(model.jit_compile),
+                            callbacks=[cb for cb in callbacks if cb is not named["timer"]], verbose=verbose)
+    if name == "coordinator":
+        from tfaccel.train.loops.coordinator import run_coordinator
+
+        return run_coordinator(model, data=data, backend=backend, plan=plan, epochs=epochs,
+                               initial_epoch=initial_epoch, start_step=start_step, callbacks=callbacks,
+                               verbose=verbose, options=options)
+    from tfaccel.train.loops.keras_fit import run_keras_fit
+
+    return run_keras_fit(model, data=data, backend=backend, epochs=epochs, initial_epoch=initial_epoch,
+                         start_step=start_step, backups=bool(options["backup_dir"]), callbacks=callbacks,
+                         verbose=verbose, validation_steps=options["validation_steps"],
+                         validation_batch_size=options["validation_batch_size"],
+                         validation_freq=options["validation_freq"], step_counter=named["timer"])
+
+
+def fit(model: Any, x: Any = None, y: Any = None, batch_size: Optional[int] = None, epochs: int = 1,
+        verbose: Union[str, int] = "auto", callbacks: Optional[Sequence[Any]] = None, validation_split: float = 0.0,
+        validation_data: Any = None, shuffle: Any = True, class_weight: Optional[Dict[int, float]] = None,
+        sample_weight: Any = None, initial_epoch: int = 0, steps_per_epoch: Optional[int] = None,
+        validation_steps: Optional[int] = None, validation_batch_size: Optional[int] = None,
+        validation_freq: Any = 1, *, loop: str = "auto", seed: Optional[int] = None,
+        backup_dir: Optional[str] = None, backup_freq: Optional[int] = None, checkpoint_dir: Optional[str] = None,
+        tensorboard_dir: Optional[str] = None, gradient_accumulation_steps: int = 1,
+        scale_learning_rate: Optional[str] = None, base_batch_size: Optional[int] = None,
+        warmup_epochs: float = 0, steps_per_execution: Union[str, int] = "auto") -> FitResult:
+    """Trains a model compiled inside ``tfaccel.scope()`` exactly as ``model.fit`` would, on this process's backend.
+
+    The positional arguments are ``keras.Model.fit``'s, with Keras' meaning (``batch_size`` is the global
+    batch; ``x`` may be arrays, a dict of arrays, a ``tf.data.Dataset``, a ``keras.utils.PyDataset`` or a
+    ``dataset_fn(input_context)``). The keyword-only ones are tfaccel's.
 
     Args:
-        build_model: ``() -> keras.Model``, called inside the strategy scope.
-        train_data: ``(x, y)`` arrays, a ``tf.data.Dataset`` (batched: used as given; unbatched: batched by the
-            global batch), or ``dataset_fn(input_context) -> Dataset`` for per-worker pipelines.
-        validation_data: same forms as ``train_data`` (not a dataset_fn). Defaults to None.
-        epochs: epochs to train. Defaults to 1.
-        steps_per_epoch: steps per epoch; required for a dataset_fn. Defaults to the data's length.
-        global_batch_size: examples per step over all replicas. Give this or ``per_replica_batch_size``;
-            if both, they must agree. Defaults to 32 per replica.
-        per_replica_batch_size: examples per step per replica.
-        strategy: a name from ``tfaccel.strategies.STRATEGY_NAMES`` or ``"auto"``. Defaults to "auto".
-        precision: ``"auto"``, ``"float32"``, ``"mixed_float16"`` or ``"mixed_bfloat16"``. Defaults to "auto".
-        jit_compile: ``"auto"``, True or False; True falls back with a warning where XLA cannot work.
-        optimizer: a name, a Keras optimizer (its config is reused) or a callable returning one. Defaults to "adam".
-        learning_rate: single-replica learning rate. Defaults to the optimizer's default.
-        scale_learning_rate: ``"linear"``, ``"sqrt"`` or ``"none"``: scaling by replicas. Defaults to "linear".
-        warmup_epochs: epochs of linear warmup from the unscaled to the scaled rate. Defaults to 0.
-        loss, metrics: as for ``model.compile``.
-        gradient_accumulation_steps: micro-batches per optimizer update, under any strategy. Defaults to 1.
-        clipnorm, global_clipnorm: clipping of the aggregated (all-reduced) gradients.
-        steps_per_execution: steps per compiled call; "auto" picks up to 64. Defaults to "auto".
-        checkpoint_dir: the chief writes a ``tf.train.Checkpoint`` here at each epoch end. Defaults to None.
-        backup_dir: backups for fault tolerance; a job restarted with the same directory resumes from the last
-            backup (epoch and step), and the backup is removed when training completes. Under parameter_server
-            the coordinator writes them (a ``tf.train.Checkpoint``, after ``coordinator.join()``) and a restarted
-            chief resumes; ``details["resumed"]`` says from where. Defaults to None.
-        backup_freq: also back up every this many steps (besides each epoch end); under parameter_server a
-            multiple of ``gradient_accumulation_steps``. Defaults to None.
-        tensorboard_dir: TensorBoard logs, from the chief only. Defaults to None.
-        callbacks: extra Keras callbacks.
-        verbose: "auto" (progress bar on the chief when attached to a terminal, one line per epoch otherwise,
-            silent on other workers), 0, 1 or 2.
-        seed: seeds weights and the data order (a function of (seed, epoch)). Defaults to None.
-        shuffle: shuffle array / unbatched dataset inputs each epoch. Defaults to True.
-        strategy_options: options of the strategy entry (e.g. ``{"device_names": ["/gpu:0", "/gpu:1"]}``).
         loop: ``"auto"`` (tfaccel's compiled whole-epoch loop where it trains exactly like ``fit``: one replica,
-            array data, no per-batch callbacks; Keras ``fit`` elsewhere), ``"keras"`` or ``"compiled"``.
-            Defaults to "auto".
+            array data, epoch-level callbacks; Keras ``fit`` elsewhere, the reason in ``details["loop"]``),
+            ``"keras"`` or ``"compiled"`` (an error where it cannot be exact). Defaults to "auto".
+        seed: the seed of the example order (a function of (seed, epoch)); None draws one and logs it.
+        backup_dir, backup_freq: backups a restarted job resumes from (epoch and step); removed when training
+            completes. ``backup_freq``: also every this many steps.
+        checkpoint_dir: ``tf.train.Checkpoint``s written by the chief at each epoch end.
+        tensorboard_dir: TensorBoard logs from the chief.
+        gradient_accumulation_steps: micro-batches per optimizer update, under any strategy. Defaults to 1.
+        scale_learning_rate: ``"linear"`` or ``"sqrt"``: scale the compiled rate (or schedule) by the global batch
+            over ``base_batch_size`` (defaults to the per-replica batch), with ``warmup_epochs`` of linear warmup.
+            Defaults to None (the rate as compiled).
+        steps_per_execution: steps per compiled call on the Keras path; "auto" keeps 1 where per-batch callbacks
+            must see every batch and goes up to 64 otherwise.
+
+    Returns:
+        A ``FitResult``; ``result.history`` is Keras' history dict.
+
+    Raises:
+        ConfigError: a bad argument or combination, before any training starts.
+
+    Example:
+        >>> import numpy as np, keras, tfaccel
+        >>> x, y = np.random.rand(256, 8).astype("float32"), np.random.randint(0, 2, 256)
+        >>> with tfaccel.scope():  # doctest: +SKIP
+        ...     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2, activation="softmax")])
+        ...     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+        >>> tfaccel.fit(model, x, y, batch_size=64, epochs=2, validation_split=0.1).history  # doctest: +SKIP
+    """
+    _validate(epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch, backup_freq=backup_freq,
+              verbose=verbose, loop=loop, callbacks=callbacks, gradient_accumulation_steps=gradient_accumulation_steps,
+              steps_per_execution=steps_per_execution, warmup_epochs=warmup_epochs)
+    from tfaccel.train.data import prepare_data
+    from tfaccel.train.scope import plan_for_model
+
+    plan, backend, requested_jit = plan_for_model(model)
+    user_callbacks = list(callbacks or [])
+    data = prepare_data(x, y, sample_weight=sample_weight, class_weight=class_weight, validation_split=validation_split,
+                        validation_data=validation_data, batch_size=batch_size, shuffle=shuffle,
+                        steps_per_epoch=steps_per_epoch, seed=seed)
+    loop_name, loop_reason = _choose_loop(loop, backend=backend, model=model, data=data, user_callbacks=user_callbacks,
+                                          backup_freq=backup_freq, steps_per_execution=steps_per_execution)
+    changes = _adapt(model, backend=backend, plan=plan, requested_jit=requested_jit, data=data,
+                     scale_learning_rate=scale_learning_rate, base_batch_size=base_batch_size,
+                     warmup_epochs=warmup_epochs, accumulation=gradient_accumulation_steps)
+    state, (start_epoch, start_step) = _resume(backup_dir, backend=backend, model=model)
+    start_epoch = max(start_epoch, initial_epoch)
+    before, after, named = _tfaccel_callbacks(backend=backend, data=data, backup_dir=backup_dir,
+                                              backup_freq=backup_freq, checkpoint_dir=checkpoint_dir,
+                                              tensorboard_dir=tensorboard_dir, start_step=start_step)
+    if loop_name == "keras_fit":
+        per_batch = "per-batch" in loop_reason or bool(backup_freq)
+        spe, spe_reason = _steps_per_execution(steps_per_execution, backend=backend, model=model,
+                                               per_batch_callbacks=per_batch, steps_per_epoch=data.steps_per_epoch)
+        if spe != model.steps_per_execution:
+            model.steps_per_execution, model.train_function = spe, None
+        changes["steps_per_execution"] = f"{spe} ({spe_reason})"
+    _announce(plan, backend, data=data, loop_reason=loop_reason, changes=changes, verbose=verbose)
+    options = dict(validation_steps=validation_steps, validation_batch_size=validation_batch_size,
+                   validation_freq=validation_freq, backup_dir=backup_dir, backup_freq=backup_freq,
+                   checkpoint_dir=checkpoint_dir, gradient_accumulation_steps=gradient_accumulation_steps)
+    return _train(model, loop_name, data=data, backend=backend, plan=plan, epochs=epochs, start=(start_epoch, start_step),
+                  callbacks=before + user_callbacks + after, named=named, verbose=_verbose(verbose, backend.is_chief),
+                  options=options, details={"loop": loop_reason, "data": data.note, "seed": data.seed, **changes},
+                  resumed=state is not None)
+
+
+def _announce(plan: Any, backend: Any, *, data: Any, loop_reason: str, changes: Dict[str, Any], verbose: Any) -> None:
+    if not backend.is_chief:
+        return
+    say = get_logger().info if verbose != 0 else get_logger().debug  # verbose=0: quiet, like Keras
+    say("plan: %s", plan.summary())
+    say("data: %s; loop: %s%s", data.note, loop_reason,
+        "".join(f"; {k}: {v}" for k, v in changes.items()))
+
+
+def _train(model: Any, loop_name: str, *, data: Any, backend: Any, plan: Any, epochs: int, start: tuple,
+           callbacks: List[Any], named: Dict[str, Any], verbose: int, options: Dict[str, Any],
+           details: Dict[str, Any], resumed: bool) -> FitResult:
+    from tfaccel.train.backups import remove_backup
+    from tfaccel.train.optim import restore_optimizer_class
+
+    start_epoch, start_step = start
+    t0 = time.perf_counter()
+    try:
+        outcome = _run_loop(loop_name, model, data=data, backend=backend, plan=plan, epochs=epochs,
+                            initial_epoch=start_epoch, start_step=start_step, callbacks=callbacks, named=named,
+                            verbose=verbose, options=options) if start_epoch < epochs else None
+    finally:
+        restore_optimizer_class(model)
+    seconds = time.perf_counter() - t0
+    if options["backup_dir"] and backend.is_chief:
+        remove_backup(options["backup_dir"])  # training completed: nothing to resume any more
+    history = outcome.history if outcome else {}
+    epoch_seconds = outcome.epoch_seconds if outcome else []
+    timed = epoch_seconds[1:] if len(epoch_seconds) > 1 else epoch_seconds
+    per_epoch = data.num_examples or (data.batch_size or 0) * (data.steps_per_epoch or 0)
+    examples_per_sec = len(timed) * per_epoch / sum(timed) if timed and sum(timed) > 0 else 0.0
+    if "backup" in named:
+        details["backups_written"] = named["backup"].saves
+    if "checkpoint" in named:
+        details["checkpoints"] = list(named["checkpoint"].saved)
+    result = FitResult(model=model, history=history, plan=plan, examples_per_sec=examples_per_sec, seconds=seconds,
+                       global_batch_size=data.batch_size, steps_per_epoch=data.steps_per_epoch,
+                       steps=outcome.steps if outcome else 0, resumed_from=start if resumed else None,
+                       details=details)
+    if backend.is_chief and verbose:
+        get_logger().info("%s", result.summary())
+    return result
+
+
+def _make_optimizer(optimizer: Any, *, learning_rate: Optional[float], clipnorm: Optional[float],
+                    global_clipnorm: Optional[float]) -> Any:
+    """compile_and_fit's optimizer: a name, a Keras optimizer (used as given) or a callable returning one."""
+    import keras
+
+    from tfaccel.train.optim import OPTIMIZER_NAMES
+
+    if clipnorm is not None and global_clipnorm is not None:
+        raise ConfigError(f"give clipnorm or global_clipnorm, not both (received clipnorm={clipnorm!r}, "
+                          f"global_clipnorm={global_clipnorm!r})")
+    for name, value in (("clipnorm", clipnorm), ("global_clipnorm", global_clipnorm), ("learning_rate", learning_rate)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+            raise ConfigError(f"{name} must be a positive number; received {value!r}")
+    given = {k: v for k, v in (("learning_rate", learning_rate), ("clipnorm", clipnorm),
+                               ("global_clipnorm", global_clipnorm)) if v is not None}
+    if isinstance(optimizer, str):
+        if optimizer.lower() not in OPTIMIZER_NAMES:
+            raise invalid_choice("optimizer", optimizer, OPTIMIZER_NAMES, "Or pass a keras.optimizers.Optimizer.")
+        return keras.optimizers.get({"class_name": optimizer.lower(), "config": given})
+    if not isinstance(optimizer, keras.optimizers.Optimizer) and callable(optimizer):
+        optimizer = optimizer()
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise ConfigError(f"optimizer must be a name {OPTIMIZER_NAMES}, a keras Optimizer or a callable returning one; "
+                          f"received {type(optimizer).__name__}")
+    if given:
+        raise ConfigError(f"{', '.join(given)}: set these on your optimizer object ({type(optimizer).__name__}); "
+                          "tfaccel uses the optimizer you pass as given")
+    return optimizer
+
+
+def compile_and_fit(build_model: Callable[[], Any], train_data: Any, *, validation_data: Any = None, epochs: int = 1,
+                    steps_per_epoch: Optional[int] = None, global_batch_size: Optional[int] = None,
+                    per_replica_batch_size: Optional[int] = None, strategy: str = "auto", precision: str = "auto",
+                    jit_compile: Union[str, bool] = "auto", optimizer: Any = "adam",
+                    learning_rate: Optional[float] = None, loss: Any = None, metrics: Optional[Sequence[Any]] = None,
+                    clipnorm: Optional[float] = None, global_clipnorm: Optional[float] = None,
+                    strategy_options: Optional[Dict[str, Any]] = None, **fit_options: Any) -> FitResult:
+    """Builds and compiles a model inside ``tfaccel.scope()``, then trains it with ``tfaccel.fit``.
+
+    Args:
+        build_model: ``() -> keras.Model``, called inside the strategy scope. A model it already compiled keeps
+            its optimizer, loss and metrics unless ``loss`` is given here.
+        train_data: ``(x, y)`` or ``(x, y, sample_weight)`` arrays, a ``tf.data.Dataset`` (batched: used as given;
+            unbatched: batched by the global batch), a ``keras.utils.PyDataset`` or a ``dataset_fn(input_context)``.
+        validation_data: as ``fit``'s. Defaults to None.
+        global_batch_size, per_replica_batch_size: give either (both must agree); defaults to 32 per replica.
+        strategy, precision, jit_compile, strategy_options: as ``tfaccel.scope``.
+        optimizer: a name, a Keras optimizer (used as given) or a callable returning one. Defaults to "adam".
+        learning_rate, clipnorm, global_clipnorm: for an optimizer given by name.
+        loss, metrics: as for ``model.compile``.
+        **fit_options: every other ``tfaccel.fit`` keyword (callbacks, seed, backup_dir, loop, ...).
 
     Returns:
         A ``FitResult``.
@@ -222,238 +445,60 @@ def compile_and_fit(
         ...     return keras.Sequential([keras.Input((8,)), keras.layers.Dense(2, activation="softmax")])
         >>> result = tfaccel.compile_and_fit(build, (x, y), loss="sparse_categorical_crossentropy",
         ...                                  epochs=2, global_batch_size=64)  # doctest: +SKIP
-        >>> result.history["loss"]  # doctest: +SKIP
     """
-    _validate(build_model, epochs=epochs, steps_per_epoch=steps_per_epoch, warmup_epochs=warmup_epochs,
-              gradient_accumulation_steps=gradient_accumulation_steps, steps_per_execution=steps_per_execution,
-              verbose=verbose, loss=loss, callbacks=callbacks, backup_freq=backup_freq)
-    from tfaccel.train.optim import validate_optimizer_args
-
-    validate_optimizer_args(optimizer, learning_rate=learning_rate, scale_learning_rate=scale_learning_rate,
-                            clipnorm=clipnorm, global_clipnorm=global_clipnorm)
-    if loop not in LOOP_CHOICES:
-        raise invalid_choice("loop", loop, LOOP_CHOICES)
-    if callable(validation_data) and not hasattr(validation_data, "element_spec"):
-        raise ConfigError("validation_data cannot be a dataset_fn; pass (x, y) arrays or a tf.data.Dataset")
     import keras
 
-    from tfaccel.train.backups import ChiefCheckpoint, StepBackup, Throughput, read_backup, remove_backup
-    from tfaccel.train.data import is_batched, make_input, resolve_batch_sizes
-    from tfaccel.plan import resolve_plan
-    from tfaccel.precision import set_precision
+    from tfaccel.train.scope import scope
 
-    log = get_logger()
-    if seed is not None:
-        keras.utils.set_random_seed(int(seed))
-    plan, backend = resolve_plan(strategy=strategy, precision=precision, jit_compile=jit_compile,
-                                 strategy_options=strategy_options)
-    set_precision(plan.precision)
-    import tensorflow as tf
-
-    pre_batched = isinstance(train_data, tf.data.Dataset) and is_batched(train_data)
-    batch = resolve_batch_sizes(global_batch_size=global_batch_size, per_replica_batch_size=per_replica_batch_size,
-                                replicas=backend.num_replicas_in_sync, pre_batched=pre_batched)
-    drop_remainder = backend.name == "tpu"
-    state = read_backup(backup_dir)
-    if state and state.get("format") and backend.name != "parameter_server":
-        raise ConfigError(f"backup_dir {backup_dir}: holds {state['weights']}, a {state['format']} backup written by "
-                          f"a parameter_server job; strategy {backend.name} resumes only from its own Keras weight "
-                          "backups. Resume it with strategy='parameter_server', or give this job another backup_dir")
-    if backup_dir and backend.name == "horovod":  # only rank 0 writes backups: every rank resumes from its one
-        from tfaccel.strategies.horovod import agree_on_backup
-
-        state = agree_on_backup(state)
-    start_epoch, start_step = (state.epoch, state.step) if state else (0, 0)
-    if state and start_epoch >= epochs:
-        log.info("backup in %s says training already finished (epoch %d of %d)", backup_dir, start_epoch, epochs)
-
-    if not backend.uses_keras_fit:
-        from tfaccel.train.loops.coordinator import fit_parameter_server
-
-        unsupported = {name: value for name, value in (
-            ("tensorboard_dir", tensorboard_dir), ("callbacks", list(callbacks) or None),
-            ("loop", None if loop == "auto" else loop),
-            ("steps_per_execution", None if steps_per_execution == "auto" else steps_per_execution)) if value}
-        if unsupported:
-            raise ConfigError(
-                f"strategy {backend.name}: {', '.join(f'{k}={v!r}' for k, v in unsupported.items())} cannot apply to "
-                "tfaccel's ClusterCoordinator loop (Keras callbacks and fit options do not run there). Supported: "
-                "epochs, steps_per_epoch, validation_data, checkpoint_dir and backup_dir/backup_freq (written by the "
-                "coordinator), metrics as names or functions, gradient_accumulation_steps, clipping, learning-rate "
-                "scaling and warmup")
-
-        return fit_parameter_server(
-            build_model, train_data, backend=backend, plan=plan, batch=batch, validation_data=validation_data,
-            epochs=epochs, steps_per_epoch=steps_per_epoch, optimizer=optimizer, learning_rate=learning_rate,
-            scale_learning_rate=scale_learning_rate, warmup_epochs=warmup_epochs, loss=loss, metrics=metrics,
-            gradient_accumulation_steps=gradient_accumulation_steps, clipnorm=clipnorm,
-            global_clipnorm=global_clipnorm, checkpoint_dir=checkpoint_dir, seed=seed, shuffle=shuffle,
-            verbose=verbose, backup_dir=backup_dir, backup_freq=backup_freq, backup_state=state)
-
-    inp = make_input(train_data, backend=backend, batch=batch, epochs=epochs, seed=seed, shuffle=shuffle,
-                     drop_remainder=drop_remainder, steps_per_epoch=steps_per_epoch, start_epoch=start_epoch,
-                     start_step=start_step)
-    steps = inp.steps_per_epoch
-    if state and start_step >= steps:
-        raise ConfigError(f"backup_dir {backup_dir}: the backup is at step {start_step} of epoch {start_epoch}, but an "
-                          f"epoch now has only {steps} steps; the data or batch size changed since it was written")
-    val = None
-    if validation_data is not None:
-        val = make_input(validation_data, backend=backend, batch=batch, epochs=1, seed=None, shuffle=False,
-                         drop_remainder=drop_remainder, what="validation_data")
-    spe, spe_reason = _choose_steps_per_execution(steps_per_execution, steps_per_epoch=steps, backup_freq=backup_freq,
-                                                  backend=backend)
-    updates_per_epoch = max(1, steps // gradient_accumulation_steps)
-    with backend.scope():
-        model, loss_, metrics_, opt, opt_info = build_model_and_optimizer(
-            build_model, backend=backend, loss=loss, metrics=metrics, optimizer=optimizer,
-            learning_rate=learning_rate, scale_learning_rate=scale_learning_rate,
-            warmup_steps=int(round(warmup_epochs * updates_per_epoch)), clipnorm=clipnorm,
-            global_clipnorm=global_clipnorm, gradient_accumulation_steps=gradient_accumulation_steps)
-        opt = backend.wrap_optimizer(opt)
-        plan = _refine_plan_for_model(plan, model, jit_compile)
-        model.compile(optimizer=opt, loss=loss_, metrics=metrics_, jit_compile=plan.jit_compile,
-                      steps_per_execution=spe)
-        if state:
-            if not model.built:
-                raise ConfigError("resuming from backup_dir needs a built model: give build_model's model an "
-                                  "Input layer (keras.Input(shape)) so its weights exist before training")
-            # model.optimizer: under mixed_float16 the LossScaleOptimizer, whose own variables (loss scale, step
-            # counter) the backup holds too; with only the inner optimizer built, Keras skips loading them
-            # (UserWarning "... has 12 variables whereas the saved optimizer has 14") and the scale restarts.
-            model.optimizer.build(model.trainable_variables)
-            if state["weights_path"]:  # None: a Horovod rank without rank 0's file gets rank 0's broadcast
-                model.load_weights(state["weights_path"])
-    _warn_float16_outputs(model, plan)
-
-    chief = backend.is_chief
-    if verbose == "auto":
-        verbose_ = (1 if sys.stdout.isatty() else 2) if chief else 0
-    else:
-        verbose_ = verbose if chief else 0
-    timer = Throughput(examples_per_step=batch.global_batch or 0)
-    # Backend callbacks first: Horovod's metric averaging must run before a user's EarlyStopping or
-    # checkpoint callback reads the metrics, or ranks could stop at different epochs and hang.
-    cbs: List[Any] = list(backend.extra_callbacks()) + list(callbacks) + [timer]
-    backup_cb = None
-    if backup_dir:
-        backup_cb = StepBackup(backup_dir, save_freq=backup_freq, is_chief=chief, step_offset=start_step,
-                               steps_per_epoch=steps)
-        cbs.append(backup_cb)
-    ckpt_cb = None
-    if checkpoint_dir:
-        ckpt_cb = ChiefCheckpoint(checkpoint_dir, is_chief=chief,
-                                  every_worker_saves=backend.name == "multi_worker")
-        cbs.append(ckpt_cb)
-    if tensorboard_dir and chief:
-        cbs.append(keras.callbacks.TensorBoard(tensorboard_dir))
-
-    from tfaccel.compiled_loop import compiled_loop_blockers, fit_compiled
-
-    blockers = compiled_loop_blockers(backend=backend, data_kind=inp.kind, callbacks=list(callbacks),
-                                      backup_freq=backup_freq, steps_per_execution=steps_per_execution,
-                                      steps_per_epoch_given=steps_per_epoch is not None)
-    if validation_data is not None and val is not None and val.kind != "arrays":
-        blockers.append("validation_data is not in-memory arrays")
-    blockers += [f"metric {m!r} is a stateful Metric object" for m in metrics_ if not (isinstance(m, str) or (
-        callable(m) and not isinstance(m, keras.metrics.Metric)))]
-    if loop == "compiled" and blockers:
-        raise ConfigError("loop='compiled' cannot run this job: " + "; ".join(blockers) + ". Use loop='auto'.")
-    use_compiled = loop == "compiled" or (loop == "auto" and not blockers)
-    loop_reason = ("compiled whole-epoch loop (one replica, array data)" if use_compiled else
-                   "keras fit" + (f" ({'; '.join(blockers)})" if blockers and loop == "auto" else " (asked for)"))
-    say = log.info if verbose != 0 else log.debug  # verbose=0: quiet, like Keras
-    if chief:
-        say("plan: %s", plan.summary())
-        say("data: %s; batch %s (%s); steps/epoch %d; loop: %s; steps_per_execution %d (%s); lr %s", inp.note,
-                 batch.global_batch, batch.reason, steps, loop_reason, spe, spe_reason, opt_info["learning_rate_note"])
-    history: Dict[str, List[float]] = {}
-    t0 = time.perf_counter()
-    ran_steps = 0
-    epoch_seconds: Optional[List[float]] = None
-    if use_compiled and start_epoch < epochs:
-        from tfaccel.train.data import _as_arrays
-        from tfaccel.train.loops.coordinator import _loss_fn, _metric_fns
-
-        x_arr, y_arr = _as_arrays(train_data)
-        val_arrays = _as_arrays(validation_data) if validation_data is not None else None
-
-        def log_epoch(epoch: int, total: int, logs: Dict[str, float], secs: float) -> None:
-            if chief and verbose_ != 0:
-                line = " - ".join(f"{k}: {v:.4f}" for k, v in logs.items())
-                log.info("epoch %d/%d - %d steps - %.2fs - %s", epoch + 1, total, steps, secs, line)
-
-        compiled_cbs = [cb for cb in cbs if cb is not timer]
-        with backend.scope():
-            # model.optimizer, not opt: under mixed_float16 compile() wrapped opt in a LossScaleOptimizer, which the
-            # loop must use (scale_loss/apply); its variables (dynamic scale) are created here too, not mid-trace.
-            if not model.optimizer.built:
-                model.optimizer.build(model.trainable_variables)  # inside the scope: slots on the strategy's device
-        with backend.scope():
-            history, epoch_seconds, _ = fit_compiled(
-                model, model.optimizer, loss_fn=_loss_fn(loss_), metric_fns=_metric_fns(metrics_, loss_), x=x_arr,
-                y=y_arr,
-                validation=val_arrays, epochs=epochs, start_epoch=start_epoch, batch_size=batch.global_batch,
-                seed=seed, shuffle=shuffle, jit_compile=bool(plan.jit_compile), callbacks=compiled_cbs,
-                strategy=backend.strategy, log_epoch=log_epoch)
-        ran_steps = steps * len(epoch_seconds)
-    elif start_epoch < epochs:
-        phases = []
-        if start_step:
-            phases.append((start_epoch, start_epoch + 1, steps - start_step, inp.dataset))
-            rest = make_input(train_data, backend=backend, batch=batch, epochs=epochs, seed=seed, shuffle=shuffle,
-                              drop_remainder=drop_remainder, steps_per_epoch=steps_per_epoch,
-                              start_epoch=start_epoch + 1) if start_epoch + 1 < epochs else None
-            if rest is not None:
-                phases.append((start_epoch + 1, epochs, steps, rest.dataset))
-        else:
-            phases.append((start_epoch, epochs, steps, inp.dataset))
-        for initial, final, phase_steps, dataset in phases:
-            fit_kwargs: Dict[str, Any] = {}
-            if val is not None:
-                fit_kwargs.update(validation_data=val.dataset, validation_steps=val.steps_per_epoch)
-            hist = model.fit(dataset, epochs=final, initial_epoch=initial, steps_per_epoch=phase_steps,
-                             callbacks=cbs, verbose=verbose_, shuffle=False, **fit_kwargs)  # ordered by tfaccel
-            for key, values in hist.history.items():
-                history.setdefault(key, []).extend(float(v) for v in values)
-            ran_steps += phase_steps * (final - initial)
-    seconds = time.perf_counter() - t0
-    if backup_dir and chief:
-        remove_backup(backup_dir)  # training completed: nothing to resume any more
-    if epoch_seconds is not None:
-        timed = epoch_seconds[1:] if len(epoch_seconds) > 1 else epoch_seconds
-        examples_per_sec = (len(timed) * len(y_arr) / sum(timed)) if sum(timed) > 0 else 0.0
-    else:
-        examples_per_sec = timer.examples_per_sec()
-    result = FitResult(
-        model=model, history=history, plan=plan, examples_per_sec=examples_per_sec, seconds=seconds,
-        global_batch_size=batch.global_batch, steps_per_epoch=steps, steps=ran_steps,
-        resumed_from=(start_epoch, start_step) if state else None,
-        details={**opt_info, "data": inp.note, "batch": batch.reason, "loop": loop_reason,
-                 "steps_per_execution": spe,
-                 "steps_per_execution_reason": spe_reason,
-                 "checkpoints": list(ckpt_cb.saved) if ckpt_cb is not None else [],
-                 "backups_written": backup_cb.saves if backup_cb is not None else 0})
-    if chief:
-        say("%s", result.summary())
-    return result
+    if not callable(build_model) or isinstance(build_model, keras.layers.Layer):
+        raise ConfigError(f"build_model must be a callable returning a keras.Model (it is called inside the strategy "
+                          f"scope); received {type(build_model).__name__}. Pass the function, not its result: "
+                          "compile_and_fit(build_model, ...) rather than compile_and_fit(build_model(), ...)")
+    with scope(strategy, precision, jit_compile, strategy_options=strategy_options) as plan:
+        model = build_model()
+        if not isinstance(model, keras.Model):
+            raise ConfigError(f"build_model must return a keras.Model; it returned {type(model).__name__}")
+        if loss is not None or not getattr(model, "compiled", False):
+            if loss is None:
+                raise ConfigError("loss is required (e.g. loss='sparse_categorical_crossentropy'), unless build_model "
+                                  "returns a model it already compiled")
+            model.compile(optimizer=_make_optimizer(optimizer, learning_rate=learning_rate, clipnorm=clipnorm,
+                                                    global_clipnorm=global_clipnorm),
+                          loss=loss, metrics=list(metrics or []))
+    batch = _global_batch(global_batch_size, per_replica_batch_size, plan.num_replicas, train_data)
+    if isinstance(train_data, (tuple, list)):
+        if len(train_data) not in (2, 3):
+            raise ConfigError(f"train_data must be (x, y) or (x, y, sample_weight) arrays, a dataset or a dataset_fn; "
+                              f"received a {type(train_data).__name__} of length {len(train_data)}")
+        x, y, *sw = train_data
+        return fit(model, x, y, batch_size=batch, epochs=epochs, validation_data=validation_data,
+                   steps_per_epoch=steps_per_epoch, sample_weight=sw[0] if sw else None, **fit_options)
+    return fit(model, train_data, batch_size=batch, epochs=epochs, validation_data=validation_data,
+               steps_per_epoch=steps_per_epoch, **fit_options)
 
 
-def _refine_plan_for_model(plan: Any, model: Any, requested_jit: Union[str, bool]) -> Any:
-    """The plan's "auto" XLA decision, revisited now that the model exists (convolutions on CPU: off)."""
-    from tfaccel.devices import detect_devices
-    from tfaccel.xla import refine_jit_for_model
+def _global_batch(global_batch_size: Optional[int], per_replica_batch_size: Optional[int], replicas: int,
+                  train_data: Any) -> Optional[int]:
+    from tfaccel.train.data import DEFAULT_BATCH_SIZE, is_batched
 
-    jit, reason = refine_jit_for_model(plan.jit_compile, plan.jit_reason, requested=requested_jit, model=model,
-                                       devices=detect_devices())
-    if (jit, reason) == (plan.jit_compile, plan.jit_reason):
-        return plan
-    return dataclasses.replace(plan, jit_compile=jit, jit_reason=reason)
-
-
-def _warn_float16_outputs(model: Any, plan: Any) -> None:
-    try:
-        from tfaccel.precision import check_output_dtype
-    except ImportError:
-        return
-    check_output_dtype(model)
+    for name, value in (("global_batch_size", global_batch_size), ("per_replica_batch_size", per_replica_batch_size)):
+        _check_int(name, value, 1, optional=True)
+    if hasattr(train_data, "element_spec") and is_batched(train_data) or callable(train_data) \
+            and not hasattr(train_data, "element_spec"):
+        if global_batch_size is not None or per_replica_batch_size is not None:
+            raise ConfigError("train_data is already batched (a batched dataset or a dataset_fn), so global_batch_size "
+                              f"/ per_replica_batch_size cannot apply (received global_batch_size={global_batch_size!r}"
+                              f", per_replica_batch_size={per_replica_batch_size!r}). Pass the unbatched dataset and a "
+                              "batch size, or leave both unset to use the batches as given")
+        return None
+    if global_batch_size is not None and per_replica_batch_size is not None \
+            and global_batch_size != per_replica_batch_size * replicas:
+        raise ConfigError(f"global_batch_size={global_batch_size} disagrees with per_replica_batch_size="
+                          f"{per_replica_batch_size} x {replicas} replicas = {per_replica_batch_size * replicas}. "
+                          "Give only one of them, or make global = per_replica x replicas.")
+    if global_batch_size is not None:
+        if global_batch_size % replicas:
+            raise ConfigError(f"global_batch_size={global_batch_size} does not split evenly over {replicas} replicas; "
+                              f"use a multiple of {replicas} (e.g. {replicas * max(1, global_batch_size // replicas)}).")
+        return global_batch_size
+    return (per_replica_batch_size or DEFAULT_BATCH_SIZE) * replicas

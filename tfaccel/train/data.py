@@ -1,92 +1,59 @@
-"""Input pipelines for compile_and_fit: batch semantics, sharding, deterministic order, prefetch.
+"""The one preparation of the user's data for ``tfaccel.fit``, with Keras' meaning.
 
-The order of examples is a function of ``(seed, epoch)`` only, so a job restarted from a backup at
-epoch ``e``, step ``s`` sees exactly the batches the uninterrupted job saw from there on.
+``prepare_data`` takes ``model.fit``'s data arguments and returns a :class:`FitData`: ``batch_size`` is the
+global batch, ``validation_split`` takes the last fraction before any shuffling, ``class_weight`` becomes
+sample weights as Keras' data adapter makes them, user datasets are used as given (never cached, a warning
+when ``shuffle`` cannot apply). The loops read it: the compiled loop takes the arrays, Keras ``fit`` takes
+either the arrays or :func:`example_stream` (a dataset whose order is a function of ``(seed, epoch)`` only,
+so that every worker agrees and a resumed job sees exactly the batches an uninterrupted one saw).
 """
 
 import dataclasses
 import math
-from typing import Any, Callable, Optional, Tuple
+import secrets
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
 from tfaccel.errors import ConfigError
+from tfaccel.log import get_logger
 
-__all__ = ["BatchSizes", "resolve_batch_sizes", "InputPlan", "make_input"]
+__all__ = ["FitData", "prepare_data", "example_stream", "is_batched", "draw_seed", "DEFAULT_BATCH_SIZE"]
 
-DEFAULT_PER_REPLICA_BATCH = 32
+DEFAULT_BATCH_SIZE = 32  # Keras' own default for arrays
 
 
 @dataclasses.dataclass(frozen=True)
-class BatchSizes:
-    """Global and per-replica batch sizes: ``global_batch = per_replica * replicas``."""
+class FitData:
+    """The training data of one ``fit`` call, prepared once.
 
-    global_batch: Optional[int]
-    per_replica: Optional[int]
-    replicas: int
-    reason: str
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ConfigError(f"{name} must be a whole number >= 1; received {value!r}")
-    return int(value)
-
-
-def resolve_batch_sizes(*, global_batch_size: Optional[int], per_replica_batch_size: Optional[int],
-                        replicas: int, pre_batched: bool) -> BatchSizes:
-    """Works out both batch sizes from whichever was given.
-
-    Raises:
-        ConfigError: both given and they disagree, a size is not a positive integer, the global batch does
-            not split evenly over the replicas, or a size was given for data that is already batched.
+    Attributes:
+        kind: ``"arrays"`` (numpy / tensors / dicts of them), ``"dataset"`` (a batched ``tf.data.Dataset``),
+            ``"py_dataset"`` (a ``keras.utils.PyDataset``), or ``"distributed"`` (a ``dataset_fn(input_context)``
+            or a ``tf.distribute.DistributedDataset``).
+        x, y, sample_weight: the arrays (class weights folded into ``sample_weight``), or the dataset in ``x``.
+        validation: ``(x, y, sample_weight)`` arrays, ``(dataset, None, None)``, or None.
+        num_examples: training examples (arrays only).
+        batch_size: the global batch (arrays only; datasets carry their own batches).
+        steps_per_epoch: as given, or the number of batches of the arrays.
+        shuffle: Keras' ``shuffle`` argument as given.
+        seed: the seed of the example order (drawn fresh and logged when the user gave none).
+        class_weight: left to Keras for datasets (for arrays it is already in ``sample_weight``).
+        note: one line for the plan.
     """
-    if pre_batched:
-        if global_batch_size is not None or per_replica_batch_size is not None:
-            raise ConfigError(
-                "train_data is a tf.data.Dataset that is already batched, so global_batch_size / "
-                f"per_replica_batch_size cannot apply (received global_batch_size={global_batch_size!r}, "
-                f"per_replica_batch_size={per_replica_batch_size!r}). Pass the unbatched dataset and a batch size, "
-                "or leave both sizes unset to use the batches as given.")
-        return BatchSizes(None, None, replicas, "dataset is already batched: batches used as given")
-    if global_batch_size is not None:
-        global_batch_size = _positive_int("global_batch_size", global_batch_size)
-    if per_replica_batch_size is not None:
-        per_replica_batch_size = _positive_int("per_replica_batch_size", per_replica_batch_size)
-    if global_batch_size is not None and per_replica_batch_size is not None:
-        if global_batch_size != per_replica_batch_size * replicas:
-            raise ConfigError(
-                f"global_batch_size={global_batch_size} disagrees with per_replica_batch_size="
-                f"{per_replica_batch_size} x {replicas} replicas = {per_replica_batch_size * replicas}. "
-                "Give only one of them, or make global = per_replica x replicas.")
-        return BatchSizes(global_batch_size, per_replica_batch_size, replicas, "both given and consistent")
-    if global_batch_size is not None:
-        if global_batch_size % replicas:
-            raise ConfigError(
-                f"global_batch_size={global_batch_size} does not split evenly over {replicas} replicas; "
-                f"use a multiple of {replicas} (e.g. {replicas * max(1, global_batch_size // replicas)}).")
-        return BatchSizes(global_batch_size, global_batch_size // replicas, replicas, "global batch given")
-    per = per_replica_batch_size or DEFAULT_PER_REPLICA_BATCH
-    reason = "per-replica batch given" if per_replica_batch_size else f"default {per} per replica"
-    return BatchSizes(per * replicas, per, replicas, reason)
 
-
-@dataclasses.dataclass
-class InputPlan:
-    """What ``make_input`` built: the dataset (or distributed dataset) and how it was built."""
-
-    dataset: Any
-    steps_per_epoch: Optional[int]
-    num_examples: Optional[int]
-    kind: str                 # "arrays" | "dataset" | "batched_dataset" | "dataset_fn"
-    shard_policy: str
-    note: str
-
-
-def _is_dataset(obj: Any) -> bool:
-    import tensorflow as tf
-
-    return isinstance(obj, tf.data.Dataset)
+    kind: str
+    x: Any
+    y: Any = None
+    sample_weight: Any = None
+    validation: Optional[Tuple[Any, Any, Any]] = None
+    num_examples: Optional[int] = None
+    batch_size: Optional[int] = None
+    steps_per_epoch: Optional[int] = None
+    shuffle: Any = True
+    seed: int = 0
+    class_weight: Optional[Dict[int, float]] = None
+    note: str = ""
 
 
 def is_batched(dataset: Any) -> bool:
@@ -96,157 +63,198 @@ def is_batched(dataset: Any) -> bool:
     if type(dataset).__name__ in ("BatchDataset", "_BatchDataset", "PaddedBatchDataset", "_PaddedBatchDataset",
                                   "ParallelBatchDataset", "_ParallelBatchDataset"):
         return True
-    # A batch in the lineage followed by map/prefetch/cache keeps a leading None dimension.
     specs = tf.nest.flatten(dataset.element_spec)
     return bool(specs) and all(getattr(s, "shape", None) is not None and s.shape.rank and s.shape[0] is None
                                for s in specs)
 
 
-def _as_arrays(data: Any) -> Tuple[Any, Any]:
-    if not (isinstance(data, (tuple, list)) and len(data) == 2):
-        raise ConfigError(
-            "train_data must be (x, y) arrays, a tf.data.Dataset, or a dataset_fn(input_context) callable; "
-            f"received {type(data).__name__}")
-    x, y = data
+def draw_seed(seed: Optional[int]) -> int:
+    """``seed`` as an int, or a fresh one (logged, so a run can be repeated)."""
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise ConfigError(f"seed must be a whole number or None; received {seed!r}")
+        return int(seed)
+    fresh = secrets.randbelow(2**31 - 1)
+    get_logger().info("seed=None: drew seed %d for the example order (pass seed=%d to repeat it)", fresh, fresh)
+    return fresh
+
+
+def _length(a: Any) -> int:
     import tensorflow as tf
 
-    def length(a: Any) -> int:
-        flat = tf.nest.flatten(a)
-        return len(flat[0])
-
-    if length(x) != length(y):
-        raise ConfigError(f"train_data: x has {length(x)} examples but y has {length(y)}; they must match")
-    if length(x) == 0:
-        raise ConfigError("train_data: x and y are empty")
-    return x, y
+    return int(len(tf.nest.flatten(a)[0]))
 
 
-def make_input(data: Any, *, backend: Any, batch: BatchSizes, epochs: int, seed: Optional[int],
-               shuffle: bool = True, drop_remainder: bool = False, steps_per_epoch: Optional[int] = None,
-               start_epoch: int = 0, start_step: int = 0, what: str = "train_data") -> InputPlan:
-    """Builds the input pipeline for one backend.
+def _is_arrays(x: Any) -> bool:
+    import tensorflow as tf
+
+    leaves = tf.nest.flatten(x)
+    return bool(leaves) and all(isinstance(v, (np.ndarray, tf.Tensor, list)) or hasattr(v, "__array__")
+                                for v in leaves)
+
+
+def _check_arrays(x: Any, y: Any, sample_weight: Any) -> int:
+    n = _length(x)
+    for name, value in (("y", y), ("sample_weight", sample_weight)):
+        if value is not None and _length(value) != n:
+            raise ConfigError(f"fit: x has {n} examples but {name} has {_length(value)}; they must match")
+    if n == 0:
+        raise ConfigError("fit: x is empty")
+    return n
+
+
+def _split(x: Any, y: Any, sample_weight: Any, validation_split: float) -> Tuple[tuple, tuple]:
+    """Keras' split: the last ``validation_split`` of the examples, before any shuffling."""
+    if not 0.0 < validation_split < 1.0:
+        raise ConfigError(f"validation_split must be a fraction between 0 and 1; received {validation_split!r}")
+    from keras.src.trainers.data_adapters.array_slicing import train_validation_split
+
+    try:
+        return train_validation_split((x, y, sample_weight), validation_split=validation_split)
+    except ValueError as exc:
+        raise ConfigError(f"validation_split={validation_split}: {exc}") from exc
+
+
+def _class_weights(y: Any, class_weight: Optional[Dict[int, float]], sample_weight: Any) -> Any:
+    if class_weight is None:
+        return sample_weight
+    if sample_weight is not None:
+        raise ConfigError("fit: pass class_weight or sample_weight, not both (Keras refuses the pair too); fold the "
+                          "class weights into sample_weight yourself to use both")
+    if not isinstance(class_weight, dict):
+        raise ConfigError(f"class_weight must be a dict {{class index: weight}}; received {class_weight!r}")
+    if y is None:
+        raise ConfigError("class_weight needs targets y")
+    from keras.src.trainers.data_adapters.data_adapter_utils import class_weight_to_sample_weights
+
+    return class_weight_to_sample_weights(y, class_weight)
+
+
+def _validation(validation_data: Any) -> Optional[Tuple[Any, Any, Any]]:
+    if validation_data is None:
+        return None
+    import tensorflow as tf
+
+    if isinstance(validation_data, tf.data.Dataset) or not isinstance(validation_data, (tuple, list)):
+        return (validation_data, None, None)
+    if len(validation_data) not in (2, 3):
+        raise ConfigError(f"validation_data must be (x, y), (x, y, sample_weight) or a dataset; received a "
+                          f"{type(validation_data).__name__} of length {len(validation_data)}")
+    vx, vy, *rest = validation_data
+    return (vx, vy, rest[0] if rest else None)
+
+
+def prepare_data(x: Any, y: Any = None, *, sample_weight: Any = None, class_weight: Optional[Dict] = None,
+                 validation_split: float = 0.0, validation_data: Any = None, batch_size: Optional[int] = None,
+                 shuffle: Any = True, steps_per_epoch: Optional[int] = None, seed: Optional[int] = None) -> FitData:
+    """Turns ``fit``'s data arguments into a :class:`FitData`.
+
+    Raises:
+        ConfigError: a combination Keras refuses too (batch_size with a batched dataset, validation_split or
+            sample_weight beside a dataset, class_weight with sample_weight), mismatched lengths.
+    """
+    import keras
+    import tensorflow as tf
+
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer))
+                                   or batch_size < 1):
+        raise ConfigError(f"batch_size must be a whole number >= 1 or None; received {batch_size!r}")
+    seed_ = draw_seed(seed)
+    validation = _validation(validation_data)
+    if callable(x) and not isinstance(x, (tf.data.Dataset, keras.utils.PyDataset)) \
+            or isinstance(x, tf.distribute.DistributedDataset):
+        return _not_arrays("distributed", x, y, sample_weight, validation_split, batch_size, steps_per_epoch,
+                           shuffle, seed_, class_weight, validation)
+    if isinstance(x, keras.utils.PyDataset):
+        return _not_arrays("py_dataset", x, y, sample_weight, validation_split, batch_size, steps_per_epoch,
+                           shuffle, seed_, class_weight, validation)
+    if isinstance(x, tf.data.Dataset):
+        if batch_size is not None and not is_batched(x):
+            get_logger().info("fit: batching the unbatched dataset by batch_size=%d", batch_size)
+            x, batch_size = x.batch(int(batch_size)), None
+        return _not_arrays("dataset", x, y, sample_weight, validation_split, batch_size, steps_per_epoch, shuffle,
+                           seed_, class_weight, validation)
+    if not _is_arrays(x):
+        raise ConfigError(f"fit: x must be arrays (numpy or tensors, or a dict/list of them), a tf.data.Dataset, a "
+                          f"keras.utils.PyDataset or a dataset_fn(input_context); received {type(x).__name__}")
+    _check_arrays(x, y, sample_weight)
+    if validation_split and validation is None:
+        (x, y, sample_weight), validation = _split(x, y, sample_weight, validation_split)
+    n = _check_arrays(x, y, sample_weight)
+    sample_weight = _class_weights(y, class_weight, sample_weight)
+    batch = int(batch_size or DEFAULT_BATCH_SIZE)
+    steps = steps_per_epoch or math.ceil(n / batch)
+    note = (f"arrays: {n} examples, global batch {batch}{' (Keras default)' if batch_size is None else ''}, "
+            f"{steps} steps/epoch" + (f", last batch {n % batch}" if n % batch else "") +
+            (f", validation {_length(validation[0])} examples" if validation and _is_arrays(validation[0]) else ""))
+    return FitData("arrays", x, y, sample_weight, validation, n, batch, steps, shuffle, seed_, None, note)
+
+
+def _not_arrays(kind: str, x: Any, y: Any, sample_weight: Any, validation_split: float, batch_size: Any,
+                steps_per_epoch: Optional[int], shuffle: Any, seed: int, class_weight: Any,
+                validation: Any) -> FitData:
+    what = {"dataset": "a tf.data.Dataset", "py_dataset": "a keras.utils.PyDataset",
+            "distributed": "a dataset_fn / distributed dataset"}[kind]
+    for name, value in (("y", y), ("sample_weight", sample_weight), ("batch_size", batch_size)):
+        if value is not None:
+            raise ConfigError(f"fit: {name} cannot be given when x is {what} (its elements carry the batch, the "
+                              f"targets and the weights); received {name}={type(value).__name__}")
+    if validation_split:
+        raise ConfigError(f"fit: validation_split needs arrays; x is {what}. Pass validation_data instead")
+    if kind == "distributed" and steps_per_epoch is None:
+        raise ConfigError("fit: a dataset_fn(input_context) needs steps_per_epoch, since the length of each "
+                          "worker's pipeline is not known in advance")
+    if shuffle and shuffle != "batch" and kind == "dataset":
+        get_logger().warning("fit: shuffle=True does not apply to a tf.data.Dataset (Keras does not shuffle datasets "
+                             "either); shuffle inside your pipeline (dataset.shuffle(...)) if you want it")
+    return FitData(kind, x, None, None, validation, None, None, steps_per_epoch, shuffle, seed, class_weight,
+                   f"{what} used as given")
+
+
+def example_stream(data: FitData, *, epochs: int, initial_epoch: int, start_step: int = 0,
+                   shards: int = 1, shard_index: int = 0) -> Tuple[Any, int]:
+    """A dataset of every remaining epoch's batches, each epoch's order fixed by ``(seed, epoch)``.
 
     Args:
-        data: (x, y) arrays, a tf.data.Dataset (batched or not), or ``dataset_fn(input_context)``.
-        backend: the ``Backend`` the job runs on (its strategy, workers and rank decide the sharding).
-        batch: the resolved batch sizes.
-        epochs: how many epochs the stream must cover.
-        seed: shuffle seed; the order of each epoch depends on (seed, epoch) only.
-        start_epoch, start_step: where a resumed job starts within the stream.
+        data: arrays prepared by ``prepare_data``.
+        epochs, initial_epoch: the epochs the stream covers.
+        start_step: batches of ``initial_epoch`` already trained (a resumed job).
+        shards, shard_index: split every global batch over ``shards`` pipelines (Horovod ranks): this one keeps
+            positions ``shard_index, shard_index + shards, ...`` of each batch, so the ranks' batches of one
+            step together are the global batch.
+
+    Returns:
+        (dataset of ``(x, y[, sample_weight])`` batches, steps per epoch).
+
+    Raises:
+        ConfigError: the global batch or the last partial batch cannot be split evenly over the shards.
     """
     import tensorflow as tf
 
-    options = tf.data.Options()
-    options.deterministic = seed is not None
-    if callable(data) and not _is_dataset(data):
-        return _from_dataset_fn(data, backend=backend, batch=batch, steps_per_epoch=steps_per_epoch, what=what)
-    if _is_dataset(data):
-        if is_batched(data):
-            ds = data.prefetch(tf.data.AUTOTUNE)
-            return InputPlan(ds, steps_per_epoch, None, "batched_dataset", _set_shard(ds, "AUTO", options)[1],
-                             "batched dataset used as given")
-        base, n = data, None
-        card = int(data.cardinality())
-        if card > 0:
-            n = card
-        policy = "FILE" if _reads_files(data) else "DATA"
-        kind = "dataset"
-    else:
-        x, y = _as_arrays(data)
-        base = tf.data.Dataset.from_tensor_slices((x, y))
-        n = len(tf.nest.flatten(x)[0])
-        policy = "DATA"
-        kind = "arrays"
-    horovod = backend.name == "horovod"
-    per_pipeline = batch.global_batch // backend.num_workers if horovod else batch.global_batch
-    if horovod and backend.num_workers > 1:
-        base = base.shard(backend.num_workers, backend.worker_index)  # Horovod has no tf.distribute sharding
-        policy = "OFF (sharded by rank)"
-        n = math.ceil(n / backend.num_workers) if n else None
-    if n is not None:
-        steps = n // per_pipeline if drop_remainder else math.ceil(n / per_pipeline)
-        if steps == 0:
-            raise ConfigError(f"{what} has {n} examples, fewer than one batch of {per_pipeline}; lower the batch "
-                              "size or pass more data")
-    else:
-        steps = None
-    if steps_per_epoch is not None:
-        steps = steps_per_epoch
-    if steps is None:
-        raise ConfigError(f"{what}: the dataset's length is unknown (infinite or filtered); pass steps_per_epoch")
-    if kind == "arrays" or (n is not None and n <= 1_000_000):
-        base = base.cache()
-    seed_base = 0 if seed is None else int(seed)
+    n, batch = data.num_examples, data.batch_size
+    if batch % shards or (n % batch) % shards:
+        raise ConfigError(
+            f"global batch {batch} with {n} examples: every batch must split evenly over {shards} ranks (the last "
+            f"has {n % batch or batch} examples), or the ranks would average unequal batches; use a batch size and "
+            f"a number of examples divisible by {shards}")
+    parts = tuple(p for p in (data.x, data.y, data.sample_weight) if p is not None)
+    steps = math.ceil(n / batch)
+    if data.steps_per_epoch and data.steps_per_epoch != steps:
+        raise ConfigError(f"steps_per_epoch={data.steps_per_epoch} with arrays of {n} examples and batch {batch} "
+                          f"({steps} batches) cannot keep a fixed example order; leave steps_per_epoch unset")
+    tensors = tf.nest.map_structure(tf.constant, parts)
 
-    def epoch_stream(epoch: int) -> tf.data.Dataset:
-        ds = base
-        if shuffle and n is not None:
-            ds = ds.shuffle(n, seed=seed_base * 1_000_003 + epoch, reshuffle_each_iteration=False)
-        ds = ds.batch(per_pipeline, drop_remainder=drop_remainder)
-        if steps_per_epoch is not None:
-            ds = ds.repeat().take(steps_per_epoch)
-        return ds
+    def epoch_batches(epoch: int) -> Any:
+        shuffled = data.shuffle and data.shuffle != "batch"
+        order = np.random.default_rng([data.seed, epoch]).permutation(n) if shuffled else np.arange(n)
+        # B % shards == 0, so position p of the epoch lands in shard p % shards within its global batch.
+        mine = order[shard_index::shards].astype(np.int64)
+        return tf.data.Dataset.from_tensor_slices(mine).batch(batch // shards)
 
-    # One stream over all remaining epochs, each epoch's order fixed by (seed, epoch): Keras keeps the iterator
-    # across epochs when steps_per_epoch is given, and a resumed job rebuilds exactly the same stream.
-    epochs_left = range(start_epoch, max(epochs, start_epoch + 1))
-    stream = epoch_stream(epochs_left[0])
-    for epoch in epochs_left[1:]:
-        stream = stream.concatenate(epoch_stream(epoch))
+    stream = epoch_batches(initial_epoch)
+    for epoch in range(initial_epoch + 1, epochs):
+        stream = stream.concatenate(epoch_batches(epoch))
+    stream = stream.map(lambda idx: tf.nest.map_structure(lambda t: tf.gather(t, idx), tensors))
     if start_step:
         stream = stream.skip(start_step)
-    stream = stream.prefetch(tf.data.AUTOTUNE)
-    stream, policy = _set_shard(stream, policy, options)
-    note = (f"{kind}: batched by {'per-rank ' if horovod else 'global '}batch {per_pipeline}, order fixed by "
-            f"(seed, epoch), auto-shard {policy}, prefetch AUTOTUNE")
-    return InputPlan(stream, steps, n, kind, policy, note)
-
-
-def _set_shard(ds: Any, policy: str, options: Any) -> Tuple[Any, str]:
-    import tensorflow as tf
-
-    name = policy.split()[0]
-    options.experimental_distribute.auto_shard_policy = getattr(tf.data.experimental.AutoShardPolicy, name)
-    return ds.with_options(options), policy
-
-
-def _reads_files(ds: Any) -> bool:
-    """True when the dataset's lineage starts from files (TFRecord/text), so FILE sharding is right."""
-    seen, stack = 0, [ds]
-    while stack and seen < 64:
-        cur = stack.pop()
-        seen += 1
-        name = type(cur).__name__
-        if "TFRecord" in name or "TextLine" in name or "FixedLengthRecord" in name:
-            return True
-        stack.extend(getattr(cur, "_inputs", lambda: [])())
-    return False
-
-
-def _from_dataset_fn(fn: Callable, *, backend: Any, batch: BatchSizes, steps_per_epoch: Optional[int],
-                     what: str) -> InputPlan:
-    if steps_per_epoch is None:
-        raise ConfigError(f"{what} is a dataset_fn(input_context); pass steps_per_epoch, since the length of each "
-                          "worker's pipeline is not known in advance")
-    import tensorflow as tf
-
-    global_batch = batch.global_batch
-
-    def wrapped(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-        ds = fn(ctx)
-        if not isinstance(ds, tf.data.Dataset):
-            raise ConfigError(f"{what}: dataset_fn must return a tf.data.Dataset; it returned {type(ds).__name__}")
-        if not is_batched(ds) and global_batch:
-            ds = ds.batch(ctx.get_per_replica_batch_size(global_batch))
-        return ds.repeat().prefetch(tf.data.AUTOTUNE)
-
-    if backend.coordinator is not None:
-        return InputPlan(wrapped, steps_per_epoch, None, "dataset_fn", "per-worker function",
-                         "dataset_fn run on each worker by the coordinator")
-    if backend.name == "horovod":
-        ctx = tf.distribute.InputContext(backend.num_workers, backend.worker_index, backend.num_replicas_in_sync)
-        return InputPlan(wrapped(ctx), steps_per_epoch, None, "dataset_fn", "per-rank input context",
-                         "dataset_fn called with this rank's input context")
-    dist = backend.strategy.distribute_datasets_from_function(wrapped)
-    return InputPlan(dist, steps_per_epoch, None, "dataset_fn", "per-worker function",
-                     "dataset_fn distributed with distribute_datasets_from_function")
+    return stream.prefetch(tf.data.AUTOTUNE), steps

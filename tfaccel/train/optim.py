@@ -1,17 +1,21 @@
-"""Optimizers for distributed training: learning-rate scaling and warmup, clipping of the *aggregated*
-gradients, and gradient accumulation that works under every strategy.
+"""The user's optimizer, made to work under every strategy without being replaced.
 
-Two Keras 3.15 behaviours are corrected here (seen on Keras 3.15.1 / TF 2.21.0):
+tfaccel never rebuilds an optimizer from its config: the object the user compiled is the one that trains,
+with its schedule, clipping and hyper-parameters. Where a strategy needs a different behaviour, the
+instance's class is swapped *in place* for a subclass (same name, same module, same config), and the swap
+is announced in the plan. Two Keras 3.15 behaviours are corrected that way (seen on Keras 3.15.1 / TF 2.21.0):
 
-* ``clipnorm`` / ``global_clipnorm`` are applied in ``BaseOptimizer.apply`` *before* the TF backend
-  all-reduces the gradients (``TFOptimizer._backend_update_step``), so under MirroredStrategy /
-  MultiWorkerMirroredStrategy each replica clips its own partial gradient: the result depends on the
-  number of replicas. tfaccel clips after the all-reduce.
-* ``gradient_accumulation_steps`` wraps the update in ``ops.cond``; the update calls
-  ``merge_call`` inside the cond branch and fails under MirroredStrategy with ``RuntimeError:
-  merge_call called while defining a new graph``. tfaccel's accumulation reduces every micro-step,
-  accumulates the reduced gradients, and puts the condition *inside* the per-variable update
-  (``extended.update``), where no ``merge_call`` happens. ``optimizer.iterations`` counts updates.
+* ``clipnorm`` / ``clipvalue`` / ``global_clipnorm`` are applied in ``BaseOptimizer.apply`` *before* the TF
+  backend all-reduces the gradients (``TFOptimizer._backend_update_step``), so under MirroredStrategy /
+  MultiWorkerMirroredStrategy each replica clips its own partial gradient and the result depends on the
+  number of replicas. tfaccel clips after the all-reduce, as one device at the same global batch would.
+* Keras' ``gradient_accumulation_steps`` wraps the update in ``ops.cond``; the update calls ``merge_call``
+  inside the cond branch and fails under MirroredStrategy (``RuntimeError: merge_call called while defining
+  a new graph``). tfaccel's accumulation reduces every micro-step, accumulates the reduced gradients, and
+  puts the condition *inside* the per-variable update (``extended.update``), where no ``merge_call`` happens.
+
+Learning-rate scaling is opt-in (``scale_learning_rate="linear"|"sqrt"``): it wraps the optimizer's own rate
+or schedule in :class:`ScaledSchedule` (registered for Keras serialisation as ``tfaccel>ScaledSchedule``).
 """
 
 import math
@@ -19,87 +23,102 @@ from typing import Any, Dict, Optional, Tuple
 
 from tfaccel.errors import ConfigError, invalid_choice
 
-__all__ = ["LR_SCALING", "OPTIMIZER_NAMES", "scaled_learning_rate", "warmup_schedule", "make_optimizer"]
+__all__ = ["LR_SCALING", "OPTIMIZER_NAMES", "scale_factor", "scaled_schedule", "adapt_optimizer",
+           "check_optimizer", "restore_optimizer_class"]
 
 LR_SCALING = ("linear", "sqrt", "none")
 OPTIMIZER_NAMES = ("adam", "adamw", "sgd", "rmsprop", "adagrad", "adamax", "nadam", "lion")
 
 
-def scaled_learning_rate(base: float, replicas: int, rule: Optional[str]) -> Tuple[float, str]:
-    """Scales a single-replica learning rate for ``replicas`` replicas (Goyal et al., 2017).
+def scale_factor(rule: Optional[str], *, global_batch: int, base_batch: int) -> Tuple[float, str]:
+    """The learning-rate multiplier for ``global_batch`` when the rate was tuned at ``base_batch``.
+
+    Goyal et al. (2017): ``"linear"`` multiplies by ``global_batch / base_batch``, ``"sqrt"`` by its root.
 
     Returns:
-        (scaled learning rate, reason).
+        (factor, reason).
+
+    Raises:
+        ConfigError: an unknown rule.
     """
     rule = "none" if rule in (None, False) else rule
     if rule not in LR_SCALING:
         raise invalid_choice("scale_learning_rate", rule, LR_SCALING)
+    ratio = global_batch / base_batch
     if rule == "linear":
-        return base * replicas, f"linear: {base:g} x {replicas} replicas"
+        return ratio, f"linear: x{ratio:g} (global batch {global_batch} / base batch {base_batch})"
     if rule == "sqrt":
-        return base * math.sqrt(replicas), f"sqrt: {base:g} x sqrt({replicas})"
-    return base, "not scaled"
+        return math.sqrt(ratio), f"sqrt: x{math.sqrt(ratio):g} (sqrt of {global_batch} / {base_batch})"
+    return 1.0, "not scaled"
 
 
-def _keras() -> Any:
+_SCHEDULE_CLASS = None
+
+
+def _schedule_class() -> type:
+    global _SCHEDULE_CLASS
+    if _SCHEDULE_CLASS is not None:
+        return _SCHEDULE_CLASS
     import keras
 
-    return keras
-
-
-def _make_warmup_class() -> Any:
-    keras = _keras()
-
     @keras.saving.register_keras_serializable(package="tfaccel")
-    class _WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
-        """Linear warmup from ``initial`` to ``target`` over ``warmup_steps`` optimizer steps, then constant."""
+    class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
+        """The user's rate (a number or a schedule) times a factor reached after ``warmup_steps`` linear steps."""
 
-        def __init__(self, initial: float, target: float, warmup_steps: int) -> None:
-            self.initial = float(initial)
-            self.target = float(target)
+        def __init__(self, inner: Any, factor: float, warmup_steps: int = 0) -> None:
+            if isinstance(inner, dict):
+                inner = keras.optimizers.schedules.deserialize(inner)
+            self.inner = inner
+            self.factor = float(factor)
             self.warmup_steps = int(warmup_steps)
 
         def __call__(self, step: Any) -> Any:
             ops = keras.ops
-            frac = ops.minimum(ops.cast(step, "float32") / float(max(self.warmup_steps, 1)), 1.0)
-            return self.initial + (self.target - self.initial) * frac
+            base = self.inner(step) if callable(self.inner) else self.inner
+            frac = ops.minimum(ops.cast(step, "float32") / float(max(self.warmup_steps, 1)), 1.0) \
+                if self.warmup_steps else 1.0
+            return ops.cast(base, "float32") * (1.0 + (self.factor - 1.0) * frac)
 
         def get_config(self) -> Dict[str, Any]:
-            return {"initial": self.initial, "target": self.target, "warmup_steps": self.warmup_steps}
+            inner = keras.optimizers.schedules.serialize(self.inner) if callable(self.inner) else self.inner
+            return {"inner": inner, "factor": self.factor, "warmup_steps": self.warmup_steps}
 
-    _WarmupSchedule.__name__ = "WarmupSchedule"
-    return _WarmupSchedule
-
-
-_WARMUP_CLASS = None
+    _SCHEDULE_CLASS = ScaledSchedule
+    return ScaledSchedule
 
 
-def warmup_schedule(initial: float, target: float, warmup_steps: int) -> Any:
-    """A Keras LearningRateSchedule ramping linearly from ``initial`` to ``target`` over ``warmup_steps``."""
-    global _WARMUP_CLASS
-    if _WARMUP_CLASS is None:
-        _WARMUP_CLASS = _make_warmup_class()
-    return _WARMUP_CLASS(initial, target, warmup_steps)
+def scaled_schedule(inner: Any, factor: float, warmup_steps: int = 0) -> Any:
+    """A LearningRateSchedule: ``inner`` (number or schedule) times ``factor``, ramped over ``warmup_steps``."""
+    return _schedule_class()(inner, factor, warmup_steps)
 
 
-_DISTRIBUTED_CLASSES: Dict[type, type] = {}
+def check_optimizer(optimizer: Any) -> None:
+    """Refuses optimizers tfaccel cannot train correctly.
+
+    Raises:
+        ConfigError: Horovod's Keras 2 wrapper (it silently does not average under Keras 3), or Keras' own
+            ``gradient_accumulation_steps`` (it fails under MirroredStrategy).
+    """
+    module = type(optimizer).__module__
+    if module.startswith("horovod.") or type(optimizer).__name__.startswith("_DistributedOptimizer"):
+        raise ConfigError(
+            "optimizer is wrapped by horovod.tensorflow.keras.DistributedOptimizer, which under Keras 3 silently "
+            "does not average gradients (ranks diverge). Compile with the plain Keras optimizer inside "
+            "tfaccel.scope(); tfaccel.fit wraps it correctly.")
 
 
-def _distributed_class(base: type) -> type:
+_ADAPTED: Dict[type, type] = {}
+_ORIGINAL_CLASS = "_tfaccel_original_class"
+
+
+def _adapted_class(base: type) -> type:
     """A subclass of ``base`` that clips after the all-reduce and accumulates gradients under any strategy."""
-    if base in _DISTRIBUTED_CLASSES:
-        return _DISTRIBUTED_CLASSES[base]
+    if base in _ADAPTED:
+        return _ADAPTED[base]
     import tensorflow as tf
 
-    class _Distributed(base):  # type: ignore[misc, valid-type]
-        def __init__(self, *args: Any, tfaccel_accumulation_steps: int = 1, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.tfaccel_accumulation_steps = int(tfaccel_accumulation_steps)
-
-        def get_config(self) -> Dict[str, Any]:
-            config = super().get_config()
-            config["tfaccel_accumulation_steps"] = self.tfaccel_accumulation_steps
-            return config
+    class _Adapted(base):  # type: ignore[misc, valid-type]
+        tfaccel_accumulation_steps = 1
 
         def build(self, variables: Any) -> None:
             super().build(variables)
@@ -115,7 +134,7 @@ def _distributed_class(base: type) -> type:
 
         def _tfaccel_clip(self, grads: Any) -> Any:
             present = [i for i, g in enumerate(grads) if g is not None]
-            clipped = super()._clip_gradients([grads[i] for i in present])
+            clipped = base._clip_gradients(self, [grads[i] for i in present])
             out = list(grads)
             for i, g in zip(present, clipped):
                 out[i] = g
@@ -134,9 +153,8 @@ def _distributed_class(base: type) -> type:
             return self._tfaccel_accumulate_apply(list(grads), trainable_variables)
 
         def _tfaccel_accumulate_apply(self, grads: Any, trainable_variables: Any) -> None:
-            if trainable_variables is None:
-                trainable_variables = self._trainable_variables
-            trainable_variables = list(trainable_variables)
+            trainable_variables = list(self._trainable_variables if trainable_variables is None
+                                       else trainable_variables)
             if not self.built:
                 self.build(trainable_variables)
             steps = self.tfaccel_accumulation_steps
@@ -172,92 +190,94 @@ def _distributed_class(base: type) -> type:
             self._iterations.assign_add(tf.cast(is_update, "int64"))
             self._tfaccel_micro_step.assign_add(1)
 
-    _Distributed.__name__ = base.__name__
-    _Distributed.__qualname__ = base.__qualname__
-    _DISTRIBUTED_CLASSES[base] = _Distributed
-    return _Distributed
+    # Same name and module as the user's class: a saved .keras file names the plain Keras optimizer, so it loads
+    # with keras.models.load_model() in a process that never imported tfaccel.
+    _Adapted.__name__ = base.__name__
+    _Adapted.__qualname__ = base.__qualname__
+    _Adapted.__module__ = base.__module__
+    _ADAPTED[base] = _Adapted
+    return _Adapted
 
 
-def validate_optimizer_args(optimizer: Any, *, learning_rate: Optional[float], scale_learning_rate: Optional[str],
-                            clipnorm: Optional[float], global_clipnorm: Optional[float]) -> None:
-    """Checks the optimizer options without building anything (compile_and_fit calls it before training).
+def adapt_optimizer(model: Any, *, replicas: int, accumulation_steps: int) -> Optional[str]:
+    """Swaps the class of the model's (inner) optimizer where the job needs tfaccel's behaviour.
 
-    Raises:
-        ConfigError: naming the option, what was received and what is valid.
-    """
-    if clipnorm is not None and global_clipnorm is not None:
-        raise ConfigError(f"give clipnorm or global_clipnorm, not both (received clipnorm={clipnorm!r}, "
-                          f"global_clipnorm={global_clipnorm!r})")
-    for name, value in (("clipnorm", clipnorm), ("global_clipnorm", global_clipnorm), ("learning_rate", learning_rate)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
-            raise ConfigError(f"{name} must be a positive number; received {value!r}")
-    if isinstance(optimizer, str) and optimizer.lower() not in OPTIMIZER_NAMES:
-        raise invalid_choice("optimizer", optimizer, OPTIMIZER_NAMES, "Or pass a keras.optimizers.Optimizer.")
-    scaled_learning_rate(1.0, 1, scale_learning_rate)  # raises on an unknown rule
-
-
-def make_optimizer(optimizer: Any, *, learning_rate: Optional[float], replicas: int,
-                   scale_learning_rate: Optional[str], warmup_steps: int = 0, clipnorm: Optional[float] = None,
-                   global_clipnorm: Optional[float] = None, gradient_accumulation_steps: int = 1
-                   ) -> Tuple[Any, Dict[str, Any]]:
-    """Builds the optimizer compile_and_fit uses. Call inside the strategy scope.
-
-    Args:
-        optimizer: a name (``"adam"``, ``"sgd"``, ...), a Keras optimizer instance (its config is reused),
-            or a zero-argument callable returning one.
-        learning_rate: single-replica learning rate; None keeps the optimizer's own default.
-        replicas: replicas in sync, for scaling.
-        scale_learning_rate: ``"linear"``, ``"sqrt"`` or ``"none"``.
-        warmup_steps: optimizer steps of linear warmup from the unscaled to the scaled rate.
-        clipnorm, global_clipnorm: clipping applied to the aggregated gradients.
-        gradient_accumulation_steps: micro-batches per optimizer update.
+    Needed for clipping under several replicas and for gradient accumulation; otherwise nothing changes.
+    ``restore_optimizer_class`` undoes it.
 
     Returns:
-        (optimizer, description dict for the plan).
+        What was changed (for the plan), or None.
+
+    Raises:
+        ConfigError: accumulation asked for an optimizer that is already built, or one that uses Keras' own
+            ``gradient_accumulation_steps``.
     """
-    keras = _keras()
-    validate_optimizer_args(optimizer, learning_rate=learning_rate, scale_learning_rate=scale_learning_rate,
-                            clipnorm=clipnorm, global_clipnorm=global_clipnorm)
-    if isinstance(optimizer, str):
-        template = keras.optimizers.get(optimizer.lower())
-    elif isinstance(optimizer, keras.optimizers.Optimizer):
-        template = optimizer
-    elif callable(optimizer):
-        template = optimizer()
-        if not isinstance(template, keras.optimizers.Optimizer):
-            raise ConfigError(f"optimizer callable returned {type(template).__name__}, not a keras Optimizer")
-    else:
-        raise ConfigError(f"optimizer must be a name {OPTIMIZER_NAMES}, a keras Optimizer or a callable returning "
-                          f"one; received {type(optimizer).__name__}")
-    _refuse_keras2_wrappers(template)
-    config = template.get_config()
-    if config.get("gradient_accumulation_steps"):
-        raise ConfigError("pass gradient_accumulation_steps to compile_and_fit, not to the optimizer: Keras' own "
-                          "accumulation fails under MirroredStrategy ('merge_call called while defining a new graph')")
-    base_lr = float(learning_rate) if learning_rate is not None else float(keras.ops.convert_to_numpy(
-        template.learning_rate))
-    target, scale_reason = scaled_learning_rate(base_lr, replicas, scale_learning_rate)
-    if warmup_steps > 0 and target != base_lr:
-        lr: Any = warmup_schedule(base_lr, target, warmup_steps)
-        lr_note = f"{scale_reason}, warmup over {warmup_steps} steps from {base_lr:g}"
-    else:
-        lr = target
-        lr_note = scale_reason
-    config.update(learning_rate=lr, clipnorm=clipnorm, global_clipnorm=global_clipnorm, clipvalue=None)
-    for key in ("gradient_accumulation_steps",):
-        config.pop(key, None)
-    cls = _distributed_class(type(template))
-    opt = cls.from_config({**config, "tfaccel_accumulation_steps": int(gradient_accumulation_steps)})
-    info = {"optimizer": type(template).__name__, "learning_rate": target, "base_learning_rate": base_lr,
-            "learning_rate_note": lr_note, "clipnorm": clipnorm, "global_clipnorm": global_clipnorm,
-            "gradient_accumulation_steps": int(gradient_accumulation_steps)}
-    return opt, info
+    import keras
 
-
-def _refuse_keras2_wrappers(optimizer: Any) -> None:
-    module = type(optimizer).__module__
-    if module.startswith("horovod.") or type(optimizer).__name__.startswith("_DistributedOptimizer"):
+    opt = model.optimizer
+    inner = opt.inner_optimizer if isinstance(opt, keras.optimizers.LossScaleOptimizer) else opt
+    check_optimizer(inner)
+    if inner.gradient_accumulation_steps and (replicas > 1 or accumulation_steps > 1):
         raise ConfigError(
-            "optimizer is wrapped by horovod.tensorflow.keras.DistributedOptimizer, which under Keras 3 silently "
-            "does not average gradients (ranks diverge). Pass the plain Keras optimizer and "
-            "strategy='horovod'; tfaccel wraps it correctly.")
+            f"optimizer {type(inner).__name__}(gradient_accumulation_steps={inner.gradient_accumulation_steps}): "
+            "Keras' own accumulation fails under MirroredStrategy ('merge_call called while defining a new graph'). "
+            "Compile without it and pass gradient_accumulation_steps= to tfaccel.fit")
+    clips = any(getattr(inner, k, None) is not None for k in ("clipnorm", "clipvalue", "global_clipnorm"))
+    if not ((clips and replicas > 1) or accumulation_steps > 1):
+        return None
+    if accumulation_steps > 1 and inner.built:
+        raise ConfigError("gradient_accumulation_steps needs an optimizer that is not built yet; compile a fresh "
+                          "optimizer (tfaccel.fit builds it)")
+    original = type(inner)
+    if not hasattr(inner, _ORIGINAL_CLASS):
+        setattr(inner, _ORIGINAL_CLASS, original)
+        inner.__class__ = _adapted_class(original)
+    inner.tfaccel_accumulation_steps = int(accumulation_steps)
+    parts = []
+    if clips and replicas > 1:
+        parts.append("gradients clipped after the all-reduce (Keras 3.15 clips each replica's partial gradient)")
+    if accumulation_steps > 1:
+        parts.append(f"gradients accumulated over {accumulation_steps} micro-batches per update")
+    return f"optimizer {original.__name__}: " + "; ".join(parts)
+
+
+def restore_optimizer_class(model: Any) -> None:
+    """Gives the model's optimizer its own class back after training (its state stays)."""
+    import keras
+
+    opt = getattr(model, "optimizer", None)
+    inner = opt.inner_optimizer if isinstance(opt, keras.optimizers.LossScaleOptimizer) else opt
+    original = getattr(inner, _ORIGINAL_CLASS, None)
+    if original is not None and getattr(inner, "tfaccel_accumulation_steps", 1) <= 1:
+        inner.__class__ = original
+        delattr(inner, _ORIGINAL_CLASS)
+
+
+def scale_learning_rate(model: Any, rule: Optional[str], *, global_batch: Optional[int], base_batch: Optional[int],
+                        warmup_steps: int) -> str:
+    """Wraps the optimizer's rate in a ``ScaledSchedule`` when scaling or warmup was asked for.
+
+    Returns:
+        The learning-rate note for the plan.
+
+    Raises:
+        ConfigError: scaling asked for without a global batch (a batched dataset), or an unknown rule.
+    """
+    import keras
+
+    if rule in (None, False, "none") and not warmup_steps:
+        return "learning rate as compiled"
+    if not global_batch or not base_batch:
+        raise ConfigError(f"scale_learning_rate={rule!r} needs the global batch size and base_batch_size (the batch "
+                          f"the rate was tuned for); received global batch {global_batch!r}, base_batch_size "
+                          f"{base_batch!r}. Pass batch_size= to fit, or scale the rate yourself")
+    factor, reason = scale_factor(rule, global_batch=global_batch, base_batch=base_batch)
+    opt = model.optimizer
+    inner = opt.inner_optimizer if isinstance(opt, keras.optimizers.LossScaleOptimizer) else opt
+    if inner.built:
+        raise ConfigError("scale_learning_rate needs an optimizer that is not built yet (its rate is wrapped before "
+                          "the first step)")
+    current = inner._learning_rate if callable(inner._learning_rate) else float(
+        keras.ops.convert_to_numpy(inner.learning_rate))
+    inner.learning_rate = scaled_schedule(current, factor, warmup_steps)
+    return reason + (f", warmup over {warmup_steps} updates" if warmup_steps else "")

@@ -1,0 +1,85 @@
+"""The Keras ``fit`` loop: the user's compiled model trained by ``model.fit`` itself.
+
+Used for mirrored, multi_worker (with the keras-team/keras#20585 fix in tfaccel.compat), tpu, horovod (the
+optimizer wrapped in place, weights broadcast and metrics averaged by the backend's callbacks), and on one
+device whenever the compiled loop cannot train exactly like ``fit`` (per-batch callbacks, datasets, ...).
+
+Arrays go to ``fit`` unchanged on one process, so Keras' own batching, shuffling and weighting apply. Where
+several processes must agree on the order of the examples, or a job resumes in the middle of an epoch, they
+go through ``tfaccel.train.data.example_stream`` instead, whose order is a function of ``(seed, epoch)``.
+"""
+
+from typing import Any, Dict, List, Optional, Sequence
+
+from tfaccel.train.data import FitData, example_stream
+from tfaccel.train.loops.base import LoopResult
+
+__all__ = ["uses_stream", "run_keras_fit"]
+
+
+def uses_stream(data: FitData, *, backend: Any, backups: bool) -> bool:
+    """Whether arrays must go through tfaccel's ordered stream rather than straight to ``fit``."""
+    return data.kind == "arrays" and (backend.num_workers > 1 or backups)
+
+
+def _distributed(x: Any, backend: Any) -> Any:
+    """A ``dataset_fn(input_context)`` made into what ``fit`` takes (a distributed dataset, or this rank's)."""
+    if not callable(x):
+        return x  # already a tf.distribute.DistributedDataset
+    import tensorflow as tf
+
+    if backend.name == "horovod":
+        return x(tf.distribute.InputContext(backend.num_workers, backend.worker_index, backend.num_replicas_in_sync))
+    return backend.strategy.distribute_datasets_from_function(x)
+
+
+def _phases(data: FitData, *, backend: Any, epochs: int, initial_epoch: int, start_step: int,
+            stream: bool) -> List[Dict[str, Any]]:
+    """The ``fit`` calls to make: one, or two when a resumed job starts in the middle of an epoch."""
+    if not stream:
+        if data.kind != "arrays":
+            return [dict(x=_distributed(data.x, backend) if data.kind == "distributed" else data.x,
+                         initial_epoch=initial_epoch, epochs=epochs, steps_per_epoch=data.steps_per_epoch,
+                         class_weight=data.class_weight, shuffle=data.shuffle)]
+        return [dict(x=data.x, y=data.y, sample_weight=data.sample_weight, batch_size=data.batch_size,
+                     initial_epoch=initial_epoch, epochs=epochs, shuffle=data.shuffle,
+                     steps_per_epoch=None if data.steps_per_epoch == -(-data.num_examples // data.batch_size)
+                     else data.steps_per_epoch)]
+    shards, index = (backend.num_workers, backend.worker_index) if backend.name == "horovod" else (1, 0)
+    phases = []
+    first_end = initial_epoch + 1 if start_step else epochs
+    ds, steps = example_stream(data, epochs=first_end, initial_epoch=initial_epoch, start_step=start_step,
+                               shards=shards, shard_index=index)
+    phases.append(dict(x=ds, initial_epoch=initial_epoch, epochs=first_end, steps_per_epoch=steps - start_step,
+                       shuffle=False))
+    if start_step and first_end < epochs:
+        ds, steps = example_stream(data, epochs=epochs, initial_epoch=first_end, shards=shards, shard_index=index)
+        phases.append(dict(x=ds, initial_epoch=first_end, epochs=epochs, steps_per_epoch=steps, shuffle=False))
+    return phases
+
+
+def run_keras_fit(model: Any, *, data: FitData, backend: Any, epochs: int, initial_epoch: int, start_step: int,
+                  backups: bool, callbacks: Sequence[Any], verbose: Any, validation_steps: Optional[int],
+                  validation_batch_size: Optional[int], validation_freq: Any, step_counter: Any) -> LoopResult:
+    """Trains with ``model.fit``; returns Keras' history of every phase, the epoch times and the steps run.
+
+    Args:
+        step_counter: tfaccel's ``Throughput`` callback (already in ``callbacks``): epoch times and steps.
+    """
+    stream = uses_stream(data, backend=backend, backups=backups)
+    history: Dict[str, List[float]] = {}
+    val: Dict[str, Any] = {}
+    if data.validation is not None:
+        vx, vy, vsw = data.validation
+        val = dict(validation_data=(vx, vy, vsw) if vy is not None or vsw is not None else vx,
+                   validation_steps=validation_steps, validation_batch_size=validation_batch_size,
+                   validation_freq=validation_freq)
+    for phase in _phases(data, backend=backend, epochs=epochs, initial_epoch=initial_epoch, start_step=start_step,
+                         stream=stream):
+        hist = model.fit(callbacks=list(callbacks), verbose=verbose, **phase, **val)
+        for key, values in hist.history.items():
+            history.setdefault(key, []).extend(float(v) for v in values)
+        if model.stop_training:
+            break
+    return LoopResult(history=history, epoch_seconds=list(step_counter.epoch_seconds),
+                      steps=int(sum(step_counter.epoch_steps)))
