@@ -121,6 +121,13 @@ def _choose_loop(requested: str, *, backend: Any, model: Any, data: Any, user_ca
     return "compiled", "compiled whole-epoch loop running the model's train_step (one replica, array data)"
 
 
+def _needs_every_batch(model: Any, user_callbacks: Sequence[Any]) -> bool:
+    """Whether a user callback acts per batch (Keras calls batch hooks once per execution, not per step)."""
+    from tfaccel.train.loops.compiled import compiled_blockers
+
+    return any(b.startswith("callback ") for b in compiled_blockers(model, callbacks=list(user_callbacks)))
+
+
 def _steps_per_execution(requested: Any, *, backend: Any, model: Any, per_batch_callbacks: bool,
                          steps_per_epoch: Optional[int]) -> tuple:
     if backend.name == "multi_worker":
@@ -320,7 +327,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: Optional[int] = No
                                               backup_freq=backup_freq, checkpoint_dir=checkpoint_dir,
                                               tensorboard_dir=tensorboard_dir, start_step=start_step)
     if loop_name == "keras_fit":
-        per_batch = "per-batch" in loop_reason or bool(backup_freq)
+        per_batch = bool(backup_freq) or _needs_every_batch(model, user_callbacks)
         spe, spe_reason = _steps_per_execution(steps_per_execution, backend=backend, model=model,
                                                per_batch_callbacks=per_batch, steps_per_epoch=data.steps_per_epoch)
         if spe != model.steps_per_execution:
