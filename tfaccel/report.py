@@ -103,7 +103,8 @@ def env_report() -> Dict[str, Any]:
     Returns:
         A JSON-serialisable dict with keys ``python``, ``platform``, ``tfaccel``, ``tensorflow``, ``keras``,
         ``numpy``, ``horovod``, ``devices``, ``tpu``, ``tf_config``, ``auto`` and ``local_network`` (whether
-        ``tfaccel launch`` can run local clusters in a private loopback-only network namespace).
+        ``tfaccel launch`` can run local clusters in a private loopback-only network namespace) and ``ray``
+        (Ray's installed version, and this process's Ray Train worker rank when it trains under Ray Train).
 
     Example:
         >>> import tfaccel
@@ -133,7 +134,21 @@ def env_report() -> Dict[str, Any]:
         "tf_config": _tf_config_summary(os.environ.get("TF_CONFIG")),
         "auto": _auto_choices(),
         "local_network": _local_network(),
+        "ray": _ray_report(),
     }
+
+
+def _ray_report() -> Dict[str, Any]:
+    """Ray's installed version (not imported) and whether this process trains under Ray Train."""
+    from importlib import metadata
+
+    from tfaccel.launch.ray import ray_context
+
+    try:
+        version: Optional[str] = metadata.version("ray")
+    except metadata.PackageNotFoundError:
+        version = None
+    return {"version": version, "worker": ray_context()}
 
 
 def _local_network() -> Dict[str, Any]:
@@ -200,6 +215,12 @@ def format_report(report: Dict[str, Any]) -> str:
     if net:
         add("tfaccel launch local clusters", net["detail"] + ("" if net["private"] else
                                                              " (their ports can be reached from other machines)"))
+    ray_info = report.get("ray") or {}
+    worker = ray_info.get("worker")
+    add("Ray", (ray_info.get("version") or "not installed") + (
+        f" (this process is Ray Train worker {worker['rank']} of {worker['world_size']}, "
+        f"{'tfaccel launch --backend ray' if worker['mode'] == 'launch' else 'in a Ray Train function'})"
+        if worker else ""))
     auto = report.get("auto") or {}
     if "error" in auto:
         add("auto choices", auto["error"])

@@ -15,6 +15,11 @@ Horovod (through ``horovodrun --gloo``, see :mod:`tfaccel.launch.horovod`)::
     tfaccel launch --backend horovod -np 2 -- python train.py
     tfaccel launch --backend horovod -np 2 --max-restarts 1 -- python train.py   # rerun all ranks on failure
 
+Ray Train (see :mod:`tfaccel.launch.ray`; a private local Ray instance on 127.0.0.1 unless --address/RAY_ADDRESS)::
+
+    tfaccel launch --backend ray --workers 2 --max-restarts 1 -- python train.py
+    tfaccel launch --backend ray --workers 4 --address 10.0.0.1:6379 -- python train.py
+
 Exit status: 0, the failing task's code (128 + N when it was killed by signal N), 124 on --timeout,
 128 + N when the launcher got signal N, 1 when peers never came up, 2 for bad options.
 """
@@ -28,7 +33,8 @@ from typing import List, Optional
 from tfaccel.errors import ConfigError
 from tfaccel.launch.netns import NETWORK_MODES
 
-LAUNCH_BACKENDS = ("tf", "horovod")  # tf: one process per tf.distribute task; horovod: horovodrun ranks
+LAUNCH_BACKENDS = ("tf", "horovod", "ray")  # tf: one process per tf.distribute task; horovod: horovodrun ranks;
+# ray: Ray Train workers
 DEFAULT_BACKEND = "tf"
 DEFAULT_WORKERS = 2
 DEFAULT_RANKS = 2
@@ -47,11 +53,13 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
         epilog="examples:\n  tfaccel launch --workers 2 -- python train.py\n"
                "  tfaccel launch --ps 1 --workers 2 -- python coordinator.py\n"
                "  tfaccel launch --cluster cluster.yaml --task worker:1 -- python train.py\n"
-               "  tfaccel launch --backend horovod -np 2 --max-restarts 1 -- python train.py",
+               "  tfaccel launch --backend horovod -np 2 --max-restarts 1 -- python train.py\n"
+               "  tfaccel launch --backend ray --workers 2 --max-restarts 1 -- python train.py",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     layout = parser.add_argument_group("cluster (local mode unless --task is given)")
     layout.add_argument("--workers", type=int, default=None, metavar="N",
-                        help=f"number of worker tasks on 127.0.0.1 (default: {DEFAULT_WORKERS})")
+                        help=f"number of worker tasks on 127.0.0.1, or of Ray Train workers with --backend ray "
+                             f"(default: {DEFAULT_WORKERS})")
     layout.add_argument("--ps", type=int, default=None, metavar="M",
                         help="number of parameter-server tasks; the command then runs on the chief only (a chief "
                              "is added), ps and worker tasks run tf.distribute servers (default: 0)")
@@ -82,14 +90,21 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
                           "system allows it (default: auto)")
     hvd = parser.add_argument_group("horovod (--backend horovod)")
     hvd.add_argument("--backend", choices=LAUNCH_BACKENDS, default=None,
-                     help=f"tf: one process per tf.distribute task (TF_CONFIG); horovod: ranks through horovodrun "
-                          f"(default: {DEFAULT_BACKEND})")
+                     help=f"tf: one process per tf.distribute task (TF_CONFIG); horovod: ranks through horovodrun; "
+                          f"ray: Ray Train workers (default: {DEFAULT_BACKEND})")
     hvd.add_argument("-np", dest="np", type=int, default=None, metavar="N",
                      help=f"number of Horovod ranks (default: {DEFAULT_RANKS})")
     hvd.add_argument("-H", dest="hosts", default=None, metavar="HOSTS",
                      help="Horovod hosts, host:slots,... (default: localhost:N)")
     hvd.add_argument("--gloo-timeout", type=int, default=None, metavar="S",
                      help="seconds a Gloo operation may wait for the other ranks (default: horovodrun's)")
+    ray_group = parser.add_argument_group("ray (--backend ray; --workers N Ray Train workers)")
+    ray_group.add_argument("--address", default=None, metavar="ADDR",
+                           help="the Ray cluster to join (head host:port, auto, ray://...); default: $RAY_ADDRESS, "
+                                "else a private local Ray instance on 127.0.0.1, stopped afterwards")
+    ray_group.add_argument("--storage-path", default=None, metavar="DIR",
+                           help="Ray Train's run storage (shared by every node of a cluster); default: Ray's "
+                                "(~/ray_results)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the tasks, their TF_CONFIG and commands; start nothing")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command every task runs")
@@ -112,7 +127,15 @@ def _options(args: argparse.Namespace) -> dict:
     counts = {"--workers": args.workers, "--ps": args.ps, "--chief": args.chief, "--evaluator": args.evaluator}
     backend = args.backend or DEFAULT_BACKEND
     horovod_only = {"-np": args.np, "-H": args.hosts, "--gloo-timeout": args.gloo_timeout}
-    if backend == "horovod":
+    ray_only = {"--address": args.address, "--storage-path": args.storage_path}
+    if backend != "ray":
+        given = [name for name, value in ray_only.items() if value is not None]
+        if given:
+            raise ConfigError(f"{', '.join(given)}: only with --backend ray; received --backend {backend}. "
+                              "Example: tfaccel launch --backend ray --workers 2 --address HOST:6379 -- python train.py")
+    if backend == "ray":
+        _check_ray_options(args, counts, horovod_only)
+    elif backend == "horovod":
         tf_only = dict(counts, **{"--cluster": args.cluster, "--task": args.task,
                                   "--connect-timeout": args.connect_timeout})
         given = [name for name, value in tf_only.items() if value is not None]
@@ -144,7 +167,12 @@ def _options(args: argparse.Namespace) -> dict:
     per_host = args.task is not None
     if args.backend is None:
         filled.append(f"--backend {DEFAULT_BACKEND}")
-    if backend == "horovod":
+    if backend == "ray":
+        if args.workers is None:
+            filled.append(f"--workers {DEFAULT_WORKERS}")
+        if args.address is None:
+            filled.append("--address $RAY_ADDRESS or a private local Ray instance on 127.0.0.1")
+    elif backend == "horovod":
         if args.np is None:
             filled.append(f"-np {DEFAULT_RANKS}")
         if args.hosts is None:
@@ -166,6 +194,7 @@ def _options(args: argparse.Namespace) -> dict:
         filled.append(f"--connect-timeout {connect_default:g}")
     return {
         "cmd": cmd, "per_host": per_host, "filled": filled, "backend": backend,
+        "address": args.address, "storage_path": args.storage_path,
         "np": DEFAULT_RANKS if args.np is None else args.np, "hosts": args.hosts, "gloo_timeout": args.gloo_timeout,
         "workers": DEFAULT_WORKERS if args.workers is None else args.workers, "ps": args.ps or 0,
         "chief": bool(args.chief), "evaluator": bool(args.evaluator),
@@ -185,6 +214,8 @@ def run_cli(args: argparse.Namespace) -> int:
         log.info("launch: defaults filled in (pass the options to set them): %s", ", ".join(opts["filled"]))
     if opts["backend"] == "horovod":
         return _horovod(opts, dry_run=args.dry_run)
+    if opts["backend"] == "ray":
+        return _ray(opts, dry_run=args.dry_run)
     if args.dry_run:
         return _dry_run(args, opts)
     if opts["per_host"]:
@@ -260,4 +291,40 @@ def _horovod(opts: dict, *, dry_run: bool) -> int:
     result = run_horovod(opts["np"], opts["cmd"], hosts=opts["hosts"], timeout=opts["timeout"], grace=opts["grace"],
                          gloo_timeout=opts["gloo_timeout"], max_restarts=opts["max_restarts"],
                          capture_lines=CAPTURE_LINES, network=opts["network"])
+    return result.returncode
+
+
+def _check_ray_options(args: argparse.Namespace, counts: dict, horovod_only: dict) -> None:
+    """--backend ray takes --workers (Ray Train workers), not the tf.distribute layout or Horovod's options."""
+    other = dict(counts, **horovod_only, **{"--cluster": args.cluster, "--task": args.task,
+                                            "--connect-timeout": args.connect_timeout})
+    other.pop("--workers")
+    given = [name for name, value in other.items() if value is not None]
+    if given:
+        raise ConfigError(f"--backend ray: {', '.join(given)} are not Ray options; Ray Train places the workers "
+                          "(worker 0 is the chief): use --workers N, and --address HOST:PORT to join a cluster")
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError(f"--workers: must be >= 1; received {args.workers}")
+
+
+def _ray(opts: dict, *, dry_run: bool) -> int:
+    from tfaccel.launch.local import normalize_command
+    from tfaccel.launch.ray import run_ray
+
+    if dry_run:
+        argv, _notes = normalize_command(opts["cmd"], check_exists=opts["address"] is None)
+        where = f"the Ray cluster at {opts['address']}" if opts["address"] else \
+            "a private local Ray instance on 127.0.0.1 (or $RAY_ADDRESS)"
+        restarts = (f"; on a failure Ray restarts the worker group, up to {opts['max_restarts']} time(s)"
+                    if opts["max_restarts"] else "")
+        sys.stdout.write(f"tfaccel launch --dry-run (ray): would run {opts['workers']} Ray Train worker(s) on "
+                         f"{where}{restarts}; nothing was started\n"
+                         "options: " + json.dumps({k: opts[k] for k in ("workers", "address", "storage_path",
+                                                                         "max_restarts", "timeout", "grace",
+                                                                         "network")}) + "\n"
+                         f"{shlex.join(argv)}\n")
+        return 0
+    result = run_ray(opts["cmd"], workers=opts["workers"], address=opts["address"],
+                     max_restarts=opts["max_restarts"], timeout=opts["timeout"], grace=opts["grace"],
+                     storage_path=opts["storage_path"], capture_lines=CAPTURE_LINES, network=opts["network"])
     return result.returncode

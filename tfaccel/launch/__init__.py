@@ -1,4 +1,4 @@
-"""Process launching: local loopback clusters, one host's task, horovodrun.
+"""Process launching: local loopback clusters, one host's task, horovodrun, Ray Train.
 
 Example:
     >>> from tfaccel.launch import run_local
@@ -11,9 +11,9 @@ Importing this package does not import TensorFlow.
 
 from tfaccel._lazy import lazy_exports
 
-__all__ = ["run_local", "run_host", "LaunchResult", "TaskOutcome", "LaunchTask"]
+__all__ = ["run_local", "run_host", "run_ray", "LaunchResult", "TaskOutcome", "LaunchTask"]
 
-_LAZY = {"run_local": "tfaccel.launch.local", "run_host": "tfaccel.launch.host",
+_LAZY = {"run_local": "tfaccel.launch.local", "run_host": "tfaccel.launch.host", "run_ray": "tfaccel.launch.ray",
          "LaunchResult": "tfaccel.launch.supervisor", "TaskOutcome": "tfaccel.launch.supervisor",
          "LaunchTask": "tfaccel.launch.supervisor"}
 
