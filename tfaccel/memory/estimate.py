@@ -1,0 +1,255 @@
+"""``estimate_memory``: what one replica needs for a training step, before the job starts.
+
+Parameters, gradients and optimizer slots are counted from the real variables (the model is built, the optimizer
+built on its trainable variables); activations come from the traced graph of the model's own ``train_step`` at the
+per-replica batch (:mod:`tfaccel.memory.graph`), with and without recomputation. Nothing runs a step: a ResNet-50
+estimate takes seconds and no device memory beyond the variables.
+"""
+
+import dataclasses
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+from tfaccel.errors import ConfigError, invalid_choice
+
+__all__ = ["MemoryEstimate", "estimate_memory", "REPLICATED_STRATEGIES", "DEFAULT_SHAPES"]
+
+# Built-in model name -> (input shape, number of classes) used when the caller gives none.
+DEFAULT_SHAPES: Dict[str, Tuple[Tuple[int, ...], int]] = {
+    "mnist_cnn": ((28, 28, 1), 10), "mlp": ((28, 28, 1), 10), "resnet20": ((32, 32, 3), 10),
+    "resnet50": ((224, 224, 3), 1000), "transformer": ((128,), 2),
+}
+# Strategies that keep a full copy of the variables and optimizer slots on every replica.
+REPLICATED_STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu", "horovod")
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes one replica needs for one training step (and each parameter server shard, under parameter_server).
+
+    ``activation_bytes`` is the traced peak of live batch-dependent buffers (activations, their gradients and the
+    backward pass's temporaries); ``*_recompute`` are the same with the blocks in ``recompute_blocks`` recomputed.
+    ``total_bytes`` = parameters + gradients + optimizer slots + activations, on one replica.
+    """
+
+    model: str
+    batch_size: int
+    per_replica_batch: int
+    replicas: int
+    precision: str
+    strategy: str
+    optimizer: str
+    parameters: int
+    parameter_bytes: int
+    gradient_bytes: int
+    optimizer_bytes: int
+    activation_bytes: int
+    saved_activation_bytes: int
+    recompute_blocks: Tuple[str, ...] = ()
+    activation_bytes_recompute: Optional[int] = None
+    ps_shard_bytes: Tuple[int, ...] = ()
+    measured: Optional[Dict[str, Any]] = None
+
+    @property
+    def total_bytes(self) -> int:
+        return self.state_bytes + self.activation_bytes
+
+    @property
+    def total_bytes_recompute(self) -> Optional[int]:
+        if self.activation_bytes_recompute is None:
+            return None
+        return self.state_bytes + self.activation_bytes_recompute
+
+    @property
+    def state_bytes(self) -> int:
+        """Parameters + gradients + optimizer slots on one replica (a PS worker holds no slots, only a read copy)."""
+        slots = 0 if self.strategy == "parameter_server" else self.optimizer_bytes
+        return self.parameter_bytes + self.gradient_bytes + slots
+
+    def to_dict(self) -> Dict[str, Any]:
+        """A JSON-ready dict: every field plus the totals."""
+        out = dataclasses.asdict(self)
+        out["recompute_blocks"] = list(self.recompute_blocks)
+        out["ps_shard_bytes"] = list(self.ps_shard_bytes)
+        out["total_bytes"] = self.total_bytes
+        out["total_bytes_recompute"] = self.total_bytes_recompute
+        return out
+
+
+def _nbytes(variables: Sequence[Any]) -> int:
+    total = 0
+    for v in variables:
+        size = 1
+        for dim in v.shape:
+            size *= int(dim)
+        total += size * _dtype_size(v.dtype)
+    return total
+
+
+def _dtype_size(dtype: Any) -> int:
+    import tensorflow as tf
+
+    return tf.as_dtype(str(dtype)).size
+
+
+def _ps_shards(model: Any, optimizer: Any, num_ps: int) -> Tuple[int, ...]:
+    """TF's default placement: variables round-robin over the ps tasks, each slot beside its variable."""
+    scalars = [v for v in optimizer.variables if len(v.shape) == 0]
+    trainable = _nbytes(model.trainable_variables)
+    slot_ratio = (_nbytes(optimizer.variables) - _nbytes(scalars)) / trainable if trainable else 0.0
+    shards = [0] * num_ps
+    for index, var in enumerate(model.variables):
+        size = _nbytes([var])
+        shards[index % num_ps] += size + (int(round(size * slot_ratio)) if var.trainable else 0)
+    shards[0] += _nbytes(scalars)
+    return tuple(shards)
+
+
+def _check_options(strategy: str, batch_size: Any, replicas: int, num_ps: int, precision: Optional[str]) -> None:
+    from tfaccel.precision import POLICY_NAMES
+    from tfaccel.strategies.registry import STRATEGY_NAMES
+
+    if strategy not in STRATEGY_NAMES:
+        raise invalid_choice("strategy", strategy, STRATEGY_NAMES)
+    if precision is not None and precision not in POLICY_NAMES:
+        raise invalid_choice("precision", precision, POLICY_NAMES,
+                             hint="estimate_memory needs the policy itself, not 'auto'")
+    for name, value in (("batch_size", batch_size), ("replicas", replicas), ("num_ps", num_ps)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name}: must be a positive integer; received {value!r}")
+    if batch_size % replicas:
+        raise ConfigError(f"batch_size: the global batch {batch_size} does not split evenly over {replicas} "
+                          f"replicas; give a multiple of {replicas} (e.g. {replicas * max(1, batch_size // replicas)})")
+
+
+def _build(model_or_name: Any, precision: Optional[str], input_shape: Optional[Sequence[int]],
+           num_classes: Optional[int]) -> Tuple[Any, str, str]:
+    """Returns (a model tfaccel may change, its name, its precision)."""
+    import keras
+
+    if isinstance(model_or_name, keras.Model):
+        policy = model_or_name.dtype_policy.name
+        if precision is not None and precision != policy:
+            raise ConfigError(f"precision: the model was built with the {policy!r} policy; received "
+                              f"precision={precision!r}. A built model's precision is fixed: pass the model's name "
+                              "or builder function to estimate it in another precision")
+        try:
+            clone = keras.models.clone_model(model_or_name)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"model: cannot copy model {model_or_name.name!r} to trace it ({exc}); pass its "
+                              "builder function instead") from exc
+        return clone, model_or_name.name, policy
+    from tfaccel.models import build_model
+
+    name = model_or_name if isinstance(model_or_name, str) else getattr(model_or_name, "__name__", "model")
+    shape, classes = DEFAULT_SHAPES.get(name, (None, 10))
+    shape = tuple(input_shape) if input_shape is not None else shape
+    if shape is None:
+        raise ConfigError(f"input_shape: model {name!r} has no default input shape; pass input_shape=(...) "
+                          f"(built-in models with defaults: {', '.join(DEFAULT_SHAPES)})")
+    previous = keras.config.dtype_policy().name
+    keras.config.set_dtype_policy(precision or "float32")
+    try:
+        model = build_model(model_or_name, input_shape=shape, num_classes=num_classes or classes)
+    finally:
+        keras.config.set_dtype_policy(previous)
+    return model, name, precision or "float32"
+
+
+def _specs(model: Any, batch: int) -> Tuple[Any, Any]:
+    import tensorflow as tf
+
+    inputs = [tf.TensorSpec((batch,) + tuple(t.shape[1:]), t.dtype) for t in model.inputs]
+    output = model.outputs[0]
+    label = tf.TensorSpec((batch,), "int32") if len(output.shape) == 2 else \
+        tf.TensorSpec((batch,) + tuple(output.shape[1:]), "float32")
+    return (inputs[0] if len(inputs) == 1 else inputs), label
+
+
+def _trace_step(model: Any, optimizer: Union[str, Any], batch: int) -> Tuple[Dict[str, int], Any]:
+    """Compiles ``model`` (sparse categorical cross-entropy), builds the optimizer and traces one train_step."""
+    import tensorflow as tf
+
+    from tfaccel.memory.graph import graph_activation_peak
+
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
+    model.optimizer.build(model.trainable_variables)
+    x_spec, y_spec = _specs(model, batch)
+    graph = tf.function(model.train_step).get_concrete_function((x_spec, y_spec)).graph
+    return graph_activation_peak(graph), model.optimizer
+
+
+def _recompute_peak(model_or_name: Any, recompute: Any, *, precision: Optional[str], input_shape: Any,
+                    num_classes: Optional[int], optimizer: Any, batch: int) -> Tuple[Tuple[str, ...], Optional[int]]:
+    from tfaccel.memory.recompute import enable_recompute
+
+    if recompute is False:
+        return (), None
+    model, _, _ = _build(model_or_name, precision, input_shape, num_classes)
+    try:
+        blocks = enable_recompute(model, "auto" if recompute in (None, True) else recompute)
+    except ConfigError:
+        if recompute is None:  # only asked for "if it can": this model cannot be split automatically
+            return (), None
+        raise
+    return tuple(blocks), _trace_step(model, _fresh_optimizer(optimizer), batch)[0]["peak_bytes"]
+
+
+def _fresh_optimizer(optimizer: Union[str, Any]) -> Union[str, Any]:
+    return optimizer if isinstance(optimizer, str) else type(optimizer).from_config(optimizer.get_config())
+
+
+def estimate_memory(model_or_name: Union[str, Callable[..., Any], Any], *, batch_size: int,
+                    precision: Optional[str] = None, strategy: str = "default", optimizer: Union[str, Any] = "adam",
+                    recompute: Union[None, bool, str, Sequence[Any]] = None, replicas: int = 1, num_ps: int = 1,
+                    input_shape: Optional[Sequence[int]] = None, num_classes: Optional[int] = None
+                    ) -> MemoryEstimate:
+    """Estimates the memory one replica needs to train a model, by tracing one training step.
+
+    Args:
+        model_or_name: a built-in model name (``tfaccel.MODEL_NAMES``), a builder ``f(input_shape=, num_classes=)``
+            or ``"path/to/file.py:build_model"``, or a built functional ``keras.Model`` (copied, never changed).
+        batch_size: the global batch; each replica traces ``batch_size // replicas``.
+        precision: ``"float32"``, ``"mixed_float16"`` or ``"mixed_bfloat16"``. Defaults to None: float32 for a
+            name or builder, the model's own policy for a model.
+        strategy: a strategy name (``tfaccel.strategies.STRATEGY_NAMES``). Under ``"parameter_server"`` a replica
+            is a worker (no optimizer slots) and ``ps_shard_bytes`` gives each ps task's share. Defaults to
+            ``"default"``.
+        optimizer: an optimizer name or a Keras optimizer (its config is reused). Defaults to ``"adam"``.
+        recompute: ``"auto"`` or blocks as for :func:`tfaccel.memory.enable_recompute` to also estimate with
+            recomputation (an error if the model cannot be split), False for no such estimate. Defaults to None:
+            ``"auto"`` when the model can be split, else nothing.
+        replicas: replicas in sync (workers under parameter_server). Defaults to 1.
+        num_ps: parameter server tasks (parameter_server only). Defaults to 1.
+        input_shape: one example's shape; defaults to the built-in model's usual input (``DEFAULT_SHAPES``).
+        num_classes: number of classes; defaults to the built-in model's usual head.
+
+    Returns:
+        A :class:`MemoryEstimate`.
+
+    Raises:
+        ConfigError: an option is not valid (the message names it and lists the valid values), or the model
+            cannot be built, copied or split as asked.
+
+    Example:
+        >>> est = estimate_memory("resnet50", batch_size=64, precision="mixed_float16")  # doctest: +SKIP
+        >>> est.total_bytes / 2**30                                                       # doctest: +SKIP
+    """
+    from tfaccel.train.optim import OPTIMIZER_NAMES
+
+    _check_options(strategy, batch_size, replicas, num_ps, precision)
+    if isinstance(optimizer, str) and optimizer.lower() not in OPTIMIZER_NAMES:
+        raise invalid_choice("optimizer", optimizer, OPTIMIZER_NAMES, hint="Or pass a keras.optimizers.Optimizer")
+    batch = batch_size // replicas
+    model, name, policy = _build(model_or_name, precision, input_shape, num_classes)
+    peaks, opt = _trace_step(model, _fresh_optimizer(optimizer), batch)
+    blocks, recompute_peak = _recompute_peak(model_or_name, recompute, precision=precision, input_shape=input_shape,
+                                             num_classes=num_classes, optimizer=optimizer, batch=batch)
+    return MemoryEstimate(
+        model=name, batch_size=batch_size, per_replica_batch=batch, replicas=replicas, precision=policy,
+        strategy=strategy, optimizer=optimizer if isinstance(optimizer, str) else type(optimizer).__name__.lower(),
+        parameters=int(sum(int(v.numpy().size) for v in model.variables)),
+        parameter_bytes=_nbytes(model.variables), gradient_bytes=_nbytes(model.trainable_variables),
+        optimizer_bytes=_nbytes(opt.variables), activation_bytes=peaks["peak_bytes"],
+        saved_activation_bytes=peaks["saved_bytes"], recompute_blocks=blocks,
+        activation_bytes_recompute=recompute_peak,
+        ps_shard_bytes=_ps_shards(model, opt, num_ps) if strategy == "parameter_server" else ())
