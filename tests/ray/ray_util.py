@@ -1,0 +1,130 @@
+"""Real Ray on 127.0.0.1 for the tests: a `ray start --head` cluster with a second node, runs of
+``python -m tfaccel launch --backend ray``, and a check that no process a test started survives it.
+
+Every process a test starts carries ``TFACCEL_RAY_TEST_MARK=<uuid>`` in its environment, and Ray's own
+processes (GCS, raylet, workers) inherit it from the `ray start` (or driver) that started them, so
+:func:`marked_pids` finds all of them, whatever session or process group they put themselves in.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence
+
+import harness
+from tfaccel.launch.procs import free_ports, start_process, terminate
+
+MARK_ENV = "TFACCEL_RAY_TEST_MARK"
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+RAY_BIN = Path(sys.executable).parent / "ray"
+
+
+def test_env(mark: str, extra: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """This process's environment for a child: quiet TF, the repo on PYTHONPATH, the mark, no stray cluster."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "RAY_ADDRESS")}
+    env.update(harness.CHILD_ENV)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(harness.REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    env[MARK_ENV] = mark
+    env.update(extra or {})
+    return env
+
+
+def marked_pids(mark: str) -> List[int]:
+    """PIDs of live (non-zombie) processes whose environment carries ``mark``."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(MARK_ENV) == mark:
+                found.append(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def kill_marked(mark: str, *, wait: float = 20.0) -> List[int]:
+    """SIGKILLs every process carrying ``mark`` after ``wait`` seconds of letting them exit; returns the
+    PIDs that were still alive after ``wait`` (they should have ended on their own)."""
+    deadline = time.monotonic() + wait
+    while marked_pids(mark) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = marked_pids(mark)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left
+
+
+class RayCluster:
+    """`ray start --head --block` on 127.0.0.1 plus ``extra_nodes`` nodes joined with `ray start --address`."""
+
+    def __init__(self, *, head_cpus: int = 1, extra_nodes: int = 1, node_cpus: int = 1) -> None:
+        self.mark = f"cluster-{uuid.uuid4().hex[:12]}"
+        self.temp_dir = tempfile.mkdtemp(prefix="tfr-")  # short: Ray's unix socket paths must fit 107 bytes
+        self.port = free_ports(1)[0]
+        self.address = f"127.0.0.1:{self.port}"
+        self.procs: List[subprocess.Popen] = []
+        env = test_env(self.mark)
+        common = ["--block", "--disable-usage-stats", "--node-ip-address", "127.0.0.1"]
+        self._start([str(RAY_BIN), "start", "--head", "--port", str(self.port), "--num-cpus", str(head_cpus),
+                     "--include-dashboard", "false", "--temp-dir", self.temp_dir, *common], env)
+        self.wait_for_nodes(1, timeout=90)
+        for _ in range(extra_nodes):
+            self._start([str(RAY_BIN), "start", "--address", self.address, "--num-cpus", str(node_cpus), *common], env)
+        self.wait_for_nodes(1 + extra_nodes, timeout=90)
+
+    def _start(self, cmd: Sequence[str], env: Mapping[str, str]) -> None:
+        proc = start_process(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        harness.STARTED_PIDS.append(proc.pid)
+        self.procs.append(proc)
+
+    def wait_for_nodes(self, count: int, *, timeout: float) -> None:
+        """Waits until ``count`` nodes are alive (asked in a subprocess: no Ray state in the test process)."""
+        probe = ("import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False); "
+                 "print(sum(1 for n in ray.nodes() if n['Alive'])); ray.shutdown()")
+        deadline = time.monotonic() + timeout
+        seen = "?"
+        while time.monotonic() < deadline:
+            if any(p.poll() is not None for p in self.procs):
+                raise RuntimeError(f"a `ray start` process exited: {[p.returncode for p in self.procs]}")
+            run = subprocess.run([sys.executable, "-c", probe, self.address], env=test_env(self.mark),
+                                 capture_output=True, text=True, timeout=60)
+            seen = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr[-300:]
+            if seen == str(count):
+                return
+            time.sleep(2)
+        raise RuntimeError(f"the Ray cluster at {self.address} did not reach {count} node(s) in {timeout} s: {seen}")
+
+    def stop(self) -> List[int]:
+        """Stops every node (SIGTERM to `ray start --block`, which stops its node) and then anything left;
+        returns the PIDs that had to be SIGKILLed by mark."""
+        for proc in reversed(self.procs):
+            terminate([proc], grace=20)
+        left = kill_marked(self.mark, wait=10)
+        import shutil
+
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        return left
+
+
+def launch(args: Sequence[str], *, mark: str, env: Optional[Mapping[str, str]] = None, timeout: float = 300,
+           cwd: Optional[Path] = None) -> "subprocess.CompletedProcess[str]":
+    """``python -m tfaccel launch ARGS`` bounded by ``timeout``; returns it with stdout+stderr in ``stdout``."""
+    proc = start_process([sys.executable, "-m", "tfaccel", "launch", *args], env=test_env(mark, env),
+                         cwd=str(cwd or harness.REPO_ROOT), stderr=subprocess.STDOUT)
+    harness.STARTED_PIDS.append(proc.pid)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        terminate([proc], grace=10)
+        out, _ = proc.communicate()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out.decode("utf-8", "replace"), "")
