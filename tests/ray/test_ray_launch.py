@@ -1,0 +1,47 @@
+"""`tfaccel launch --backend ray` with a private local Ray instance (no --address): real Ray on 127.0.0.1."""
+
+import json
+import re
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ray_util
+
+pytestmark = pytest.mark.slow
+
+
+def test_launch_backend_ray_runs_compile_and_fit_on_two_workers(tmp_path):
+    """Two Ray Train workers on a private local instance train in lock-step (identical weights), their output is
+    prefixed [worker i], Ray's Result holds the last epoch's metrics and tfaccel's checkpoint path, and no process
+    of the run (driver, Ray, workers, commands) survives it."""
+    mark = f"local-{uuid.uuid4().hex[:12]}"
+    storage = tmp_path / "storage"
+    done = ray_util.launch(["--backend", "ray", "--workers", "2", "--storage-path", str(storage), "--timeout", "280",
+                            "--", str(ray_util.SCRIPTS / "fit_job.py")], mark=mark, timeout=300,
+                           env={"JOB_OUT": str(tmp_path), "JOB_CHECKPOINT_DIR": str(tmp_path / "ckpt")})
+    left = ray_util.kill_marked(mark, wait=15)
+    assert done.returncode == 0, done.stdout[-4000:]
+    assert not left, f"processes of the run survived it: {left}"
+    assert "started a private local Ray instance on 127.0.0.1 with 2 CPU(s)" in done.stdout
+    for rank in (0, 1):
+        assert f"[worker {rank}] JOB: worker:{rank} done" in done.stdout
+    w0, w1 = np.load(tmp_path / "weights-0.npz"), np.load(tmp_path / "weights-1.npz")
+    assert all(np.array_equal(w0[k], w1[k]) for k in w0.files)
+    results = [json.loads((tmp_path / f"result-{rank}.json").read_text()) for rank in (0, 1)]
+    for rank, result in enumerate(results):
+        assert result["strategy"] == "multi_worker" and result["replicas"] == 2, result
+        assert result["tf_config"]["task"] == {"type": "worker", "index": rank}
+        assert all(a.startswith("127.0.0.1:") for a in result["tf_config"]["cluster"]["worker"])
+        assert result["restart"] == "0"
+    run_dir = Path(re.search(r"Ray Train finished OK; result in (\S+)", done.stdout).group(1))
+    assert run_dir.parent == storage
+    reported = sorted(run_dir.glob("checkpoint_*/tfaccel.json"))
+    assert reported, list(run_dir.iterdir())
+    last = json.loads(reported[-1].read_text())
+    # report_callbacks run among the job's own callbacks, before compile_and_fit's checkpoint of the epoch: the
+    # path is the previous epoch's here (the training loop adds them after its checkpoint callback).
+    assert last["epoch"] == 2 and last["loss"] == pytest.approx(results[0]["loss"][-1], rel=1e-5)
+    assert last["checkpoint_path"] == str(tmp_path / "ckpt" / "ckpt-1")
