@@ -125,9 +125,14 @@ class _Pass:
         self._one_step = one_step
         self._step = tf.function(one_step, jit_compile=jit_compile)
         self._loop = tf.function(self._whole_batches, jit_compile=jit_compile)
-        with self._strategy.scope():  # builds lazily created variables outside the while loop
-            first = self._step.get_concrete_function(self._gather(tf.range(min(batch_size, self.num_examples))))
-        self._zeros = tf.nest.map_structure(lambda t: tf.zeros(t.shape, t.dtype), first.structured_outputs)
+        # Tracing one step builds what the step creates lazily (optimizer slots, compiled metrics) outside the
+        # while loop, as Keras' fit does on its first trace. With a partial last batch, that trace is the
+        # partial step's own and the loop returns nothing; else the loop carries the last step's outputs.
+        self._partial = self.num_examples % batch_size
+        with self._strategy.scope():
+            first = self._step.get_concrete_function(self._gather(tf.range(self._partial or batch_size)))
+        self._zeros = None if self._partial else tf.nest.map_structure(lambda t: tf.zeros(t.shape, t.dtype),
+                                                                       first.structured_outputs)
 
     def _gather(self, idx: Any) -> Any:
         import tensorflow as tf
@@ -137,13 +142,14 @@ class _Pass:
     def _whole_batches(self, order: Any) -> Any:
         import tensorflow as tf
 
-        def body(i: Any, last: Any) -> Any:
+        def body(i: Any, *last: Any) -> Any:
             # tf.slice, not order[i*b:(i+1)*b]: Python slicing inside the XLA loop ran 100x slower here.
-            return i + 1, self._one_step(self._gather(tf.slice(order, [i * self.batch_size], [self.batch_size])))
+            out = self._one_step(self._gather(tf.slice(order, [i * self.batch_size], [self.batch_size])))
+            return (i + 1, out) if last else (i + 1,)
 
-        _, last = tf.while_loop(lambda i, _: i < self.whole, body, (tf.constant(0), self._zeros),
-                                parallel_iterations=1)
-        return last
+        carried = (tf.constant(0),) + (() if self._zeros is None else (self._zeros,))
+        result = tf.while_loop(lambda i, *_: i < self.whole, body, carried, parallel_iterations=1)
+        return result[1] if self._zeros is not None else None
 
     def run(self, order: np.ndarray) -> Any:
         """Runs every batch in ``order`` (int32 example indices); returns the last step's outputs."""
@@ -152,7 +158,7 @@ class _Pass:
         with self._strategy.scope():
             split = self.whole * self.batch_size
             last = self._loop(tf.constant(order[:split])) if self.whole else None
-            if split < self.num_examples:
+            if self._partial:
                 last = self._step(self._gather(tf.constant(order[split:])))
         return last
 
