@@ -1,10 +1,12 @@
 """The registry: names, options and their errors; default / one_device / mirrored built in this process."""
 
+import json
 import sys
 
 import numpy as np
 import pytest
 
+import harness
 import tfaccel
 from tfaccel.cluster import ClusterSpec, TaskInfo
 from tfaccel.devices import DeviceInfo
@@ -84,15 +86,31 @@ def test_mirrored_cross_device_ops_errors(clean_tf_config, value, message) -> No
         get_backend("mirrored", devices=CPU2, cross_device_ops=value)
 
 
+MIRRORED_OPTIONS = """
+import json, os
+import tfaccel
+tfaccel.configure_devices(virtual_cpus=2)
+from tfaccel.devices import DeviceInfo
+from tfaccel.strategies import get_backend
+backend = get_backend("mirrored", devices=DeviceInfo(num_cpu_devices=2), **json.loads(os.environ["MIRRORED_OPTIONS"]))
+print(json.dumps({"ops": type(backend.strategy.extended._cross_device_ops).__name__,
+                  "replicas": backend.num_replicas_in_sync, "supports_jit": backend.supports_jit}))
+"""
+
+
 def test_mirrored_cross_device_ops_choices(clean_tf_config, cpu_replicas) -> None:
     import tensorflow as tf
 
     auto = get_backend("mirrored", devices=CPU2).strategy
     assert isinstance(auto.extended._cross_device_ops, tf.distribute.ReductionToOneDevice)
-    hier = get_backend("mirrored", devices=CPU2, cross_device_ops="hierarchical_copy").strategy
-    assert isinstance(hier.extended._cross_device_ops, tf.distribute.HierarchicalCopyAllReduce)
-    one = get_backend("mirrored", devices=CPU2, device_names=[cpu_replicas[0]])
-    assert one.num_replicas_in_sync == 1 and one.supports_jit
+    # One MirroredStrategy per process (a second collides with the first): other options in fresh processes.
+    options = {"hier:0": {"cross_device_ops": "hierarchical_copy"}, "one:0": {"device_names": ["/cpu:0"]}}
+    results = harness.run_tasks(MIRRORED_OPTIONS, tasks=[("hier", 0, None), ("one", 0, None)], timeout=120,
+                                per_task_env={k: {"MIRRORED_OPTIONS": json.dumps(v)} for k, v in options.items()})
+    harness.assert_all_ok(results)
+    hier, one = (harness.last_json_line(r.stdout) for r in results)
+    assert hier["ops"] == "HierarchicalCopyAllReduce" and hier["replicas"] == 2
+    assert one["replicas"] == 1 and one["supports_jit"]
     with pytest.raises(ConfigError, match=r"device_names must be a non-empty list.*received '/cpu:0'"):
         get_backend("mirrored", devices=CPU2, device_names="/cpu:0")
     with pytest.raises(ConfigError, match=r"mirrored: device_names: no device '/cpu:9' in this process"):
@@ -168,9 +186,15 @@ def test_register_strategy(clean_tf_config) -> None:
 
     try:
         register_strategy("custom", description="a test entry", factory=factory, options=("flavour",))
-        assert get_backend("custom", devices=CPU2, flavour="x").reason == "flavour x"
+        custom = get_backend("custom", devices=CPU2, flavour="x")
+        assert custom.reason == "flavour x"
+        assert get_backend("custom", devices=CPU2, flavour="x") is custom  # the same request: the same backend
+        plain = get_backend("custom", devices=CPU2)
+        assert plain is not custom and get_backend("custom", devices=CPU2, flavour="plain") is plain  # defaults
         with pytest.raises(ConfigError, match=r"'custom' is already registered \(a test entry\); pass replace=True"):
             register_strategy("custom", description="again", factory=factory)
+        register_strategy("custom", description="replaced", factory=factory, options=("flavour",), replace=True)
+        assert get_backend("custom", devices=CPU2, flavour="x") is not custom  # a replaced entry starts afresh
     finally:
         registry._REGISTRY.pop("custom", None)
     with pytest.raises(ConfigError, match=r"name must be a non-empty string other than 'auto'; received 'auto'"):

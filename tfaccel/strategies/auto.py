@@ -18,9 +18,10 @@ lists and tasks.
 import os
 from typing import Any, Callable, Mapping, Optional, Tuple
 
+from tfaccel.errors import ConfigError
 from tfaccel.strategies._task import training_roles
 
-__all__ = ["HOROVOD_ENV_VARS", "choose_strategy", "horovod_env_var"]
+__all__ = ["HOROVOD_ENV_VARS", "choose_strategy", "horovod_env_var", "horovod_auto_strategy_error"]
 
 HOROVOD_ENV_VARS = ("HOROVOD_RANK", "HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE")
 
@@ -75,3 +76,29 @@ def choose_strategy(*, devices: Any, task: Optional[Any], environ: Optional[Mapp
     if task is not None and task.task_type == "evaluator":
         reason = "this task is the evaluator, which runs on its own; " + reason
     return "default", reason
+
+
+def horovod_auto_strategy_error(reason: str, environ: Optional[Mapping[str, str]] = None) -> ConfigError:
+    """The error of ``get_strategy("auto")`` in a Horovod rank, saying what to use instead.
+
+    Horovod spreads work without a ``tf.distribute`` strategy: the strategy there is TensorFlow's default one,
+    and a plain ``model.fit`` under it trains one independent model per rank without any error.
+
+    Args:
+        reason: why ``"auto"`` chose Horovod (names the variable that was seen).
+        environ: the environment (for the number of ranks). Defaults to ``os.environ``.
+
+    Returns:
+        The ``ConfigError`` to raise.
+    """
+    env = os.environ if environ is None else environ
+    size = env.get("HOROVOD_SIZE") or env.get("OMPI_COMM_WORLD_SIZE")
+    ranks = f"{size} independent models (one per rank)" if size and size != "1" else "one independent model per rank"
+    return ConfigError(
+        f"get_strategy('auto'): this process is a Horovod rank: {reason}. Horovod has no tf.distribute strategy: "
+        f"the one returned would be TensorFlow's default strategy, and a plain model.fit under it trains {ranks} "
+        "without any error. For a Keras script use `with tfaccel.scope(): <build and compile the model>` then "
+        "`tfaccel.fit(model, ...)`: tfaccel wraps the optimizer, broadcasts the initial weights, shards the data and "
+        "averages the metrics over the ranks. For a custom training loop use `backend = "
+        "tfaccel.get_backend('horovod')` (backend.wrap_optimizer(optimizer), backend.extra_callbacks(), "
+        "backend.input_shard). To train one model per process on purpose, ask for get_strategy('default')")

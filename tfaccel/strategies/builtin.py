@@ -5,7 +5,7 @@ TensorFlow is imported inside the factories, never at module import.
 
 import contextlib
 import numbers
-from typing import Any, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from tfaccel.errors import BackendUnavailableError, ConfigError, DeviceError, invalid_choice
 from tfaccel.strategies import tpu as _tpu
@@ -51,28 +51,55 @@ def _check_device_names(what: str, names: Sequence[str]) -> None:
         raise ConfigError(f"{what}: a device is repeated; received {list(names)!r}")
 
 
+def _canonical_device(name: str) -> str:
+    """``'/cpu:0'``, ``'/device:CPU:0'`` and ``'/job:localhost/replica:0/task:0/device:CPU:0'`` name one device."""
+    spec = _tf().DeviceSpec.from_string(name)
+    if spec.job in (None, "localhost") and spec.device_type is not None:
+        spec = _tf().DeviceSpec(device_type=spec.device_type.upper(), device_index=spec.device_index or 0)
+    return spec.to_string()
+
+
+def _cluster_key(task: Optional[Any]) -> Optional[str]:
+    """This task and its cluster, as one string (part of a multi_worker / parameter_server request)."""
+    if task is None:
+        return None
+    roles = "; ".join(f"{role} {', '.join(addrs)}" for role, addrs in training_roles(task).items())
+    return f"{task.name} of {getattr(task, 'source', 'TF_CONFIG')} cluster ({roles})"
+
+
 # --------------------------------------------------------------------------------------------------- default
+def default_request(*, devices: Any, task: Optional[Any]) -> Dict[str, Any]:
+    """Every ``default`` request is the same one (the devices and task do not change the default strategy)."""
+    return {}
+
+
 def make_default(*, devices: Any, task: Optional[Any]) -> Backend:
     """TensorFlow's default strategy: one replica on the default device, no distribution."""
     return Backend(name="default", strategy=_tf().distribute.get_strategy())
 
 
 # ------------------------------------------------------------------------------------------------ one_device
-def make_one_device(*, devices: Any, task: Optional[Any], device: Optional[str] = None) -> Backend:
-    """``OneDeviceStrategy`` on ``device`` (defaults to the first GPU, else the CPU)."""
-    tf = _tf()
+def one_device_request(*, devices: Any, task: Optional[Any], device: Optional[str] = None) -> Dict[str, Any]:
+    """Validates ``device`` (defaults to the first GPU, else the CPU) and names it canonically."""
     if device is None:
         device = "/gpu:0" if devices.num_gpus else "/cpu:0"
     if not isinstance(device, str) or not device:
         raise ConfigError(f"one_device: device must be a device name such as '/gpu:0' or '/cpu:0'; received "
                           f"{device!r}")
     _check_device_names("one_device: device", [device])
-    strategy = tf.distribute.OneDeviceStrategy(device)
+    return {"device": _canonical_device(device)}
+
+
+def make_one_device(*, devices: Any, task: Optional[Any], device: Optional[str] = None) -> Backend:
+    """``OneDeviceStrategy`` on ``device`` (defaults to the first GPU, else the CPU)."""
+    device = one_device_request(devices=devices, task=task, device=device)["device"]
+    strategy = _tf().distribute.OneDeviceStrategy(device)
     return Backend(name="one_device", strategy=strategy)
 
 
 # -------------------------------------------------------------------------------------------------- mirrored
-def _cross_device_ops(value: Any, device_names: Sequence[str]) -> Any:
+def _cross_device_ops_choice(value: Any, device_names: Sequence[str]) -> Any:
+    """Validates ``cross_device_ops``; returns the instance given or the name it comes to ('auto' resolved)."""
     tf = _tf()
     if isinstance(value, tf.distribute.CrossDeviceOps):
         return value
@@ -82,34 +109,47 @@ def _cross_device_ops(value: Any, device_names: Sequence[str]) -> Any:
                 "Or pass a tf.distribute.CrossDeviceOps instance")
         raise invalid_choice("mirrored: cross_device_ops", value, CROSS_DEVICE_OPS, hint=hint)
     on_gpus = bool(device_names) and all("GPU" in name.upper() for name in device_names)
-    if value == "auto":
-        # TF's own choice for GPUs is NCCL; on CPUs only reduction to one device works.
-        return None if on_gpus else tf.distribute.ReductionToOneDevice()
     if value == "nccl" and not on_gpus:
         raise ConfigError(f"mirrored: cross_device_ops='nccl' needs GPUs; the devices here are {list(device_names)}. "
                           "Use cross_device_ops='auto' or 'reduce_to_one_device' on CPUs")
-    if value == "nccl":
-        return tf.distribute.NcclAllReduce()
-    if value == "hierarchical_copy":
-        return tf.distribute.HierarchicalCopyAllReduce()
-    return tf.distribute.ReductionToOneDevice()
+    # 'auto': TF's own choice for GPUs (NCCL collectives); on CPUs only reduction to one device works.
+    return "reduce_to_one_device" if value == "auto" and not on_gpus else value
 
 
-def make_mirrored(*, devices: Any, task: Optional[Any], device_names: Optional[Sequence[str]] = None,
-                  cross_device_ops: Any = "auto") -> Backend:
-    """``MirroredStrategy`` over the GPUs (or the logical CPU devices when there is no GPU)."""
+def _cross_device_ops(choice: Any) -> Any:
+    """The ``CrossDeviceOps`` of a validated choice (None: TensorFlow's own)."""
     tf = _tf()
+    if isinstance(choice, tf.distribute.CrossDeviceOps):
+        return choice
+    return {"auto": lambda: None, "nccl": tf.distribute.NcclAllReduce,
+            "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce,
+            "reduce_to_one_device": tf.distribute.ReductionToOneDevice}[choice]()
+
+
+def mirrored_request(*, devices: Any, task: Optional[Any], device_names: Optional[Sequence[str]] = None,
+                     cross_device_ops: Any = "auto") -> Dict[str, Any]:
+    """Validates the options; returns the canonical device names and the cross-device ops they come to."""
     if device_names is None:
         kind = "GPU" if devices.num_gpus else "CPU"
-        device_names = [d.name for d in tf.config.list_logical_devices(kind)]
+        device_names = [d.name for d in _tf().config.list_logical_devices(kind)]
     elif isinstance(device_names, str) or not all(isinstance(d, str) and d for d in device_names) \
             or not device_names:
         raise ConfigError(f"mirrored: device_names must be a non-empty list of device names such as "
                           f"['/gpu:0', '/gpu:1']; received {device_names!r}")
     device_names = list(device_names)
     _check_device_names("mirrored: device_names", device_names)
-    ops = _cross_device_ops(cross_device_ops, device_names)
-    strategy = tf.distribute.MirroredStrategy(devices=device_names, cross_device_ops=ops)
+    return {"device_names": tuple(_canonical_device(d) for d in device_names),
+            "cross_device_ops": _cross_device_ops_choice(cross_device_ops, device_names)}
+
+
+def make_mirrored(*, devices: Any, task: Optional[Any], device_names: Optional[Sequence[str]] = None,
+                  cross_device_ops: Any = "auto") -> Backend:
+    """``MirroredStrategy`` over the GPUs (or the logical CPU devices when there is no GPU)."""
+    tf = _tf()
+    request = mirrored_request(devices=devices, task=task, device_names=device_names,
+                               cross_device_ops=cross_device_ops)
+    strategy = tf.distribute.MirroredStrategy(devices=list(request["device_names"]),
+                                              cross_device_ops=_cross_device_ops(request["cross_device_ops"]))
     several = strategy.num_replicas_in_sync > 1
     return Backend(name="mirrored", strategy=strategy, num_replicas_in_sync=strategy.num_replicas_in_sync,
                    supports_jit=not several, jit_note=MIRRORED_MULTI_DEVICE_JIT_NOTE if several else "")
@@ -136,6 +176,36 @@ def _resolver_for(task: Optional[Any], devices: Any) -> Any:
         num_accelerators={"GPU": devices.num_gpus} if devices.num_gpus else None)
 
 
+def _multi_worker_settings(devices: Any, *, implementation: Any, timeout_seconds: Any,
+                           startup_timeout_seconds: Any, heartbeat_timeout_seconds: Any) -> Tuple[str, Any]:
+    """Validates the options; returns (implementation, the effective ``PeerTimeouts``)."""
+    if not isinstance(implementation, str) or implementation not in COLLECTIVE_IMPLEMENTATIONS:
+        raise invalid_choice("multi_worker: implementation", implementation, COLLECTIVE_IMPLEMENTATIONS)
+    if implementation == "nccl" and not devices.num_gpus:
+        raise ConfigError("multi_worker: implementation='nccl' needs GPUs and this process sees none; use "
+                          "implementation='ring' or 'auto' on CPUs")
+    timeout = _check_timeout("multi_worker", timeout_seconds)
+    # issue 9 (R2): bounded start-up and lost-peer detection by default, stated in the plan notes.
+    from tfaccel.strategies import peer_health
+
+    return implementation, peer_health.resolve_timeouts(startup_timeout_seconds=startup_timeout_seconds,
+                                                        heartbeat_timeout_seconds=heartbeat_timeout_seconds,
+                                                        timeout_seconds=timeout)
+
+
+def multi_worker_request(*, devices: Any, task: Optional[Any], implementation: str = "auto",
+                         timeout_seconds: Optional[float] = None, apply_compat: bool = True,
+                         startup_timeout_seconds: Optional[float] = None,
+                         heartbeat_timeout_seconds: Optional[float] = None) -> Dict[str, Any]:
+    """Validates the options; returns them at their effective values (timeouts resolved) and the cluster task."""
+    implementation, timeouts = _multi_worker_settings(
+        devices, implementation=implementation, timeout_seconds=timeout_seconds,
+        startup_timeout_seconds=startup_timeout_seconds, heartbeat_timeout_seconds=heartbeat_timeout_seconds)
+    return {"implementation": implementation, "startup_timeout_seconds": timeouts.startup,
+            "heartbeat_timeout_seconds": timeouts.heartbeat, "timeout_seconds": timeouts.collective,
+            "apply_compat": bool(apply_compat), "task": _cluster_key(task)}
+
+
 def make_multi_worker(*, devices: Any, task: Optional[Any], implementation: str = "auto",
                       timeout_seconds: Optional[float] = None, apply_compat: bool = True,
                       startup_timeout_seconds: Optional[float] = None,
@@ -149,18 +219,11 @@ def make_multi_worker(*, devices: Any, task: Optional[Any], implementation: str 
     ``tfaccel.strategies.peer_health``), so a peer that never starts or dies fails the job instead of hanging.
     """
     tf = _tf()
-    if not isinstance(implementation, str) or implementation not in COLLECTIVE_IMPLEMENTATIONS:
-        raise invalid_choice("multi_worker: implementation", implementation, COLLECTIVE_IMPLEMENTATIONS)
-    if implementation == "nccl" and not devices.num_gpus:
-        raise ConfigError("multi_worker: implementation='nccl' needs GPUs and this process sees none; use "
-                          "implementation='ring' or 'auto' on CPUs")
-    timeout = _check_timeout("multi_worker", timeout_seconds)
-    # issue 9 (R2): bounded start-up and lost-peer detection by default, stated in the plan notes.
     from tfaccel.strategies import peer_health
 
-    timeouts = peer_health.resolve_timeouts(startup_timeout_seconds=startup_timeout_seconds,
-                                            heartbeat_timeout_seconds=heartbeat_timeout_seconds,
-                                            timeout_seconds=timeout)
+    implementation, timeouts = _multi_worker_settings(
+        devices, implementation=implementation, timeout_seconds=timeout_seconds,
+        startup_timeout_seconds=startup_timeout_seconds, heartbeat_timeout_seconds=heartbeat_timeout_seconds)
     impl = getattr(tf.distribute.experimental.CommunicationImplementation, implementation.upper())
     options = tf.distribute.experimental.CommunicationOptions(implementation=impl,
                                                               timeout_seconds=timeouts.collective or None)
@@ -212,6 +275,12 @@ def _partitioner(value: Any, num_ps: int) -> Any:
                       f"tf.distribute.experimental.partitioners.Partitioner; received {value!r}")
 
 
+def parameter_server_request(*, devices: Any, task: Optional[Any], variable_partitioner: Any = None
+                             ) -> Dict[str, Any]:
+    """The partitioner as given and this task's cluster (the factory validates both)."""
+    return {"variable_partitioner": variable_partitioner, "task": _cluster_key(task)}
+
+
 def make_parameter_server(*, devices: Any, task: Optional[Any], variable_partitioner: Any = None) -> Backend:
     """``ParameterServerStrategy`` + ``ClusterCoordinator``, built on the chief (the coordinator).
 
@@ -257,19 +326,22 @@ def make_horovod(*, devices: Any, task: Optional[Any], **options: Any) -> Backen
     return make_backend(devices=devices, task=task, **options)
 
 
+# mirrored and multi_worker are collective: one of them per process (see tfaccel.strategies.registry).
 register_strategy("default", description="TensorFlow's default strategy: one replica, no distribution",
-                  factory=make_default)
+                  factory=make_default, request=default_request)
 register_strategy("one_device", description="OneDeviceStrategy: everything on one device (a GPU when present)",
-                  factory=make_one_device, options=("device",))
+                  factory=make_one_device, options=("device",), request=one_device_request)
 register_strategy("mirrored", description="MirroredStrategy: synchronous data parallelism over the GPUs (or "
-                  "virtual CPUs) of one process", factory=make_mirrored, options=("device_names", "cross_device_ops"))
+                  "virtual CPUs) of one process", factory=make_mirrored, options=("device_names", "cross_device_ops"),
+                  request=mirrored_request, collective=True)
 register_strategy("multi_worker", description="MultiWorkerMirroredStrategy: synchronous data parallelism over "
                   "several processes/hosts (TF_CONFIG), with tfaccel's Keras 3 fit fix",
                   factory=make_multi_worker, options=("implementation", "timeout_seconds", "apply_compat",
-                                                     "startup_timeout_seconds", "heartbeat_timeout_seconds"))
+                                                     "startup_timeout_seconds", "heartbeat_timeout_seconds"),
+                  request=multi_worker_request, collective=True)
 register_strategy("parameter_server", description="ParameterServerStrategy + ClusterCoordinator: asynchronous "
                   "training with ps tasks, run by tfaccel's coordinator loop (not Keras fit)",
-                  factory=make_parameter_server, options=("variable_partitioner",))
+                  factory=make_parameter_server, options=("variable_partitioner",), request=parameter_server_request)
 register_strategy("tpu", description="TPUStrategy: Cloud TPU, Colab TPU or a TPU VM (TPUClusterResolver)",
                   factory=_tpu.make_tpu, options=_tpu.OPTIONS)
 register_strategy("horovod", description="Horovod all-reduce over ranks started by horovodrun/mpirun (optional "
