@@ -72,8 +72,9 @@ def _validate(*, epochs: Any, initial_epoch: Any, steps_per_epoch: Any, backup_f
     _check_int("gradient_accumulation_steps", gradient_accumulation_steps, 1)
     _check_int("steps_per_epoch", steps_per_epoch, 1, optional=True)
     _check_int("backup_freq", backup_freq, 1, optional=True)
-    if steps_per_execution != "auto":
-        _check_int("steps_per_execution", steps_per_execution, 1)
+    if steps_per_execution != "auto" and (isinstance(steps_per_execution, bool) or not isinstance(
+            steps_per_execution, int) or steps_per_execution < 1):
+        raise ConfigError(f"steps_per_execution must be 'auto' or a whole number >= 1; received {steps_per_execution!r}")
     if isinstance(warmup_epochs, bool) or not isinstance(warmup_epochs, (int, float)) or warmup_epochs < 0:
         raise ConfigError(f"warmup_epochs must be a number >= 0; received {warmup_epochs!r}")
     if verbose not in VERBOSE_CHOICES or isinstance(verbose, bool):
@@ -437,7 +438,8 @@ def compile_and_fit(build_model: Callable[[], Any], train_data: Any, *, validati
         optimizer: a name, a Keras optimizer (used as given) or a callable returning one. Defaults to "adam".
         learning_rate, clipnorm, global_clipnorm: for an optimizer given by name.
         loss, metrics: as for ``model.compile``.
-        **fit_options: every other ``tfaccel.fit`` keyword (callbacks, seed, backup_dir, loop, ...).
+        **fit_options: every other ``tfaccel.fit`` keyword (callbacks, seed, backup_dir, loop, ...). A ``seed`` also
+            seeds Keras (``keras.utils.set_random_seed``) before ``build_model`` runs, so the weights repeat too.
 
     Returns:
         A ``FitResult``.
@@ -461,7 +463,18 @@ def compile_and_fit(build_model: Callable[[], Any], train_data: Any, *, validati
         raise ConfigError(f"build_model must be a callable returning a keras.Model (it is called inside the strategy "
                           f"scope); received {type(build_model).__name__}. Pass the function, not its result: "
                           "compile_and_fit(build_model, ...) rather than compile_and_fit(build_model(), ...)")
+    if isinstance(train_data, (tuple, list)) and len(train_data) not in (2, 3):
+        raise ConfigError(f"train_data must be (x, y) or (x, y, sample_weight) arrays, a dataset or a dataset_fn; "
+                          f"received a {type(train_data).__name__} of length {len(train_data)}")
+    _check_fit_options(epochs=epochs, steps_per_epoch=steps_per_epoch, **fit_options)  # before anything is built
     with scope(strategy, precision, jit_compile, strategy_options=strategy_options) as plan:
+        batch = _global_batch(global_batch_size, per_replica_batch_size, plan.num_replicas, train_data)
+        given_optimizer = None if loss is None else _make_optimizer(
+            optimizer, learning_rate=learning_rate, clipnorm=clipnorm, global_clipnorm=global_clipnorm)
+        if fit_options.get("seed") is not None:  # tfaccel builds the model here: the seed makes its weights repeatable
+            from tfaccel.train.data import draw_seed
+
+            keras.utils.set_random_seed(draw_seed(fit_options["seed"]))
         model = build_model()
         if not isinstance(model, keras.Model):
             raise ConfigError(f"build_model must return a keras.Model; it returned {type(model).__name__}")
@@ -469,19 +482,29 @@ def compile_and_fit(build_model: Callable[[], Any], train_data: Any, *, validati
             if loss is None:
                 raise ConfigError("loss is required (e.g. loss='sparse_categorical_crossentropy'), unless build_model "
                                   "returns a model it already compiled")
-            model.compile(optimizer=_make_optimizer(optimizer, learning_rate=learning_rate, clipnorm=clipnorm,
-                                                    global_clipnorm=global_clipnorm),
-                          loss=loss, metrics=list(metrics or []))
-    batch = _global_batch(global_batch_size, per_replica_batch_size, plan.num_replicas, train_data)
+            model.compile(optimizer=given_optimizer, loss=loss, metrics=list(metrics or []))
     if isinstance(train_data, (tuple, list)):
-        if len(train_data) not in (2, 3):
-            raise ConfigError(f"train_data must be (x, y) or (x, y, sample_weight) arrays, a dataset or a dataset_fn; "
-                              f"received a {type(train_data).__name__} of length {len(train_data)}")
         x, y, *sw = train_data
         return fit(model, x, y, batch_size=batch, epochs=epochs, validation_data=validation_data,
                    steps_per_epoch=steps_per_epoch, sample_weight=sw[0] if sw else None, **fit_options)
     return fit(model, train_data, batch_size=batch, epochs=epochs, validation_data=validation_data,
                steps_per_epoch=steps_per_epoch, **fit_options)
+
+
+def _check_fit_options(**given: Any) -> None:
+    """compile_and_fit: ``fit``'s keyword options checked before the model is built, so a typo costs no build."""
+    import inspect
+
+    params = inspect.signature(fit).parameters
+    try:
+        bound = inspect.signature(fit).bind(None, **given)
+    except TypeError as exc:
+        valid = ", ".join(p for p in params if p not in ("model", "x", "y", "batch_size", "sample_weight"))
+        raise ConfigError(f"compile_and_fit: {exc}; the options it passes to tfaccel.fit are: {valid}") from exc
+    bound.apply_defaults()
+    _validate(**{k: bound.arguments[k] for k in ("epochs", "initial_epoch", "steps_per_epoch", "backup_freq", "verbose",
+                                                 "loop", "callbacks", "gradient_accumulation_steps",
+                                                 "steps_per_execution", "warmup_epochs")})
 
 
 def _global_batch(global_batch_size: Optional[int], per_replica_batch_size: Optional[int], replicas: int,
