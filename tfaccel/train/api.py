@@ -98,6 +98,10 @@ def _choose_loop(requested: str, *, backend: Any, model: Any, data: Any, user_ca
         if requested != "auto":
             raise ConfigError(f"loop={requested!r}: strategy {backend.name} trains with tfaccel's ClusterCoordinator "
                               "loop only (Keras 3 fit does not run ParameterServerStrategy, keras-team/keras#18624)")
+        if steps_per_execution != "auto":
+            raise ConfigError(f"steps_per_execution={steps_per_execution!r}: strategy {backend.name} runs its steps in "
+                              "closures scheduled on the workers by tfaccel's ClusterCoordinator loop, not in Keras' "
+                              "train function; leave steps_per_execution unset")
         return "coordinator", "parameter_server: tfaccel's ClusterCoordinator loop (keras-team/keras#18624)"
     from tfaccel.train.loops.compiled import compiled_blockers
 
@@ -220,7 +224,7 @@ def _tfaccel_callbacks(*, backend: Any, data: Any, backup_dir: Optional[str], ba
 
     chief = backend.is_chief
     named: Dict[str, Any] = {"timer": Throughput(examples_per_step=data.batch_size or 0)}
-    if backup_dir:
+    if backup_dir and backend.uses_keras_fit:  # parameter_server: the coordinator loop writes its own backups
         named["backup"] = StepBackup(backup_dir, save_freq=backup_freq, is_chief=chief, step_offset=start_step,
                                      steps_per_epoch=data.steps_per_epoch or 0)
     if checkpoint_dir:
@@ -375,6 +379,8 @@ def _train(model: Any, loop_name: str, *, data: Any, backend: Any, plan: Any, ep
     timed = epoch_seconds[1:] if len(epoch_seconds) > 1 else epoch_seconds
     per_epoch = data.num_examples or (data.batch_size or 0) * (data.steps_per_epoch or 0)
     examples_per_sec = len(timed) * per_epoch / sum(timed) if timed and sum(timed) > 0 else 0.0
+    if outcome is not None:
+        details.update(outcome.details)
     if "backup" in named:
         details["backups_written"] = named["backup"].saves
     if "checkpoint" in named:
