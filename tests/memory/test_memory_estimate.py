@@ -1,0 +1,132 @@
+"""estimate_memory's arithmetic on a model whose sizes are known exactly, and its option errors."""
+
+import pytest
+
+import keras
+
+from tfaccel.errors import ConfigError
+from tfaccel.memory import estimate_memory
+from tfaccel.memory.graph import graph_activation_peak
+
+B, D, H, C = 256, 64, 2048, 10
+PARAM_BYTES = 4 * (D * H + H + H * C + C)
+
+
+def _dense(input_shape, num_classes):
+    inputs = keras.Input(tuple(input_shape))
+    x = keras.layers.Dense(H, activation="relu", name="wide")(inputs)
+    x = keras.layers.Dense(num_classes, name="logits")(x)
+    return keras.Model(inputs, keras.layers.Activation("softmax", dtype="float32", name="probs")(x), name="dense")
+
+
+def _estimate(**options):
+    return estimate_memory(_dense, input_shape=(D,), num_classes=C, **options)
+
+
+def test_parameters_gradients_and_adam_slots_are_exact():
+    est = _estimate(batch_size=B, recompute=False)
+    assert est.parameters == D * H + H + H * C + C
+    assert est.parameter_bytes == PARAM_BYTES and est.gradient_bytes == PARAM_BYTES
+    assert est.optimizer_bytes == 2 * PARAM_BYTES + 8 + 4  # m and v per weight + iteration (int64) + learning rate
+    assert est.total_bytes == PARAM_BYTES * 4 + 12 + est.activation_bytes
+    assert est.recompute_blocks == () and est.activation_bytes_recompute is None
+
+
+def test_sgd_has_no_slots_and_the_activations_follow_the_batch():
+    sgd = _estimate(batch_size=B, optimizer="sgd", recompute=False)
+    assert sgd.optimizer_bytes == 8 + 4
+    half = _estimate(batch_size=B // 2, recompute=False)
+    assert half.activation_bytes == pytest.approx(sgd.activation_bytes / 2, rel=0.01)
+
+
+def test_saved_activations_are_the_tensors_the_backward_pass_reads():
+    est = _estimate(batch_size=B, recompute=False)
+    # input (matmul grad), relu output (relu grad + matmul grad), softmax output (its grad); plus scalars.
+    expected = 4 * (B * D + B * H + B * C)
+    assert expected <= est.saved_activation_bytes <= expected + 64
+    assert est.activation_bytes >= est.saved_activation_bytes
+
+
+@pytest.mark.parametrize("precision", ["mixed_float16", "mixed_bfloat16"])
+def test_16_bit_policies_halve_the_activations_not_the_variables(precision):
+    full = _estimate(batch_size=B, recompute=False)
+    half = _estimate(batch_size=B, precision=precision, recompute=False)
+    assert half.parameter_bytes == full.parameter_bytes and half.precision == precision
+    assert 0.45 <= half.activation_bytes / full.activation_bytes <= 0.55
+    assert 0.45 <= half.saved_activation_bytes / full.saved_activation_bytes <= 0.55
+
+
+def test_replicas_split_the_global_batch():
+    one = _estimate(batch_size=B, recompute=False)
+    four = _estimate(batch_size=4 * B, strategy="mirrored", replicas=4, recompute=False)
+    assert four.per_replica_batch == B and four.activation_bytes == one.activation_bytes
+    assert four.total_bytes == one.total_bytes  # every replica holds all variables and slots
+
+
+def test_parameter_server_shards_hold_variables_and_slots():
+    est = _estimate(batch_size=B, strategy="parameter_server", num_ps=2, recompute=False)
+    # round-robin: wide/kernel, logits/kernel -> ps:0 ; wide/bias, logits/bias -> ps:1; Adam = 2 slots each.
+    assert est.ps_shard_bytes == (3 * 4 * (D * H + H * C) + 12, 3 * 4 * (H + C))
+    assert est.state_bytes == 2 * PARAM_BYTES  # a worker reads the variables and makes gradients, holds no slots
+    assert sum(est.ps_shard_bytes) == PARAM_BYTES + est.optimizer_bytes
+
+
+def test_a_built_model_is_copied_not_changed():
+    model = _dense((D,), C)
+    est = estimate_memory(model, batch_size=8, recompute=False)
+    assert est.model == "dense" and est.parameter_bytes == PARAM_BYTES
+    assert getattr(model, "optimizer", None) is None and not model.compiled and "call" not in model.__dict__
+    with pytest.raises(ConfigError, match=r"precision: the model was built with the 'float32' policy; received "
+                                          r"precision='mixed_float16'.*pass the model's name or builder"):
+        estimate_memory(model, batch_size=8, precision="mixed_float16")
+
+
+def test_to_dict_is_json_ready():
+    import json
+
+    est = _estimate(batch_size=8, strategy="parameter_server", recompute=False)
+    out = json.loads(json.dumps(est.to_dict()))
+    assert out["total_bytes"] == est.total_bytes and out["ps_shard_bytes"] == list(est.ps_shard_bytes)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"strategy": "nccl"}, r"strategy: unknown value 'nccl'; valid values are: 'auto', 'default'"),
+    ({"precision": "auto"}, r"precision: unknown value 'auto'; valid values are: 'float32', 'mixed_float16', "
+                            r"'mixed_bfloat16'\. estimate_memory needs the policy itself"),
+    ({"optimizer": "adamm"}, r"optimizer: unknown value 'adamm'; valid values are: 'adam'"),
+    ({"batch_size": 0}, r"batch_size: must be a positive integer; received 0"),
+    ({"replicas": 3}, r"batch_size: the global batch 8 does not split evenly over 3 replicas; give a multiple of 3"),
+    ({"num_ps": True}, r"num_ps: must be a positive integer; received True"),
+])
+def test_option_errors_name_the_option_and_the_valid_values(options, message):
+    kwargs = {"batch_size": 8, **options}
+    with pytest.raises(ConfigError, match=message):
+        _estimate(**kwargs)
+
+
+def test_a_name_without_a_default_shape_needs_input_shape(tmp_path):
+    path = tmp_path / "net.py"
+    path.write_text("import keras\ndef build_model(input_shape, num_classes):\n"
+                    "    i = keras.Input(input_shape)\n    return keras.Model(i, keras.layers.Dense(num_classes)(i))\n")
+    with pytest.raises(ConfigError, match=r"input_shape: model '.*net.py' has no default input shape; pass "
+                                          r"input_shape=\(\.\.\.\)"):
+        estimate_memory(str(path), batch_size=4)
+    assert estimate_memory(f"{path}:build_model", batch_size=4, input_shape=(3,)).parameters == 3 * 10 + 10
+
+
+def test_graph_peak_counts_a_reshape_as_the_same_buffer():
+    import tensorflow as tf
+
+    w = tf.Variable(tf.ones((100, 100)))
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            y = tf.reshape(tf.nn.relu(tf.matmul(x, w)), (-1,))  # the reshape shares relu's buffer
+            loss = tf.reduce_sum(y)
+        return tape.gradient(loss, w)
+
+    graph = step.get_concrete_function(tf.TensorSpec((50, 100))).graph
+    peaks = graph_activation_peak(graph)
+    # x and relu's output (50x100 float32 each) are read by the backward pass; the reshape adds nothing.
+    assert 2 * 50 * 100 * 4 <= peaks["saved_bytes"] <= 2 * 50 * 100 * 4 + 64

@@ -1,0 +1,129 @@
+"""``tfaccel memory --model resnet50 --batch-size 64 [--precision mixed_float16] [--json]``: what a step needs.
+
+Prints the per-replica breakdown (parameters, gradients, optimizer slots, activations; with recomputation when the
+model can be split) as a table, or as JSON with ``--json``. ``--measure`` also runs one step in a child process
+(CPU: peak RSS) or on the GPU (allocator peak) and shows the measured peak beside the estimate.
+"""
+
+import argparse
+import json
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+_MIB = 2.0 ** 20
+
+
+def register(subparsers: "argparse._SubParsersAction") -> None:
+    from tfaccel.models import MODEL_NAMES
+
+    parser = subparsers.add_parser("memory", help="estimate the memory of a training step (per replica, per ps shard)")
+    parser.add_argument("--model", required=True, help=f"built-in ({', '.join(MODEL_NAMES)}) or path/to/file.py:fn")
+    parser.add_argument("--batch-size", required=True, help="global batch size")
+    parser.add_argument("--precision", default="float32", help="float32, mixed_float16 or mixed_bfloat16")
+    parser.add_argument("--strategy", default="default", help="a strategy name (tfaccel env lists them)")
+    parser.add_argument("--optimizer", default="adam")
+    parser.add_argument("--recompute", default="auto", help="auto (if the model can be split) or none")
+    parser.add_argument("--replicas", default="1", help="replicas in sync (workers under parameter_server)")
+    parser.add_argument("--num-ps", default="1", help="parameter server tasks (parameter_server)")
+    parser.add_argument("--input-shape", default=None, help="one example's shape, e.g. 224,224,3")
+    parser.add_argument("--measure", action="store_true", help="also measure one step here (child process on CPU)")
+    parser.add_argument("--json", action="store_true", help="print the breakdown as JSON")
+    parser.set_defaults(func=run)
+
+
+def _positive_int(option: str, raw: str) -> int:
+    from tfaccel.errors import ConfigError
+
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        value = 0
+    if value < 1 or str(raw).strip() != str(value):
+        raise ConfigError(f"{option}: must be a positive integer; received {raw!r}")
+    return value
+
+
+def parse_options(args: argparse.Namespace) -> Dict[str, Any]:
+    """Validates the flags; every error names the flag, what it received and what is valid."""
+    from tfaccel.errors import ConfigError, invalid_choice
+    from tfaccel.precision import POLICY_NAMES
+    from tfaccel.strategies.registry import STRATEGY_NAMES
+    from tfaccel.train.optim import OPTIMIZER_NAMES
+
+    if args.precision not in POLICY_NAMES:
+        raise invalid_choice("--precision", args.precision, POLICY_NAMES)
+    if args.strategy not in STRATEGY_NAMES:
+        raise invalid_choice("--strategy", args.strategy, STRATEGY_NAMES)
+    if args.optimizer.lower() not in OPTIMIZER_NAMES:
+        raise invalid_choice("--optimizer", args.optimizer, OPTIMIZER_NAMES)
+    if args.recompute not in ("auto", "none"):
+        raise invalid_choice("--recompute", args.recompute, ("auto", "none"))
+    shape: Optional[Tuple[int, ...]] = None
+    if args.input_shape:
+        try:
+            shape = tuple(int(s) for s in args.input_shape.split(","))
+        except ValueError:
+            shape = ()
+        if not shape or min(shape) < 1:
+            raise ConfigError(f"--input-shape: expected positive integers separated by commas, e.g. 224,224,3; "
+                              f"received {args.input_shape!r}")
+    model = args.model
+    if model.endswith(".py") or ":" in model or "/" in model:
+        from tfaccel.models import get_model_builder
+
+        get_model_builder(model)  # raises ConfigError naming the file or attribute
+    else:
+        from tfaccel.models import MODEL_NAMES
+
+        if model not in MODEL_NAMES:
+            raise invalid_choice("--model", model, MODEL_NAMES, hint="Or give path/to/file.py:build_model")
+    return {"model_or_name": model, "batch_size": _positive_int("--batch-size", args.batch_size),
+            "precision": args.precision, "strategy": args.strategy, "optimizer": args.optimizer.lower(),
+            "recompute": None if args.recompute == "auto" else False,
+            "replicas": _positive_int("--replicas", args.replicas), "num_ps": _positive_int("--num-ps", args.num_ps),
+            "input_shape": shape}
+
+
+def format_table(report: Dict[str, Any]) -> str:
+    """The terminal table of :meth:`MemoryEstimate.to_dict` (MiB)."""
+    rows: List[Tuple[str, str, str]] = [
+        ("parameters", f"{report['parameter_bytes'] / _MIB:,.1f}", f"{report['parameters']:,} values"),
+        ("gradients", f"{report['gradient_bytes'] / _MIB:,.1f}", "trainable parameters"),
+        ("optimizer slots", f"{report['optimizer_bytes'] / _MIB:,.1f}",
+         f"{report['optimizer']}" + (" (on the ps shards)" if report["strategy"] == "parameter_server" else "")),
+        ("activations", f"{report['activation_bytes'] / _MIB:,.1f}",
+         f"traced peak at batch {report['per_replica_batch']} per replica"),
+        ("total per replica", f"{report['total_bytes'] / _MIB:,.1f}", ""),
+    ]
+    if report["activation_bytes_recompute"] is not None:
+        rows += [("activations, recompute", f"{report['activation_bytes_recompute'] / _MIB:,.1f}",
+                  f"{len(report['recompute_blocks'])} blocks recomputed"),
+                 ("total, recompute", f"{report['total_bytes_recompute'] / _MIB:,.1f}", "")]
+    for i, shard in enumerate(report["ps_shard_bytes"]):
+        rows.append((f"ps:{i}", f"{shard / _MIB:,.1f}", "variables + optimizer slots"))
+    for device, peak in (report.get("measured") or {}).items():
+        rows.append((f"measured peak {device}", f"{peak / _MIB:,.1f}", "one step"))
+    title = (f"{report['model']}: batch {report['batch_size']} ({report['replicas']} replica(s), "
+             f"{report['strategy']}), {report['precision']}")
+    width = max(len(r[0]) for r in rows)
+    body = [f"  {name:<{width}}  {mib:>10} MiB  {note}".rstrip() for name, mib, note in rows]
+    return "\n".join([title] + body)
+
+
+def _measure(options: Dict[str, Any]) -> Dict[str, int]:
+    from tfaccel.memory.measure import measure_cpu_step
+
+    result = measure_cpu_step(options["model_or_name"], batch_size=options["batch_size"] // options["replicas"],
+                              precision=options["precision"], input_shape=options["input_shape"])
+    return {"cpu_process": int(result["process_peak"]), **result["device_peaks"]}
+
+
+def run(args: argparse.Namespace) -> int:
+    from tfaccel.memory.estimate import estimate_memory
+
+    options = parse_options(args)
+    report = estimate_memory(**options).to_dict()
+    if args.measure:
+        report["measured"] = _measure(options)
+    sys.stdout.write((json.dumps(report) if args.json else format_table(report)) + "\n")
+    return 0

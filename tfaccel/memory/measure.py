@@ -1,0 +1,155 @@
+"""Measured peaks to hold an estimate against: a GPU's allocator peak, or a CPU child process's peak RSS.
+
+On a GPU, :func:`measure_device_peak` resets the allocator statistics, runs one step and reads
+``tf.config.experimental.get_memory_info(device)["peak"]`` (the device list and reader can be injected). On a CPU,
+:func:`measure_cpu_step` runs the step in a fresh child process (``python -m tfaccel.memory.measure``) so nothing
+else in the caller's process counts: it reads VmRSS after importing TensorFlow (``baseline``), builds and warms the
+model (two steps), resets the kernel's high-water mark (``/proc/self/clear_refs``), reads VmRSS at rest and runs
+the timed steps; ``peak`` is VmHWM. glibc is told to serve large blocks with mmap (``MALLOC_MMAP_THRESHOLD_``) so
+freed activations leave the RSS instead of staying in malloc's arenas.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from tfaccel.errors import ConfigError
+
+__all__ = ["measure_device_peak", "measure_cpu_step", "read_proc_status", "MMAP_THRESHOLD"]
+
+MMAP_THRESHOLD = 1 << 20
+
+
+def read_proc_status(path: str = "/proc/self/status") -> Dict[str, int]:
+    """Returns VmRSS and VmHWM of a process in bytes (Linux)."""
+    out: Dict[str, int] = {}
+    with open(path) as handle:
+        for line in handle:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                out[key] = int(value.split()[0]) * 1024
+    return out
+
+
+def _reset_high_water_mark() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def measure_device_peak(run_step: Callable[[], Any], *, devices: Optional[Sequence[str]] = None,
+                        memory_info: Optional[Callable[[str], Dict[str, int]]] = None,
+                        reset: Optional[Callable[[str], None]] = None) -> Dict[str, int]:
+    """Runs one step and returns each GPU's allocator peak in bytes.
+
+    Args:
+        run_step: runs one training step (already warmed up).
+        devices: device names such as ``"GPU:0"``. Defaults to None: the visible GPUs.
+        memory_info: reads ``{"current": ..., "peak": ...}`` of a device. Defaults to
+            ``tf.config.experimental.get_memory_info``.
+        reset: resets a device's peak. Defaults to ``tf.config.experimental.reset_memory_stats``.
+
+    Returns:
+        ``{device: peak bytes}``; empty when there is no GPU.
+    """
+    if devices is None or memory_info is None or reset is None:
+        import tensorflow as tf
+
+        if devices is None:
+            devices = [f"GPU:{i}" for i, _ in enumerate(tf.config.list_logical_devices("GPU"))]
+        memory_info = memory_info or tf.config.experimental.get_memory_info
+        reset = reset or tf.config.experimental.reset_memory_stats
+    for device in devices:
+        reset(device)
+    run_step()
+    return {device: int(memory_info(device)["peak"]) for device in devices}
+
+
+def measure_cpu_step(model: str, *, batch_size: int, precision: str = "float32", recompute: Optional[Any] = None,
+                     input_shape: Optional[Sequence[int]] = None, steps: int = 2, timeout_s: float = 900.0
+                     ) -> Dict[str, Any]:
+    """Measures one model's training step in a fresh child process on the CPU.
+
+    Args:
+        model: a built-in model name.
+        batch_size: the batch of each step.
+        precision: the dtype policy. Defaults to ``"float32"``.
+        recompute: blocks for :func:`tfaccel.memory.enable_recompute`, or None for none. Defaults to None.
+        input_shape: one example's shape. Defaults to the model's usual input.
+        steps: timed steps after two warm-up steps. Defaults to 2.
+        timeout_s: the child's time limit. Defaults to 900.
+
+    Returns:
+        ``{"baseline": ..., "rest": ..., "peak": ..., "step_seconds": [...], "step_peak": peak - rest,
+        "process_peak": peak - baseline, "device_peaks": {"GPU:0": allocator peak, ...}}`` (bytes, seconds;
+        ``device_peaks`` is empty without a GPU).
+
+    Raises:
+        ConfigError: the child failed (its last output lines are in the message).
+    """
+    request = {"model": model, "batch_size": batch_size, "precision": precision, "recompute": recompute,
+               "input_shape": list(input_shape) if input_shape else None, "steps": steps}
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD), TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, "-m", "tfaccel.memory.measure", json.dumps(request)], env=env,
+                          capture_output=True, text=True, timeout=timeout_s, check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+        raise ConfigError(f"memory measurement of {model!r} (batch {batch_size}) failed with exit code "
+                          f"{proc.returncode}: {tail}")
+    result = json.loads(lines[-1])
+    result["step_peak"] = result["peak"] - result["rest"]
+    result["process_peak"] = result["peak"] - result["baseline"]
+    return result
+
+
+def _child(request: Dict[str, Any]) -> Dict[str, Any]:
+    import numpy as np
+    import tensorflow as tf
+
+    tf.constant(1.0) + 1.0  # start the runtime before the baseline
+    baseline = read_proc_status()["VmRSS"]
+    import keras
+
+    from tfaccel.memory.estimate import DEFAULT_SHAPES
+    from tfaccel.memory.recompute import enable_recompute
+    from tfaccel.models import build_model
+
+    shape, classes = DEFAULT_SHAPES[request["model"]]
+    shape = tuple(request["input_shape"] or shape)
+    keras.config.set_dtype_policy(request["precision"])
+    model = build_model(request["model"], input_shape=shape, num_classes=classes)
+    if request["recompute"] is not None:
+        enable_recompute(model, request["recompute"])
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", jit_compile=False)
+    rng = np.random.default_rng(0)
+    batch = request["batch_size"]
+    if model.inputs[0].dtype.startswith("int"):
+        x = rng.integers(0, 100, size=(batch,) + shape).astype("int32")
+    else:
+        x = rng.normal(size=(batch,) + shape).astype("float32")
+    y = rng.integers(0, classes, size=(batch,)).astype("int32")
+    x, y = tf.constant(x), tf.constant(y)
+    for _ in range(2):
+        model.train_on_batch(x, y)
+    _reset_high_water_mark()
+    rest = read_proc_status()["VmRSS"]
+    times: List[float] = []
+    for _ in range(request["steps"]):
+        start = time.perf_counter()
+        model.train_on_batch(x, y)
+        times.append(time.perf_counter() - start)
+    peak = read_proc_status()["VmHWM"]
+    gpus = tf.config.list_logical_devices("GPU")
+    device_peaks = measure_device_peak(lambda: model.train_on_batch(x, y)) if gpus else {}
+    return {"baseline": baseline, "rest": rest, "peak": peak, "step_seconds": times, "device_peaks": device_peaks}
+
+
+if __name__ == "__main__":
+    sys.stdout.write(json.dumps(_child(json.loads(sys.argv[1]))) + "\n")
