@@ -33,6 +33,7 @@ _LAZY = {
     "DATASET_NAMES": "tfaccel.datasets",
     "get_model_builder": "tfaccel.models",
     "MODEL_NAMES": "tfaccel.models",
+    "estimate_memory": "tfaccel.memory",
     "scope": "tfaccel.train.scope",
     "fit": "tfaccel.train.api",
     "compile_and_fit": "tfaccel.train.api",

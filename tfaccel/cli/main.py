@@ -14,7 +14,7 @@ from tfaccel._version import __version__
 from tfaccel.errors import TfaccelError
 
 # Verb modules under tfaccel.cli, in the order `tfaccel --help` lists them.
-_VERB_MODULES = ("env", "tf_config", "launch", "fit", "bench")
+_VERB_MODULES = ("env", "tf_config", "launch", "fit", "bench", "memory")
 
 
 def build_parser() -> argparse.ArgumentParser:
