@@ -1,11 +1,14 @@
-"""Optimizer wrappers: accumulation and clipping give the same result on 1 device and on 2 replicas,
-while Keras 3.15's own versions fail or differ (the reason these wrappers exist)."""
+"""The user's optimizer, adapted in place (tfaccel.train.optim): accumulation and clipping give the same result
+on 1 device and on 2 replicas, while Keras 3.15's own versions fail or differ (the reason the adaptation
+exists); learning-rate scaling is opt-in and wraps the rate or schedule; the optimizer is never rebuilt."""
 
 import numpy as np
 import pytest
 
+import tfaccel
 from tfaccel.errors import ConfigError
-from tfaccel.train.optim import make_optimizer, scaled_learning_rate
+from tfaccel.train.optim import (adapt_optimizer, restore_optimizer_class, scale_factor, scale_learning_rate,
+                                 scaled_schedule)
 
 
 def _mirrored():
@@ -14,22 +17,32 @@ def _mirrored():
     return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice())
 
 
-def _train(strategy, *, batch, accumulation=1, global_clipnorm=None, keras_optimizer=None):
+def _xy():
+    rng = np.random.RandomState(0)
+    x = rng.randn(64, 4).astype("float32")
+    return x, (x @ np.array([1.0, -2.0, 3.0, 0.5], dtype="float32"))[:, None]
+
+
+def _model(strategy, optimizer):
     import keras
 
     keras.utils.set_random_seed(1)
-    rng = np.random.RandomState(0)
-    x = rng.randn(64, 4).astype("float32")
-    y = (x @ np.array([1.0, -2.0, 3.0, 0.5], dtype="float32"))[:, None]
     with strategy.scope():
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-        if keras_optimizer is not None:
-            opt = keras_optimizer()
-        else:
-            opt, _ = make_optimizer("sgd", learning_rate=0.1, replicas=1, scale_learning_rate="none",
-                                    gradient_accumulation_steps=accumulation, global_clipnorm=global_clipnorm)
-        model.compile(opt, "mse")
+        model.compile(optimizer(), "mse")
+    return model
+
+
+def _train(strategy, *, batch, accumulation=1, global_clipnorm=None, keras_optimizer=None, adapt=True):
+    import keras
+
+    model = _model(strategy, keras_optimizer or (lambda: keras.optimizers.SGD(0.1, global_clipnorm=global_clipnorm)))
+    opt = model.optimizer
+    if adapt:
+        adapt_optimizer(model, replicas=strategy.num_replicas_in_sync, accumulation_steps=accumulation)
+    x, y = _xy()
     model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+    assert model.optimizer is opt  # adapted in place, never replaced
     return model.get_weights()[0].ravel(), int(keras.ops.convert_to_numpy(opt.iterations))
 
 
@@ -51,71 +64,189 @@ def test_keras_own_accumulation_fails_under_mirrored(cpu_replicas):
     import keras
 
     with pytest.raises(RuntimeError, match="merge_call` called while defining a new graph"):
-        _train(_mirrored(), batch=8,
+        _train(_mirrored(), batch=8, adapt=False,
                keras_optimizer=lambda: keras.optimizers.SGD(0.1, gradient_accumulation_steps=2))
 
 
 def test_clipping_applies_to_aggregated_gradients(cpu_replicas):
-    import keras
     import tensorflow as tf
 
     one, _ = _train(tf.distribute.get_strategy(), batch=16, global_clipnorm=0.1)
     two, _ = _train(_mirrored(), batch=16, global_clipnorm=0.1)
     np.testing.assert_allclose(two, one, rtol=1e-5, atol=1e-6)
     # Keras' own clipping clips each replica's partial gradient before the all-reduce: a different result.
-    keras_two, _ = _train(_mirrored(), batch=16, keras_optimizer=lambda: keras.optimizers.SGD(0.1, global_clipnorm=0.1))
+    keras_two, _ = _train(_mirrored(), batch=16, global_clipnorm=0.1, adapt=False)
     assert not np.allclose(keras_two, one, rtol=1e-3)
 
 
-@pytest.mark.parametrize("rule,expected", [("linear", 0.4), ("sqrt", 0.2), ("none", 0.1), (None, 0.1)])
-def test_learning_rate_scaling(rule, expected):
-    assert scaled_learning_rate(0.1, 4, rule)[0] == pytest.approx(expected)
+def test_adaptation_only_where_needed_and_the_class_is_restored(cpu_replicas):
+    import keras
+    import tensorflow as tf
+
+    plain = _model(_mirrored(), lambda: keras.optimizers.SGD(0.1))
+    assert adapt_optimizer(plain, replicas=2, accumulation_steps=1) is None  # nothing to change: untouched
+    assert type(plain.optimizer) is keras.optimizers.SGD
+    clipped = _model(_mirrored(), lambda: keras.optimizers.SGD(0.1, clipvalue=0.5))
+    note = adapt_optimizer(clipped, replicas=2, accumulation_steps=1)
+    assert note == ("optimizer SGD: gradients clipped after the all-reduce (Keras 3.15 clips each replica's partial "
+                    "gradient)")
+    assert type(clipped.optimizer) is not keras.optimizers.SGD and type(clipped.optimizer).__name__ == "SGD"
+    restore_optimizer_class(clipped)
+    assert type(clipped.optimizer) is keras.optimizers.SGD and clipped.optimizer.clipvalue == 0.5
+    one = _model(tf.distribute.get_strategy(), lambda: keras.optimizers.SGD(0.1, clipvalue=0.5))
+    assert adapt_optimizer(one, replicas=1, accumulation_steps=1) is None  # one replica: Keras' clipping is right
+    accumulated = _model(tf.distribute.get_strategy(), lambda: keras.optimizers.SGD(0.1))
+    assert adapt_optimizer(accumulated, replicas=1, accumulation_steps=3) == (
+        "optimizer SGD: gradients accumulated over 3 micro-batches per update")
+
+
+def test_keras_accumulation_on_the_optimizer_is_refused(cpu_replicas):
+    import keras
+
+    model = _model(_mirrored(), lambda: keras.optimizers.SGD(0.1, gradient_accumulation_steps=2))
+    with pytest.raises(ConfigError, match=r"optimizer SGD\(gradient_accumulation_steps=2\): Keras' own accumulation "
+                                          r"fails under MirroredStrategy .* pass gradient_accumulation_steps= to "
+                                          r"tfaccel.fit"):
+        adapt_optimizer(model, replicas=2, accumulation_steps=1)
+
+
+def test_accumulation_on_a_built_optimizer_is_refused():
+    import keras
+    import tensorflow as tf
+
+    model = _model(tf.distribute.get_strategy(), lambda: keras.optimizers.SGD(0.1))
+    model.optimizer.build(model.trainable_variables)
+    with pytest.raises(ConfigError, match=r"gradient_accumulation_steps needs an optimizer that is not built yet"):
+        adapt_optimizer(model, replicas=1, accumulation_steps=2)
+
+
+# ------------------------------------------------------------------------------------------ learning rate
+
+@pytest.mark.parametrize("rule,expected,reason", [
+    ("linear", 4.0, "linear: x4 (global batch 128 / base batch 32)"),
+    ("sqrt", 2.0, "sqrt: x2 (sqrt of 128 / 32)"),
+    ("none", 1.0, "not scaled"),
+    (None, 1.0, "not scaled"),
+])
+def test_scale_factor(rule, expected, reason):
+    assert scale_factor(rule, global_batch=128, base_batch=32) == (pytest.approx(expected), reason)
 
 
 def test_bad_scaling_rule_lists_valid():
     with pytest.raises(ConfigError, match=r"scale_learning_rate: unknown value 'cubic'; valid values are: 'linear'"):
-        scaled_learning_rate(0.1, 2, "cubic")
+        scale_factor("cubic", global_batch=2, base_batch=1)
+
+
+def _lr(schedule, step):
+    import keras
+
+    return float(keras.ops.convert_to_numpy(schedule(step)))
 
 
 def test_warmup_schedule_ramps_then_holds():
+    sched = scaled_schedule(0.1, 4.0, warmup_steps=10)
+    assert [_lr(sched, s) for s in (0, 5, 10, 100)] == pytest.approx([0.1, 0.25, 0.4, 0.4])
+
+
+def test_scaling_wraps_the_users_schedule_and_serialises():
     import keras
 
-    opt, info = make_optimizer("sgd", learning_rate=0.1, replicas=4, scale_learning_rate="linear", warmup_steps=10)
-    lr = opt.learning_rate  # evaluated at iterations=0
-    sched = opt._learning_rate
-    assert float(keras.ops.convert_to_numpy(sched(0))) == pytest.approx(0.1)
-    assert float(keras.ops.convert_to_numpy(sched(5))) == pytest.approx(0.25)
-    assert float(keras.ops.convert_to_numpy(sched(10))) == pytest.approx(0.4)
-    assert float(keras.ops.convert_to_numpy(sched(100))) == pytest.approx(0.4)
-    assert "warmup over 10 steps" in info["learning_rate_note"] and lr is not None
+    decay = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=10, decay_rate=0.5)
+    sched = scaled_schedule(decay, 2.0)
+    assert [_lr(sched, s) for s in (0, 10, 20)] == pytest.approx([0.2, 0.1, 0.05])  # the decay is kept, scaled
+    config = keras.optimizers.schedules.serialize(sched)
+    assert config["class_name"] == "ScaledSchedule" and config["registered_name"] == "tfaccel>ScaledSchedule"
+    again = keras.optimizers.schedules.deserialize(config)
+    assert [_lr(again, s) for s in (0, 10, 20)] == pytest.approx([0.2, 0.1, 0.05])
+
+
+def test_scale_learning_rate_on_the_model():
+    import keras
+    import tensorflow as tf
+
+    model = _model(tf.distribute.get_strategy(), lambda: keras.optimizers.SGD(0.1))
+    assert scale_learning_rate(model, None, global_batch=64, base_batch=32, warmup_steps=0) == \
+        "learning rate as compiled"
+    assert model.optimizer._learning_rate is not None and _lr(lambda s: model.optimizer.learning_rate, 0) == \
+        pytest.approx(0.1)
+    note = scale_learning_rate(model, "linear", global_batch=64, base_batch=32, warmup_steps=5)
+    assert note == "linear: x2 (global batch 64 / base batch 32), warmup over 5 updates"
+    assert _lr(model.optimizer._learning_rate, 5) == pytest.approx(0.2)
+    with pytest.raises(ConfigError, match=r"scale_learning_rate='linear' needs the global batch size and "
+                                          r"base_batch_size .* received global batch None"):
+        scale_learning_rate(model, "linear", global_batch=None, base_batch=32, warmup_steps=0)
+    model.optimizer.build(model.trainable_variables)
+    with pytest.raises(ConfigError, match=r"scale_learning_rate needs an optimizer that is not built yet"):
+        scale_learning_rate(model, "sqrt", global_batch=64, base_batch=32, warmup_steps=0)
+
+
+# --------------------------------------------------------------- through compile_and_fit / tfaccel.fit
+
+def _digits_like(n=64):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, 4)).astype("float32")
+    return x, (x[:, 0] > 0).astype("int64")
+
+
+def _build():
+    import keras
+
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])
+
+
+def test_optimizer_instance_is_used_as_given(clean_tf_config, cpu_replicas):
+    import keras
+
+    holder = {}
+
+    def optimizer():
+        holder["opt"] = keras.optimizers.Adam(learning_rate=0.005, beta_1=0.8, clipnorm=1.0)
+        return holder["opt"]
+
+    result = tfaccel.compile_and_fit(_build, _digits_like(), optimizer=optimizer, strategy="mirrored",
+                                     global_batch_size=16, loss="sparse_categorical_crossentropy", verbose=0, seed=0)
+    opt = result.model.optimizer
+    assert opt is holder["opt"] and type(opt) is keras.optimizers.Adam  # the same object, its own class back
+    assert opt.beta_1 == 0.8 and opt.clipnorm == 1.0  # nothing rebuilt from config, nothing dropped
+    assert float(keras.ops.convert_to_numpy(opt.learning_rate)) == pytest.approx(0.005)  # not scaled by replicas
+    assert result.details["learning_rate"] == "learning rate as compiled"
+    assert result.details["optimizer"].startswith("optimizer Adam: gradients clipped after the all-reduce")
+    assert int(keras.ops.convert_to_numpy(opt.iterations)) == 4
+
+
+def test_opt_in_linear_scaling_through_fit(clean_tf_config, cpu_replicas):
+    import keras
+
+    with tfaccel.scope(strategy="mirrored"):
+        model = _build()
+        schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=4, decay_rate=0.5)
+        model.compile(optimizer=keras.optimizers.SGD(schedule), loss="sparse_categorical_crossentropy")
+    x, y = _digits_like()
+    result = tfaccel.fit(model, x, y, batch_size=16, epochs=1, verbose=0, seed=0, scale_learning_rate="linear")
+    assert result.details["learning_rate"] == "linear: x2 (global batch 16 / base batch 8)"  # base: per replica
+    wrapped = model.optimizer._learning_rate
+    assert type(wrapped).__name__ == "ScaledSchedule" and wrapped.inner is schedule
+    assert _lr(wrapped, 0) == pytest.approx(0.2) and _lr(wrapped, 4) == pytest.approx(0.1)  # the decay still runs
 
 
 @pytest.mark.parametrize("kwargs,message", [
     ({"optimizer": "adamx"}, r"optimizer: unknown value 'adamx'; valid values are: 'adam'"),
-    ({"optimizer": 3}, r"optimizer must be a name"),
+    ({"optimizer": 3}, r"optimizer must be a name .* received int"),
     ({"clipnorm": 1.0, "global_clipnorm": 1.0}, r"give clipnorm or global_clipnorm, not both"),
     ({"clipnorm": -1.0}, r"clipnorm must be a positive number; received -1.0"),
     ({"learning_rate": 0}, r"learning_rate must be a positive number; received 0"),
+    ({"optimizer": "SGD_OBJECT", "learning_rate": 0.1},
+     r"learning_rate: set these on your optimizer object \(SGD\); tfaccel uses the optimizer you pass as given"),
+    ({"scale_learning_rate": "cubic"}, r"scale_learning_rate: unknown value 'cubic'"),
 ])
-def test_optimizer_errors(kwargs, message):
-    args = {"optimizer": "adam", "learning_rate": None, "replicas": 1, "scale_learning_rate": "linear"}
-    args.update(kwargs)
+def test_optimizer_errors(kwargs, message, clean_tf_config):
+    import keras
+
+    if kwargs.get("optimizer") == "SGD_OBJECT":
+        kwargs = {**kwargs, "optimizer": keras.optimizers.SGD()}
+    built = []
     with pytest.raises(ConfigError, match=message):
-        make_optimizer(args.pop("optimizer"), **args)
-
-
-def test_keras_accumulation_on_the_optimizer_is_refused():
-    import keras
-
-    with pytest.raises(ConfigError, match="pass gradient_accumulation_steps to compile_and_fit"):
-        make_optimizer(keras.optimizers.SGD(gradient_accumulation_steps=2), learning_rate=None, replicas=1,
-                       scale_learning_rate="none")
-
-
-def test_optimizer_instance_config_is_reused():
-    import keras
-
-    opt, info = make_optimizer(keras.optimizers.Adam(learning_rate=0.005, beta_1=0.8), learning_rate=None,
-                               replicas=2, scale_learning_rate="linear")
-    assert isinstance(opt, keras.optimizers.Adam) and opt.beta_1 == 0.8
-    assert info["learning_rate"] == pytest.approx(0.01)
+        tfaccel.compile_and_fit(lambda: built.append(1) or _build(), _digits_like(), strategy="default",
+                                loss="sparse_categorical_crossentropy", verbose=0, **kwargs)
+    if "scale_learning_rate" not in kwargs:
+        assert built == []  # refused before the model was built
