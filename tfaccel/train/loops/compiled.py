@@ -1,13 +1,9 @@
-"""The compiled loop: every whole batch of an epoch in one (XLA) ``tf.while_loop`` calling the model's own steps.
+"""The compiled loop: each epoch's whole batches in one (XLA) ``tf.while_loop`` calling the model's own steps.
 
-For in-memory arrays on one replica, Keras' ``fit`` spends most of a small model's step outside the math
-(iterator hand-off, callbacks, Python per batch). This loop keeps the data on the device, draws each epoch's
-order from (seed, epoch), and calls ``model.train_step`` (Keras' or the user's) on every whole batch inside
-one compiled ``tf.while_loop``; the partial last batch runs as its own step, so no layer sees padding.
-``compute_loss``, ``model.losses``, sample weights, stateful metrics and the optimizer's schedule and clipping
-are therefore Keras' own. The epoch around it (callbacks, logs, validation through ``test_step``) mirrors
-``keras/src/backend/tensorflow/trainer.py`` ``fit``/``evaluate`` of Keras 3.15; :func:`compiled_blockers`
-lists what it cannot mirror (per-batch callbacks), and those jobs go to Keras ``fit``.
+Data stays on the device; each epoch's order comes from (seed, epoch); ``model.train_step`` (Keras' or the user's)
+runs every whole batch, and the partial last batch runs as its own step (no padding any layer sees). So loss,
+``model.losses``, sample weights, metrics and the optimizer are Keras' own; the epoch around it mirrors Keras 3.15
+``fit``/``evaluate`` (keras/src/backend/tensorflow/trainer.py). What it cannot mirror: :func:`compiled_blockers`.
 """
 
 import time
@@ -23,32 +19,26 @@ _BATCH_HOOKS = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_tr
                 "on_test_batch_begin", "on_test_batch_end")
 
 
-def _settings_blockers(cb: Any) -> List[str]:
-    """Settings of Keras' own callbacks whose batch hooks act only under those settings (Keras 3.15)."""
+def _callback_blockers(cb: Any) -> List[str]:
+    """Why one callback needs Keras' batch loop. Keras' own progress, checkpoint and TensorBoard callbacks override
+    batch hooks that act only under some settings (Keras 3.15); those settings are checked instead."""
     import keras
 
-    name, cbs = type(cb).__name__, keras.callbacks
-    if isinstance(cb, (cbs.ModelCheckpoint, cbs.BackupAndRestore)):
-        freq = cb.save_freq
-        return [f"callback {name} saves every {freq} batches (save_freq={freq})"] \
-            if isinstance(freq, int) and not isinstance(freq, bool) else []
-    if isinstance(cb, cbs.TensorBoard):
-        found = [f"update_freq={cb.update_freq!r}"] if cb.update_freq != "epoch" else []
-        found += ["write_steps_per_second=True"] if cb.write_steps_per_second else []
-        found += ["profile_batch is set"] if getattr(cb, "_should_trace", False) else []
-        return [f"callback {name} writes per batch ({', '.join(found)})"] if found else []
-    return []
-
-
-def _keras_base(cb: Any) -> type:
-    """The Keras class whose batch hooks are known to be epoch-level (under :func:`_settings_blockers`)."""
-    import keras
-
-    cbs = keras.callbacks
-    for known in (cbs.ProgbarLogger, cbs.ModelCheckpoint, cbs.BackupAndRestore, cbs.TensorBoard):
-        if isinstance(cb, known):
-            return known
-    return cbs.Callback
+    cbs, name = keras.callbacks, type(cb).__name__
+    base = next((known for known in (cbs.ProgbarLogger, cbs.ModelCheckpoint, cbs.BackupAndRestore, cbs.TensorBoard)
+                 if isinstance(cb, known)), cbs.Callback)
+    hooks = [h for h in _BATCH_HOOKS  # instance attributes too: LambdaCallback(on_batch_end=...) sets them
+             if vars(cb).get(h) is not None or getattr(type(cb), h) is not getattr(base, h)]
+    found = [f"callback {name} has per-batch hooks ({', '.join(hooks)})"] if hooks else []
+    freq = cb.save_freq if base in (cbs.ModelCheckpoint, cbs.BackupAndRestore) else "epoch"
+    if isinstance(freq, int) and not isinstance(freq, bool):
+        found.append(f"callback {name} saves every {freq} batches (save_freq={freq})")
+    if base is cbs.TensorBoard:
+        settings = ([f"update_freq={cb.update_freq!r}"] if cb.update_freq != "epoch" else []) \
+            + (["write_steps_per_second=True"] if cb.write_steps_per_second else []) \
+            + (["profile_batch is set"] if getattr(cb, "_should_trace", False) else [])
+        found += [f"callback {name} writes per batch ({', '.join(settings)})"] if settings else []
+    return found
 
 
 def compiled_blockers(model: Any, *, callbacks: Sequence[Any], steps_per_execution_given: bool = False) -> List[str]:
@@ -71,11 +61,7 @@ def compiled_blockers(model: Any, *, callbacks: Sequence[Any], steps_per_executi
     if steps_per_execution_given:
         blockers.append("steps_per_execution was given (the compiled loop runs whole epochs)")
     for cb in callbacks:
-        base = _keras_base(cb)
-        hooks = [h for h in _BATCH_HOOKS if h in vars(cb) or getattr(type(cb), h) is not getattr(base, h)]
-        if hooks:
-            blockers.append(f"callback {type(cb).__name__} has per-batch hooks ({', '.join(hooks)})")
-        blockers.extend(_settings_blockers(cb))
+        blockers.extend(_callback_blockers(cb))
     return blockers
 
 
@@ -99,12 +85,8 @@ def _as_tensors(x: Any, y: Any, sample_weight: Any) -> Any:
 
 
 class _Pass:
-    """One pass over in-memory data with one of the model's step methods.
-
-    The whole batches run in one compiled ``tf.while_loop``; a partial last batch runs as a step of its own
-    (its own trace), so every layer sees exactly Keras' batches. The first call builds whatever the step
-    creates lazily (optimizer slots, compiled metrics) by tracing one step, as Keras' ``fit`` does.
-    """
+    """One pass over in-memory data with one of the model's step methods (``train_step`` or ``test_step``):
+    the whole batches in one compiled ``tf.while_loop``, a partial last batch as a step of its own."""
 
     def __init__(self, model: Any, step: Callable[[Any], Any], data: Any, *, batch_size: int,
                  jit_compile: bool) -> None:
@@ -160,6 +142,8 @@ class _Pass:
             last = self._loop(tf.constant(order[:split])) if self.whole else None
             if self._partial:
                 last = self._step(self._gather(tf.constant(order[split:])))
+        for value in tf.nest.flatten(last):
+            value.numpy()  # waits for the device, so the epoch's time is the work's time
         return last
 
 
@@ -173,11 +157,8 @@ def _pythonify(logs: Any) -> Dict[str, Any]:
     """Keras' ``pythonify_logs``: nested dicts flattened, sorted keys, floats where possible."""
     result: Dict[str, Any] = {}
     for key, value in sorted((logs or {}).items()):
-        if isinstance(value, dict):
-            result.update(_pythonify(value))
-            continue
         try:
-            result[key] = float(np.asarray(value))
+            result.update(_pythonify(value) if isinstance(value, dict) else {key: float(np.asarray(value))})
         except (TypeError, ValueError):
             result[key] = value
     return result
@@ -205,7 +186,7 @@ def _evaluate(model: Any, val_pass: _Pass, cb_list: Any) -> Dict[str, Any]:
     """Keras' ``evaluate`` as ``fit`` calls it: same callbacks, all metrics reset first, ``val_`` prefixes."""
     cb_list.on_test_begin()
     model.reset_metrics()
-    logs = _pythonify(_metrics_or_logs(model, val_pass.run(_epoch_order(val_pass.num_examples, 0, 0, False))))
+    logs = _pythonify(_metrics_or_logs(model, val_pass.run(np.arange(val_pass.num_examples, dtype=np.int32))))
     cb_list.on_test_end(logs)
     return {f"val_{name}": value for name, value in logs.items()}
 
@@ -217,18 +198,15 @@ def run_compiled(model: Any, *, x: Any, y: Any, sample_weight: Any, batch_size: 
     """Trains ``model`` as Keras ``fit`` would, each epoch's whole batches in one compiled call.
 
     Args:
-        model: the user's compiled Keras model (one replica).
-        x: an array, a dict or a list of arrays. y: an array (or None). sample_weight: None or an array
-            (class weights already folded in).
-        batch_size: examples per step. epochs, initial_epoch, validation_freq, verbose: as in Keras ``fit``.
-        shuffle: draw each epoch's order from (seed, epoch). seed: the order's seed.
-        validation: None or (x, y, sample_weight). validation_batch_size: defaults to ``batch_size``.
+        model: the user's compiled Keras model (one replica). x: an array, a dict or a list of arrays; y: an array
+            or None; sample_weight: None or an array (class weights folded in). validation: None or
+            (x, y, sample_weight). batch_size, epochs, initial_epoch, validation_batch_size, validation_freq,
+            verbose: as in Keras ``fit``. shuffle: each epoch's order drawn from (seed, epoch).
         jit_compile: compile the steps and the epoch loop with XLA.
         callbacks: epoch-level callbacks (:func:`compiled_blockers` returned [] for them).
 
     Returns:
-        LoopResult: Keras' history, the training seconds of each epoch (validation and callbacks excluded), and
-        the number of steps run.
+        Keras' history, the training seconds of each epoch (validation and callbacks excluded), the steps run.
 
     Raises:
         ValueError: the model is not compiled, the data is empty, or validation_freq is not an int or a list.
@@ -240,9 +218,9 @@ def run_compiled(model: Any, *, x: Any, y: Any, sample_weight: Any, batch_size: 
                          "before training it")
     train = _Pass(model, model.train_step, _as_tensors(x, y, sample_weight), batch_size=batch_size,
                   jit_compile=jit_compile)
-    val = None if validation is None else _Pass(model, model.test_step, _as_tensors(*validation),
-                                                batch_size=validation_batch_size or batch_size,
-                                                jit_compile=jit_compile)
+    val = None if validation is None else _Pass(
+        model, model.test_step, _as_tensors(*(tuple(validation) + (None,))[:3]),  # (x, y) or (x, y, sw)
+        batch_size=validation_batch_size or batch_size, jit_compile=jit_compile)
     cb_list = keras.callbacks.CallbackList(callbacks, add_history=True, add_progbar=verbose != 0, model=model,
                                            verbose=verbose, epochs=epochs, steps=train.num_batches)
     model.stop_training = False
