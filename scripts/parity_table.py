@@ -1,0 +1,51 @@
+"""Runs the Keras-parity suite and prints the README's "Keras parity" table from its results.
+
+    python scripts/parity_table.py [--json parity.json]      # runs tests/parity, then prints the table
+    python scripts/parity_table.py --from parity.json         # only renders an earlier run's results
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+COLUMNS = [("tfaccel:default:compiled", "default, compiled loop"), ("tfaccel:default:keras", "default, Keras fit"),
+           ("tfaccel:mirrored:auto", "mirrored (2 vCPUs)"), ("tfaccel:multi_worker:auto", "multi_worker (2 processes)"),
+           ("tfaccel:horovod:auto", "horovod (2 ranks)")]
+
+
+def render(outcomes: dict) -> str:
+    cases = list(dict.fromkeys(c for path in outcomes.values() for c in path))
+    lines = ["| case | " + " | ".join(title for _, title in COLUMNS) + " |",
+             "|---" * (len(COLUMNS) + 1) + "|"]
+    for case in cases:
+        cells = []
+        for path, _ in COLUMNS:
+            outcome = outcomes.get(path, {}).get(case, "not run")
+            cells.append("refused: " + outcome.split("refused: ", 1)[1].split(";")[0][:90]
+                         if outcome.startswith("refused") else outcome.split(":")[0])
+        lines.append(f"| {case} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="where to keep the results (default: a temporary file)")
+    parser.add_argument("--from", dest="source", help="render this results file instead of running the suite")
+    args = parser.parse_args()
+    path = args.source or args.json or os.path.join(tempfile.mkdtemp(), "parity.json")
+    if not args.source:
+        env = {**os.environ, "TFACCEL_PARITY_JSON": path}
+        rc = subprocess.call([sys.executable, "-m", "pytest", "-q", "tests/parity"], env=env)
+        if not os.path.exists(path):
+            sys.stderr.write(f"parity_table: the suite wrote no results (pytest exit {rc})\n")
+            return 1
+    with open(path) as fh:
+        print(render(json.load(fh)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

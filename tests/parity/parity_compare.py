@@ -1,0 +1,65 @@
+"""Compares one path's parity results with its reference: history keys, per-epoch values, final weights."""
+
+import json
+import math
+import os
+from typing import List, Optional
+
+import numpy as np
+
+import parity_cases
+
+REL, ABS = 1e-5, 1e-5
+# Absolute floor for history values near zero (a loss of 1e-7 has no meaningful relative error).
+HISTORY_ATOL = 1e-6
+
+
+def safe(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name)
+
+
+def load(out_dir: str, task: str, case: str) -> dict:
+    with open(os.path.join(out_dir, task, f"{safe(case)}.json")) as fh:
+        return json.load(fh)
+
+
+def _close(a: float, b: float) -> bool:
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return abs(a - b) <= max(REL * abs(b), HISTORY_ATOL)
+
+
+def differences(ref: dict, got: dict, case: str) -> List[str]:
+    """Every way ``got`` differs from ``ref`` (an empty list: equal)."""
+    if got["status"] != "ok":
+        return [f"{got['status']}: {got.get('message', '')[-2000:]}"]
+    assert ref["status"] == "ok", (case, ref.get("message"))
+    problems = []
+    if sorted(ref["history"]) != sorted(got["history"]):
+        return [f"history keys {sorted(got['history'])} != Keras' {sorted(ref['history'])}"]
+    for key, values in ref["history"].items():
+        if len(values) != len(got["history"][key]) or not all(map(_close, got["history"][key], values)):
+            problems.append(f"history[{key!r}] {got['history'][key]} != Keras' {values}")
+    worst = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(ref["weights"], got["weights"]))
+    if worst > ABS:
+        problems.append(f"final weights differ by {worst:.3g} (> {ABS})")
+    for key in ("batch_calls",):
+        if ref.get(key) != got.get(key):
+            problems.append(f"{key}: {got.get(key)} != Keras' {ref.get(key)}")
+    if "checkpoint_max_diff" in got and got["checkpoint_max_diff"] > ABS:
+        problems.append(f"ModelCheckpoint file loads with other weights ({got['checkpoint_max_diff']:.3g})")
+    if "csv" in ref and len(ref["csv"]) != len(got.get("csv", [])):
+        problems.append(f"CSVLogger wrote {len(got.get('csv', []))} lines, Keras {len(ref['csv'])}")
+    return problems
+
+
+def reference_for(case: str, *, multi_replica: bool) -> str:
+    """The reference path of a case: one device, or plain Keras with the same number of replicas."""
+    if not multi_replica or parity_cases.CASES[case].multi_replica_reference == "one_device":
+        return "keras_one"
+    return "keras_mirrored"
+
+
+def expected_steps(case: str) -> Optional[int]:
+    """Training steps a case must report (None: not checked)."""
+    return {"TerminateOnNaN": 5, "EarlyStopping": 2 * 5}.get(case)

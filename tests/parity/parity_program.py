@@ -1,0 +1,112 @@
+"""Runs every parity case on one path and writes one JSON file per case (history, weights, what tfaccel did).
+
+    python parity_program.py PATH OUT_DIR [CASE ...]
+
+PATH: ``keras_one`` (plain model.fit, one device), ``keras_mirrored`` (plain model.fit under TF's own
+MirroredStrategy over 2 virtual CPUs), or ``tfaccel:<strategy>:<loop>`` (tfaccel.scope + tfaccel.fit), e.g.
+``tfaccel:default:compiled``, ``tfaccel:mirrored:auto``, ``tfaccel:multi_worker:auto`` (run under TF_CONFIG),
+``tfaccel:horovod:auto`` (run under horovodrun). Every process of a path writes ``OUT_DIR/<task>/<case>.json``.
+"""
+
+import json
+import os
+import sys
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np  # noqa: E402
+
+import parity_cases  # noqa: E402
+
+
+def _task() -> str:
+    if os.environ.get("HOROVOD_RANK"):
+        return f"rank{os.environ['HOROVOD_RANK']}"
+    config = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task")
+    return f"{config['type']}{config['index']}" if config else "main"
+
+
+def _extras(case: str, model: object, out: str) -> dict:
+    import keras
+
+    extra = {}
+    if case == "ModelCheckpoint":
+        loaded = keras.models.load_model(os.path.join(out, "model.keras"))
+        extra["checkpoint_max_diff"] = max(float(np.max(np.abs(a - b)))
+                                           for a, b in zip(loaded.get_weights(), model.get_weights()))
+        extra["checkpoint_optimizer"] = type(loaded.optimizer).__name__
+    if case == "CSVLogger":
+        with open(os.path.join(out, "log.csv")) as fh:
+            extra["csv"] = fh.read().strip().splitlines()
+    if case == "LambdaCallback batch hooks":
+        extra["batch_calls"] = len(parity_cases.CALLS)
+    return extra
+
+
+def run_case(path: str, case: parity_cases.Case, out: str) -> dict:
+    import keras
+
+    os.makedirs(out, exist_ok=True)
+    keras.utils.set_random_seed(parity_cases.SEED)
+    kwargs = case.fit_kwargs(out)
+    if path.startswith("keras_"):
+        strategy = _keras_strategy(path)
+        with strategy.scope():
+            model = case.build()
+        history = model.fit(verbose=0, **kwargs).history
+        record = {"status": "ok", "steps": None, "loop": "keras model.fit"}
+    else:
+        import tfaccel
+
+        _, strategy_name, loop = path.split(":")
+        with tfaccel.scope(strategy=strategy_name):
+            model = case.build()
+        try:
+            result = tfaccel.fit(model, verbose=0, loop=loop, seed=parity_cases.SEED, **kwargs)
+        except tfaccel.ConfigError as exc:
+            return {"status": "refused", "message": str(exc)}
+        history = result.history
+        record = {"status": "ok", "steps": result.steps, "loop": result.details.get("loop")}
+    record["history"] = {k: [float(v) for v in vals] for k, vals in history.items()}
+    record["weights"] = [w.tolist() for w in model.get_weights()]
+    record.update(_extras(case.name, model, out))
+    return record
+
+
+_STRATEGY = []
+
+
+def _keras_strategy(path: str) -> object:
+    import tensorflow as tf
+
+    if not _STRATEGY:
+        if path == "keras_mirrored":
+            devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+            _STRATEGY.append(tf.distribute.MirroredStrategy(devices, cross_device_ops=tf.distribute.ReductionToOneDevice()))
+        else:
+            _STRATEGY.append(tf.distribute.get_strategy())
+    return _STRATEGY[0]
+
+
+def main(argv: list) -> int:
+    path, out_dir, names = argv[0], argv[1], argv[2:] or list(parity_cases.CASES)
+    if path == "keras_mirrored" or path.startswith("tfaccel:mirrored"):
+        import tfaccel
+
+        tfaccel.configure_devices(virtual_cpus=2)
+    task_dir = os.path.join(out_dir, _task())
+    for name in names:
+        safe = "".join(c if c.isalnum() else "_" for c in name)
+        try:
+            record = run_case(path, parity_cases.CASES[name], os.path.join(task_dir, safe))
+        except Exception:  # recorded, and the test fails with it
+            record = {"status": "error", "message": traceback.format_exc()}
+        with open(os.path.join(task_dir, f"{safe}.json"), "w") as fh:
+            json.dump(record, fh)
+        print(f"parity {path} {name}: {record['status']}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,133 @@
+"""Keras parity: every case trained by plain ``model.fit`` and by ``tfaccel.fit`` on each path, compared.
+
+Each path runs all cases in its own process(es) (parity_program.py), once per session: one device (the
+compiled loop and Keras fit), mirrored over 2 virtual CPUs, multi_worker with 2 real worker processes on
+loopback, horovod with 2 real ranks over Gloo. The reference is plain Keras: one device, or the same
+number of replicas where per-replica semantics (BatchNorm statistics, Dropout streams) are Keras' own; the
+clipping cases compare multi-replica paths with one device, since Keras 3.15's per-replica clipping is
+the bug tfaccel fixes there. A path either matches (history keys and per-epoch values rel 1e-5, final
+weights abs 1e-5) or refuses the case with a ConfigError that says why; nothing runs differently.
+``TFACCEL_PARITY_JSON=path`` also writes the outcome table (scripts/parity_table.py renders it for the README).
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import harness  # noqa: E402
+import parity_cases  # noqa: E402
+import parity_compare as pc  # noqa: E402
+
+PROGRAM = Path(__file__).resolve().parent / "parity_program.py"
+CASES = list(parity_cases.CASES)
+# Cases a path may refuse (with a ConfigError naming the reason) instead of training them.
+MAY_REFUSE = {
+    "tfaccel:default:compiled": {"sample_weight (dataset)", "TerminateOnNaN", "LambdaCallback batch hooks"},
+}
+OUTCOMES: dict = {}
+
+
+def _run_single(path: str, out: Path, *, timeout: float = 400.0) -> Path:
+    results = harness.run_tasks(PROGRAM, tasks=[("worker", 0, None)], args=[path, str(out)], timeout=timeout)
+    harness.assert_all_ok(results)
+    return out
+
+
+@pytest.fixture(scope="session")
+def parity_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("parity")
+
+
+@pytest.fixture(scope="session")
+def reference(parity_dir: Path) -> dict:
+    return {"keras_one": _run_single("keras_one", parity_dir / "keras_one"),
+            "keras_mirrored": _run_single("keras_mirrored", parity_dir / "keras_mirrored")}
+
+
+def _check(path: str, out: Path, reference: dict, case: str, *, task: str = "main", multi_replica: bool) -> None:
+    got = pc.load(str(out), task, case)
+    ref_path = pc.reference_for(case, multi_replica=multi_replica)
+    if got["status"] == "refused":
+        OUTCOMES.setdefault(path, {})[case] = f"refused: {got['message']}"
+        assert case in MAY_REFUSE.get(path, ()), f"{path} refused {case!r}: {got['message']}"
+        assert len(got["message"]) > 40  # says why
+        return
+    problems = pc.differences(pc.load(str(reference[ref_path]), "main", case), got, case)
+    OUTCOMES.setdefault(path, {})[case] = "equal" if not problems else "DIFFERENT: " + "; ".join(problems)
+    assert not problems, f"{path} vs {ref_path}, {case!r} ({got.get('loop')}):\n" + "\n".join(problems)
+    steps = pc.expected_steps(case)
+    if steps is not None:
+        assert got["steps"] == steps, f"{case}: FitResult.steps {got['steps']}, {steps} ran"
+
+
+_RUNS: dict = {}
+
+
+@pytest.fixture
+def one_process_path(request: pytest.FixtureRequest, parity_dir: Path) -> Path:
+    """Each one-process path runs once per session, when its first test asks for it."""
+    path = request.node.callspec.params["path"]
+    if path not in _RUNS:
+        _RUNS[path] = _run_single(path, parity_dir / path.replace(":", "_"))
+    return _RUNS[path]
+
+
+@pytest.mark.timeout(1200)  # the first test of a path pays for the whole path's run (~30 s on an idle machine)
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("path", ["tfaccel:default:compiled", "tfaccel:default:keras", "tfaccel:mirrored:auto"])
+def test_one_process(path: str, case: str, one_process_path: Path, reference: dict) -> None:
+    _check(path, one_process_path, reference, case, multi_replica=path.startswith("tfaccel:mirrored"))
+
+
+@pytest.fixture(scope="session")
+def multi_worker_dir(parity_dir: Path) -> Path:
+    out = parity_dir / "multi_worker"
+    results = harness.run_tasks(PROGRAM, workers=2, args=["tfaccel:multi_worker:auto", str(out)], timeout=500)
+    harness.assert_all_ok(results)
+    return out
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("case", CASES)
+def test_multi_worker_two_processes(case: str, multi_worker_dir: Path, reference: dict) -> None:
+    _check("tfaccel:multi_worker:auto", multi_worker_dir, reference, case, task="worker0", multi_replica=True)
+    w0, w1 = (pc.load(str(multi_worker_dir), t, case) for t in ("worker0", "worker1"))
+    assert w0["weights"] == w1["weights"], "the two workers ended with different weights"
+
+
+@pytest.fixture(scope="session")
+def horovod_dir(parity_dir: Path) -> Path:
+    sys.path.insert(0, str(harness.REPO_ROOT / "tests" / "horovod"))
+    from hvd_testing import require_horovod
+
+    from tfaccel.launch import run_horovod
+
+    require_horovod()
+    out = parity_dir / "horovod"
+    env = {**{k: v for k, v in os.environ.items() if k != "TF_CONFIG"}, **harness.CHILD_ENV,
+           "PYTHONPATH": str(harness.REPO_ROOT)}
+    result = run_horovod(2, [sys.executable, str(PROGRAM), "tfaccel:horovod:auto", str(out)], env=env, timeout=500,
+                         echo=False, capture_lines=200)
+    assert result.returncode == 0, "\n".join(getattr(result, "lines", []) or [str(result)])
+    return out
+
+
+@pytest.mark.horovod
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("case", CASES)
+def test_horovod_two_ranks(case: str, horovod_dir: Path, reference: dict) -> None:
+    _check("tfaccel:horovod:auto", horovod_dir, reference, case, task="rank0", multi_replica=True)
+    r0, r1 = (pc.load(str(horovod_dir), t, case) for t in ("rank0", "rank1"))
+    assert r0["weights"] == r1["weights"], "the two ranks ended with different weights"
+
+
+def teardown_module() -> None:
+    target = os.environ.get("TFACCEL_PARITY_JSON")
+    if target and OUTCOMES:
+        with open(target, "w") as fh:
+            json.dump(OUTCOMES, fh, indent=1)
