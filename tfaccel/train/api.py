@@ -9,7 +9,7 @@ result. ``compile_and_fit`` builds and compiles inside ``tfaccel.scope()`` and c
 import dataclasses
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from tfaccel.errors import ConfigError, invalid_choice
 from tfaccel.log import get_logger
@@ -197,22 +197,22 @@ def _adapt(model: Any, *, backend: Any, plan: Any, requested_jit: Any, data: Any
     if backend.name == "horovod":
         backend.wrap_optimizer(model.optimizer)  # in place: the user keeps their object
         changes["horovod"] = "optimizer averages gradients over ranks; weights broadcast from rank 0; metrics averaged"
-    jit = _refined_jit(plan, model, requested_jit)
-    if bool(model.jit_compile) != jit:
-        changes["jit_compile"] = f"{model.jit_compile} -> {jit} ({plan.jit_reason})"
+    jit, jit_reason = _refined_jit(plan, model, requested_jit)
+    if bool(model.jit_compile) != jit or jit_reason != plan.jit_reason:  # the model's own reason, e.g. convolutions
+        changes["jit_compile"] = f"{model.jit_compile} -> {jit} ({jit_reason})"
         model.jit_compile = jit
         model.train_function = model.test_function = model.predict_function = None
     return changes
 
 
-def _refined_jit(plan: Any, model: Any, requested_jit: Any) -> bool:
+def _refined_jit(plan: Any, model: Any, requested_jit: Any) -> Tuple[bool, str]:
     """The plan's "auto" XLA decision, revisited now that the model exists (convolutions on CPU: off)."""
     from tfaccel.devices import detect_devices
     from tfaccel.xla import refine_jit_for_model
 
-    jit, _ = refine_jit_for_model(plan.jit_compile, plan.jit_reason, requested=requested_jit, model=model,
-                                  devices=detect_devices())
-    return bool(jit)
+    jit, reason = refine_jit_for_model(plan.jit_compile, plan.jit_reason, requested=requested_jit, model=model,
+                                       devices=detect_devices())
+    return bool(jit), reason
 
 
 def _tfaccel_callbacks(*, backend: Any, data: Any, backup_dir: Optional[str], backup_freq: Optional[int],
@@ -313,7 +313,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: Optional[int] = No
     _validate(epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch, backup_freq=backup_freq,
               verbose=verbose, loop=loop, callbacks=callbacks, gradient_accumulation_steps=gradient_accumulation_steps,
               steps_per_execution=steps_per_execution, warmup_epochs=warmup_epochs)
-    from tfaccel.train.data import prepare_data
+    from tfaccel.train.data import agree_on_seed, prepare_data
     from tfaccel.train.scope import plan_for_model
 
     plan, backend, requested_jit = plan_for_model(model)
@@ -323,6 +323,10 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: Optional[int] = No
                         steps_per_epoch=steps_per_epoch, seed=seed)
     loop_name, loop_reason = _choose_loop(loop, backend=backend, model=model, data=data, user_callbacks=user_callbacks,
                                           backup_freq=backup_freq, steps_per_execution=steps_per_execution)
+    from tfaccel.train.loops.keras_fit import uses_stream
+
+    if loop_name != "keras_fit" or uses_stream(data, backend=backend, backups=bool(backup_dir)):
+        data = dataclasses.replace(data, seed=agree_on_seed(data.seed, backend=backend))  # tfaccel orders examples
     changes = _adapt(model, backend=backend, plan=plan, requested_jit=requested_jit, data=data,
                      scale_learning_rate=scale_learning_rate, base_batch_size=base_batch_size,
                      warmup_epochs=warmup_epochs, accumulation=gradient_accumulation_steps)

@@ -18,7 +18,8 @@ import numpy as np
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
 
-__all__ = ["FitData", "prepare_data", "example_stream", "is_batched", "draw_seed", "DEFAULT_BATCH_SIZE"]
+__all__ = ["FitData", "prepare_data", "example_stream", "is_batched", "check_seed", "agree_on_seed",
+           "DEFAULT_BATCH_SIZE"]
 
 DEFAULT_BATCH_SIZE = 32  # Keras' own default for arrays
 
@@ -37,7 +38,8 @@ class FitData:
         batch_size: the global batch (arrays only; datasets carry their own batches).
         steps_per_epoch: as given, or the number of batches of the arrays.
         shuffle: Keras' ``shuffle`` argument as given.
-        seed: the seed of the example order (drawn fresh and logged when the user gave none).
+        seed: the seed of the example order as given (None: ``agree_on_seed`` draws one where tfaccel orders the
+            examples itself; Keras' own shuffling applies otherwise).
         class_weight: left to Keras for datasets (for arrays it is already in ``sample_weight``).
         note: one line for the plan.
     """
@@ -51,7 +53,7 @@ class FitData:
     batch_size: Optional[int] = None
     steps_per_epoch: Optional[int] = None
     shuffle: Any = True
-    seed: int = 0
+    seed: Optional[int] = None
     class_weight: Optional[Dict[int, float]] = None
     note: str = ""
 
@@ -68,14 +70,44 @@ def is_batched(dataset: Any) -> bool:
                                for s in specs)
 
 
-def draw_seed(seed: Optional[int]) -> int:
-    """``seed`` as an int, or a fresh one (logged, so a run can be repeated)."""
+def check_seed(seed: Any) -> Optional[int]:
+    """``seed`` as an int, or None.
+
+    Raises:
+        ConfigError: not a whole number.
+    """
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise ConfigError(f"seed must be a whole number or None; received {seed!r}")
+    return int(seed)
+
+
+def agree_on_seed(seed: Optional[int], *, backend: Any) -> int:
+    """The seed of the example order, the same in every process of the job.
+
+    ``None`` draws a fresh seed on the first worker (logged, so the run can be repeated with it) and shares it
+    with the others: a MultiWorkerMirrored all-reduce, or a Horovod broadcast.
+    """
     if seed is not None:
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-            raise ConfigError(f"seed must be a whole number or None; received {seed!r}")
         return int(seed)
-    fresh = secrets.randbelow(2**31 - 1)
-    get_logger().info("seed=None: drew seed %d for the example order (pass seed=%d to repeat it)", fresh, fresh)
+    fresh = secrets.randbelow(2**31 - 1) if backend.worker_index == 0 else 0
+    if backend.num_workers > 1 and backend.name == "horovod":
+        from tfaccel.strategies.horovod import import_horovod
+
+        fresh = int(import_horovod().broadcast_object(fresh, root_rank=0, name="tfaccel_seed"))
+    elif backend.num_workers > 1:
+        import tensorflow as tf
+
+        strategy = backend.strategy
+        def first_replica_only() -> Any:  # the first replica of the whole job is on worker 0
+            first = tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0)
+            return tf.where(first, tf.constant(fresh, tf.int64), tf.constant(0, tf.int64))
+
+        shared = strategy.run(first_replica_only)
+        fresh = int(strategy.reduce(tf.distribute.ReduceOp.SUM, shared, axis=None))
+    if backend.is_chief:
+        get_logger().info("seed=None: drew seed %d for the example order (pass seed=%d to repeat it)", fresh, fresh)
     return fresh
 
 
@@ -159,7 +191,7 @@ def prepare_data(x: Any, y: Any = None, *, sample_weight: Any = None, class_weig
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer))
                                    or batch_size < 1):
         raise ConfigError(f"batch_size must be a whole number >= 1 or None; received {batch_size!r}")
-    seed_ = draw_seed(seed)
+    seed_ = check_seed(seed)
     validation = _validation(validation_data)
     if callable(x) and not isinstance(x, (tf.data.Dataset, keras.utils.PyDataset)) \
             or isinstance(x, tf.distribute.DistributedDataset):
@@ -191,7 +223,7 @@ def prepare_data(x: Any, y: Any = None, *, sample_weight: Any = None, class_weig
 
 
 def _not_arrays(kind: str, x: Any, y: Any, sample_weight: Any, validation_split: float, batch_size: Any,
-                steps_per_epoch: Optional[int], shuffle: Any, seed: int, class_weight: Any,
+                steps_per_epoch: Optional[int], shuffle: Any, seed: Optional[int], class_weight: Any,
                 validation: Any) -> FitData:
     what = {"dataset": "a tf.data.Dataset", "py_dataset": "a keras.utils.PyDataset",
             "distributed": "a dataset_fn / distributed dataset"}[kind]
