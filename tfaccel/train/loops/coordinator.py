@@ -117,11 +117,14 @@ def exact_assign_add(variable: Any) -> None:
     object.__setattr__(variable, "assign_add", assign_add)
 
 
-def _refuse(model: Any, data: FitData, callbacks: Sequence[Any], accum: int) -> None:
+def _refuse(model: Any, data: FitData, callbacks: Sequence[Any], accum: int, validation_freq: Any) -> None:
     """ConfigError for what this loop cannot train exactly as Keras fit would, before anything runs."""
     import keras
 
     from tfaccel.train.loops.compiled import compiled_blockers
+
+    if data.validation is not None:
+        _should_eval(0, validation_freq)  # raises on a value Keras refuses too
 
     if type(model).train_step is not keras.Model.train_step:
         raise ConfigError(
@@ -159,7 +162,7 @@ def _leaf_metrics(metrics: Sequence[Any]) -> List[Any]:
     out = []
     for metric in metrics:
         inner = getattr(metric, "metrics", None)  # Keras' CompileMetrics: a container of the compiled metrics
-        if isinstance(inner, list) and inner and all(isinstance(m, keras.metrics.Metric) for m in inner):
+        if isinstance(inner, list) and all(isinstance(m, keras.metrics.Metric) for m in inner):
             out += _leaf_metrics(inner)
         else:
             out.append(metric)
@@ -504,14 +507,14 @@ def run_coordinator(model: Any, *, data: FitData, backend: Any, plan: Any, epoch
     from tfaccel.train.backups import read_backup
 
     accum, backup_dir, backup_freq = options["gradient_accumulation_steps"], options["backup_dir"], options["backup_freq"]
-    _refuse(model, data, callbacks, accum)
+    _refuse(model, data, callbacks, accum, options["validation_freq"])
     state = read_backup(backup_dir)  # what fit's _resume found: restored below, after the model is built
     _check_backup(state, backup_dir=backup_dir, backup_freq=backup_freq, steps=data.steps_per_epoch, accum=accum)
-    if backend.coordinator is None:
-        raise ConfigError("parameter_server backend has no ClusterCoordinator; is this process the chief?")
     _own_optimizer(model)
     _build(model, data, backend=backend)
     _check_metrics(model)
+    if backend.coordinator is None:
+        raise ConfigError("parameter_server backend has no ClusterCoordinator; is this process the chief?")
     check_output_dtype(model)  # warns about float16/bfloat16 outputs, as on the other training paths
     step = _Step(model, backend=backend, accum=accum)
     sched = _Schedule(step, data, backend=backend)
