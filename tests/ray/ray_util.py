@@ -1,6 +1,11 @@
 """Real Ray on 127.0.0.1 for the tests: a `ray start --head` cluster with a second node, runs of
 ``python -m tfaccel launch --backend ray``, and a check that no process a test started survives it.
 
+The cluster lives in a private loopback-only network namespace (tfaccel.launch.netns), with its drivers and
+launches: Ray 2.60 replaces a 127.0.0.1 address given to `ray.init` / `ray start --address` by this machine's
+own IP (``resolve_ip_for_localhost``), which a head bound to 127.0.0.1 does not listen on; inside the namespace
+that IP is 127.0.0.1 itself, and nothing of the cluster can be reached from outside.
+
 Every process a test starts carries ``TFACCEL_RAY_TEST_MARK=<uuid>`` in its environment, and Ray's own
 processes (GCS, raylet, workers) inherit it from the `ray start` (or driver) that started them, so
 :func:`marked_pids` finds all of them, whatever session or process group they put themselves in.
@@ -17,7 +22,8 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
 import harness
-from tfaccel.launch.procs import free_ports, start_process, terminate
+from tfaccel.launch.netns import PrivateNetwork
+from tfaccel.launch.procs import start_process, terminate
 
 MARK_ENV = "TFACCEL_RAY_TEST_MARK"
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -30,6 +36,8 @@ def test_env(mark: str, extra: Optional[Mapping[str, str]] = None) -> Dict[str, 
     env.update(harness.CHILD_ENV)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(harness.REPO_ROOT), os.environ.get("PYTHONPATH")]))
     env["RAY_USAGE_STATS_ENABLED"] = "0"
+    if mark.startswith("cluster-"):
+        env["RAY_AUTH_MODE"] = "disabled"  # see RayCluster.__init__
     env[MARK_ENV] = mark
     env.update(extra or {})
     return env
@@ -70,10 +78,13 @@ class RayCluster:
     def __init__(self, *, head_cpus: int = 1, extra_nodes: int = 1, node_cpus: int = 1) -> None:
         self.mark = f"cluster-{uuid.uuid4().hex[:12]}"
         self.temp_dir = tempfile.mkdtemp(prefix="tfr-")  # short: Ray's unix socket paths must fit 107 bytes
-        self.port = free_ports(1)[0]
+        self.net = PrivateNetwork.create()
+        self.port = 6379  # the namespace is empty: Ray's default port is free
         self.address = f"127.0.0.1:{self.port}"
         self.procs: List[subprocess.Popen] = []
-        env = test_env(self.mark)
+        # Token authentication off: clients started beside the cluster did not find the head's token (its
+        # --temp-dir is private); the namespace already keeps everyone else out.
+        env = test_env(self.mark, {"RAY_AUTH_MODE": "disabled"})
         common = ["--block", "--disable-usage-stats", "--node-ip-address", "127.0.0.1"]
         self._start([str(RAY_BIN), "start", "--head", "--port", str(self.port), "--num-cpus", str(head_cpus),
                      "--include-dashboard", "false", "--temp-dir", self.temp_dir, *common], env)
@@ -83,7 +94,7 @@ class RayCluster:
         self.wait_for_nodes(1 + extra_nodes, timeout=90)
 
     def _start(self, cmd: Sequence[str], env: Mapping[str, str]) -> None:
-        proc = start_process(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = start_process(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, netns=self.net)
         harness.STARTED_PIDS.append(proc.pid)
         self.procs.append(proc)
 
@@ -96,9 +107,8 @@ class RayCluster:
         while time.monotonic() < deadline:
             if any(p.poll() is not None for p in self.procs):
                 raise RuntimeError(f"a `ray start` process exited: {[p.returncode for p in self.procs]}")
-            run = subprocess.run([sys.executable, "-c", probe, self.address], env=test_env(self.mark),
-                                 capture_output=True, text=True, timeout=60)
-            seen = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr[-300:]
+            run = run_in(self, [sys.executable, "-c", probe, self.address], timeout=60)
+            seen = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stdout[-300:]
             if seen == str(count):
                 return
             time.sleep(2)
@@ -110,17 +120,20 @@ class RayCluster:
         for proc in reversed(self.procs):
             terminate([proc], grace=20)
         left = kill_marked(self.mark, wait=10)
+        self.net.close()
         import shutil
 
         shutil.rmtree(self.temp_dir, ignore_errors=True)
         return left
 
 
-def launch(args: Sequence[str], *, mark: str, env: Optional[Mapping[str, str]] = None, timeout: float = 300,
-           cwd: Optional[Path] = None) -> "subprocess.CompletedProcess[str]":
-    """``python -m tfaccel launch ARGS`` bounded by ``timeout``; returns it with stdout+stderr in ``stdout``."""
-    proc = start_process([sys.executable, "-m", "tfaccel", "launch", *args], env=test_env(mark, env),
-                         cwd=str(cwd or harness.REPO_ROOT), stderr=subprocess.STDOUT)
+def run_in(cluster: Optional["RayCluster"], cmd: Sequence[str], *, mark: Optional[str] = None,
+           env: Optional[Mapping[str, str]] = None, timeout: float = 300) -> "subprocess.CompletedProcess[str]":
+    """Runs ``cmd`` (in the cluster's network namespace when given) bounded by ``timeout``; stdout+stderr in
+    ``stdout``."""
+    mark = mark or cluster.mark
+    proc = start_process(cmd, env=test_env(mark, env), cwd=str(harness.REPO_ROOT), stderr=subprocess.STDOUT,
+                         netns=cluster.net if cluster is not None else None)
     harness.STARTED_PIDS.append(proc.pid)
     try:
         out, _ = proc.communicate(timeout=timeout)
@@ -128,3 +141,9 @@ def launch(args: Sequence[str], *, mark: str, env: Optional[Mapping[str, str]] =
         terminate([proc], grace=10)
         out, _ = proc.communicate()
     return subprocess.CompletedProcess(proc.args, proc.returncode, out.decode("utf-8", "replace"), "")
+
+
+def launch(args: Sequence[str], *, mark: Optional[str] = None, cluster: Optional[RayCluster] = None,
+           env: Optional[Mapping[str, str]] = None, timeout: float = 300) -> "subprocess.CompletedProcess[str]":
+    """``python -m tfaccel launch ARGS`` (in the cluster's network namespace when given)."""
+    return run_in(cluster, [sys.executable, "-m", "tfaccel", "launch", *args], mark=mark, env=env, timeout=timeout)
