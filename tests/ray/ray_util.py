@@ -86,12 +86,17 @@ class RayCluster:
         # --temp-dir is private); the namespace already keeps everyone else out.
         env = test_env(self.mark, {"RAY_AUTH_MODE": "disabled"})
         common = ["--block", "--disable-usage-stats", "--node-ip-address", "127.0.0.1"]
-        self._start([str(RAY_BIN), "start", "--head", "--port", str(self.port), "--num-cpus", str(head_cpus),
-                     "--include-dashboard", "false", "--temp-dir", self.temp_dir, *common], env)
-        self.wait_for_nodes(1, timeout=90)
-        for _ in range(extra_nodes):
-            self._start([str(RAY_BIN), "start", "--address", self.address, "--num-cpus", str(node_cpus), *common], env)
-        self.wait_for_nodes(1 + extra_nodes, timeout=90)
+        try:
+            self._start([str(RAY_BIN), "start", "--head", "--port", str(self.port), "--num-cpus", str(head_cpus),
+                         "--include-dashboard", "false", "--temp-dir", self.temp_dir, *common], env)
+            self.wait_for_nodes(1, timeout=90)
+            for _ in range(extra_nodes):
+                self._start([str(RAY_BIN), "start", "--address", self.address, "--num-cpus", str(node_cpus),
+                             *common], env)
+            self.wait_for_nodes(1 + extra_nodes, timeout=90)
+        except BaseException:
+            self.stop()  # a cluster that never came up must not outlive the test either
+            raise
 
     def _start(self, cmd: Sequence[str], env: Mapping[str, str]) -> None:
         proc = start_process(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, netns=self.net)
