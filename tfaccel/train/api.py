@@ -482,9 +482,9 @@ def compile_and_fit(build_model: Callable[[], Any], train_data: Any, *, validati
         given_optimizer = None if loss is None else _make_optimizer(
             optimizer, learning_rate=learning_rate, clipnorm=clipnorm, global_clipnorm=global_clipnorm)
         if fit_options.get("seed") is not None:  # tfaccel builds the model here: the seed makes its weights repeatable
-            from tfaccel.train.data import draw_seed
+            from tfaccel.train.data import check_seed
 
-            keras.utils.set_random_seed(draw_seed(fit_options["seed"]))
+            keras.utils.set_random_seed(check_seed(fit_options["seed"]))
         model = build_model()
         if not isinstance(model, keras.Model):
             raise ConfigError(f"build_model must return a keras.Model; it returned {type(model).__name__}")
