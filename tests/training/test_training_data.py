@@ -20,7 +20,8 @@ from strategies_logs import tfaccel_records  # noqa: E402
 
 import tfaccel  # noqa: E402
 from tfaccel.errors import ConfigError  # noqa: E402
-from tfaccel.train.data import DEFAULT_BATCH_SIZE, example_stream, is_batched, prepare_data  # noqa: E402
+from tfaccel.train.data import (DEFAULT_BATCH_SIZE, agree_on_seed, example_stream, is_batched,  # noqa: E402
+                                prepare_data)
 
 
 def _arrays(n=40):
@@ -113,13 +114,19 @@ def test_py_dataset_and_dataset_fn():
 
 
 def test_seed_none_draws_a_fresh_seed_and_logs_it():
+    import tensorflow as tf
+
+    from tfaccel.strategies.base import Backend
+
     x, y = _arrays(8)
+    assert prepare_data(x, y, seed=None).seed is None and prepare_data(x, y, seed=7).seed == 7
+    backend = Backend(name="default", strategy=tf.distribute.get_strategy())
     with tfaccel_records() as records:
-        seeds = {prepare_data(x, y, seed=None).seed for _ in range(3)}
+        seeds = {agree_on_seed(None, backend=backend) for _ in range(3)}
     assert len(seeds) == 3  # a new order on every run, as with Keras
     logged = [m for m in _messages(records) if m.startswith("seed=None: drew seed")]
     assert len(logged) == 3 and all(f"pass seed={s} to repeat it" in " ".join(logged) for s in seeds)
-    assert prepare_data(x, y, seed=7).seed == 7
+    assert agree_on_seed(7, backend=backend) == 7
 
 
 def _dataset():
