@@ -93,7 +93,10 @@ def resolve_plan(*, strategy: str = "auto", precision: str = "auto", jit_compile
                  task: Optional[Any] = None) -> Tuple[Plan, Backend]:
     """Decides strategy, precision and XLA, builds the backend, and explains every choice.
 
-    Nothing is set globally: call ``tfaccel.set_precision(plan.precision)`` before building the model.
+    The backend comes from ``get_backend``: the one this process already built for the same request (a
+    ``get_strategy("multi_worker")`` earlier in the script included), else a new one; a second, different
+    collective strategy is a ``ConfigError`` (see ``tfaccel.strategies.registry``). Nothing is set globally:
+    call ``tfaccel.set_precision(plan.precision)`` before building the model.
 
     Args:
         strategy: a registry name or ``"auto"``. Defaults to ``"auto"``.
@@ -107,7 +110,8 @@ def resolve_plan(*, strategy: str = "auto", precision: str = "auto", jit_compile
         (plan, backend).
 
     Raises:
-        ConfigError: an unknown strategy, option, precision or jit_compile value (checked before anything is built).
+        ConfigError: an unknown strategy, option, precision or jit_compile value (checked before anything is built),
+            or a request for a second, different collective strategy in this process.
         BackendUnavailableError: the chosen backend cannot run here.
 
     Example:

@@ -11,6 +11,7 @@ get_backend.
 
 import os
 from pathlib import Path
+from typing import Any, List, Tuple
 
 import numpy as np
 import pytest
@@ -37,7 +38,7 @@ WHY = ("TensorFlow numbers the collectives of every MirroredStrategy / MultiWork
        "'group is already full' / 'expected shape' errors). ")
 
 
-def _tiny_fit(backend, seed: int = 0) -> list:
+def _tiny_fit(backend: Any, seed: int = 0) -> Tuple[Any, List[float]]:
     import keras
     import tensorflow as tf
 
@@ -69,9 +70,11 @@ def test_same_request_same_backend(clean_tf_config, cpu_replicas) -> None:
     assert default.strategy is tf.distribute.get_strategy()
     assert get_backend("default", devices=CPU2) is default and get_strategy("default") is default.strategy
     one = get_backend("one_device")
-    assert get_backend("one_device", device="/cpu:0") is one and get_backend("one_device", device="/device:CPU:0") is one
+    assert get_backend("one_device", device="/cpu:0") is one
+    assert get_backend("one_device", device="/device:CPU:0") is one
     other = get_backend("one_device", device="/cpu:1")  # another device: another request, another object
-    assert other is not one and other.strategy.extended.worker_devices == ("/job:localhost/replica:0/task:0/device:CPU:1",)
+    assert other is not one
+    assert other.strategy.extended.worker_devices == ("/job:localhost/replica:0/task:0/device:CPU:1",)
 
 
 def test_second_mirrored_with_other_options_is_refused(clean_tf_config, cpu_replicas) -> None:
@@ -231,12 +234,13 @@ def test_two_workers_hold_one_multi_worker_strategy() -> None:
 
 
 @pytest.mark.slow
-def test_two_strategies_order_completes_under_launch() -> None:
-    """The TF tutorial's order: get_strategy("multi_worker"), a dataset, then compile_and_fit(strategy="auto")."""
-    outcome = strategies_two_runs.run_once(route="compile_and_fit", timeout=150,
-                                           track=harness.STARTED_PIDS.extend)
+@pytest.mark.parametrize("route", strategies_two_runs.ROUTES)
+def test_two_strategies_order_completes_under_launch(route: str) -> None:
+    """The TF tutorial's order: get_strategy("multi_worker"), a dataset, then compile_and_fit(strategy="auto")
+    (or `with tfaccel.scope():` build + compile, then tfaccel.fit). scripts/two_strategies_runs.py counts 20."""
+    outcome = strategies_two_runs.run_once(route=route, timeout=150, track=harness.STARTED_PIDS.extend)
     assert outcome.status == "completed", outcome.describe()
     reports = outcome.reports
-    assert all(r["same_strategy"] and r["replicas"] == 2 for r in reports.values()), reports
+    assert all(r["same_strategy"] and r["replicas"] == 2 and r["route"] == route for r in reports.values()), reports
     assert reports[0]["weights_sha"] == reports[1]["weights_sha"] and reports[0]["loss"] == reports[1]["loss"]
     assert reports[0]["loss"][-1] < reports[0]["loss"][0]

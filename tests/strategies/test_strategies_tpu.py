@@ -7,6 +7,7 @@ import pytest
 from tfaccel.devices import DeviceInfo, tpu_address_hint
 from tfaccel.errors import BackendUnavailableError, ConfigError
 from tfaccel.strategies import get_backend, tpu
+from tfaccel.strategies.registry import reset_backends
 from tfaccel.strategies.tpu import resolve_tpu_address
 
 
@@ -39,7 +40,9 @@ def fake(monkeypatch):
     api = FakeTpuApi()
     monkeypatch.setattr(tpu, "_API", api)
     monkeypatch.setattr(tpu, "_initialised", set())
-    return api
+    reset_backends()  # a tpu backend cached by another test would answer without calling this fake API
+    yield api
+    reset_backends()
 
 
 def test_environment_hints() -> None:
@@ -66,6 +69,8 @@ def test_auto_colab_connects_initialises_once(fake, clean_tf_config) -> None:
     assert backend.name == "tpu" and backend.num_replicas_in_sync == 8
     assert backend.reason == "a TPU is reachable at 'grpc://10.0.0.2:8470'"
     assert backend.supports_jit and "always compiled" in backend.jit_note
+    assert get_backend("tpu", devices=devices) is backend  # the same request: the same backend, nothing called
+    reset_backends()
     get_backend("tpu", devices=devices)  # a second strategy: no second initialize_tpu_system (it wipes the TPU)
     assert fake.calls == [("resolver", "grpc://10.0.0.2:8470", None, None), ("connect", "grpc://10.0.0.2:8470"),
                           ("initialize", "grpc://10.0.0.2:8470"), ("strategy", "grpc://10.0.0.2:8470"),
