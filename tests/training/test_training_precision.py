@@ -86,7 +86,7 @@ def test_precision_on_each_training_path(precision, strategy, loop, replicas, cl
     assert result.plan.precision == precision and result.plan.num_replicas == replicas
     assert result.plan.jit_compile is (replicas == 1)  # "auto": XLA on one CPU device, off under mirrored
     assert model.jit_compile is result.plan.jit_compile  # what Keras fit (and the compiled loop) got
-    assert result.details["loop"].startswith("compiled" if (loop, strategy) == ("auto", "default") else "keras fit")
+    assert result.details["loop"].startswith("compiled" if (loop, strategy) == ("auto", "default") else "Keras fit")
     assert model.dtype_policy.name == precision and model.layers[0].compute_dtype == precision[6:]
     assert warnings == [CPU_WARNING.format(precision)]
     steps = 3 * 4  # 3 epochs x 128/32 steps
@@ -166,7 +166,7 @@ def test_jit_compile_reaches_the_compiled_loop(clean_tf_config):
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"Detected unsupported operations when trying to "
                        r"compile graph \S+ on XLA_CPU_JIT: EagerPyFunc") as failure:
         _fit(_build_not_xla_compilable, epochs=1, n=32, strategy="default", jit_compile="auto")
-    assert "tfaccel/compiled_loop.py" in str(failure.value)  # the op was traced by the compiled loop
+    assert "tfaccel/train/loops/compiled.py" in str(failure.value)  # the op was traced by the compiled loop
 
 
 def test_explicit_jit_under_mirrored_falls_back_with_a_warning(clean_tf_config, cpu_replicas):

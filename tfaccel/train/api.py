@@ -186,6 +186,10 @@ def _adapt(model: Any, *, backend: Any, plan: Any, requested_jit: Any, data: Any
     if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False):
         raise ConfigError("fit: the model is not compiled; call model.compile(optimizer=..., loss=...) inside "
                           "`with tfaccel.scope():` first")
+    if backend.uses_keras_fit:  # the coordinator loop warns itself
+        from tfaccel.precision import check_output_dtype
+
+        check_output_dtype(model)  # float16/bfloat16 outputs: the Keras mixed precision guide's warning
     changes: Dict[str, Any] = {}
     note = adapt_optimizer(model, replicas=backend.num_replicas_in_sync, accumulation_steps=accumulation)
     if note:
