@@ -5,6 +5,7 @@ with ``run_compiled`` (shuffle off, 100 examples, batch 32: a partial last batch
 (same keys, values rel. 1e-5) and the final weights (abs. 1e-5).
 """
 
+import contextlib
 import csv
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
@@ -40,13 +41,15 @@ def _sparse_ce() -> Dict[str, Any]:
 def _run_both(build: Callable[[], keras.Model], compile_kw: Callable[[], Dict[str, Any]], *, x: Any, y: Any,
               sample_weight: Any = None, jit: bool = False, epochs: int = 2, validation: Any = None,
               validation_freq: Any = 1, validation_batch_size: Optional[int] = None, initial_epoch: int = 0,
-              callbacks: Callable[[str], List[Any]] = lambda tag: []) -> Dict[str, Any]:
+              callbacks: Callable[[str], List[Any]] = lambda tag: [],
+              scope: Callable[[], Any] = contextlib.nullcontext) -> Dict[str, Any]:
     """Trains two copies of one model (Keras fit, compiled loop) and checks they agree; returns both."""
     runs = {}
     for tag in ("keras", "compiled"):
         keras.utils.set_random_seed(7)
-        model = build()
-        model.compile(**compile_kw(), jit_compile=jit)
+        with scope():
+            model = build()
+            model.compile(**compile_kw(), jit_compile=jit)
         keras.utils.set_random_seed(11)  # the same global RNG state when training starts
         if tag == "keras":
             history = model.fit(x, y, sample_weight=sample_weight, batch_size=BATCH, epochs=epochs, shuffle=False,
@@ -87,6 +90,15 @@ def test_batchnorm_dropout_partial_batch_and_validation_freq(jit: bool) -> None:
                     validation_freq=2, validation_batch_size=24)
     assert sorted(out["compiled"]) == ["accuracy", "loss", "val_accuracy", "val_loss"]
     assert len(out["compiled"]["loss"]) == 3 and len(out["compiled"]["val_loss"]) == 1
+
+
+def test_one_device_strategy() -> None:
+    """A model built under OneDeviceStrategy (what tfaccel.scope() gives on one device) trains the same."""
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    x = _features()
+    _run_both(lambda: keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                                        keras.layers.Dropout(0.2), keras.layers.Dense(3)]),
+              _sparse_ce, x=x, y=_labels(x), validation=(x, _labels(x), None), scope=strategy.scope)
 
 
 class ExtraTermModel(keras.Model):
