@@ -237,6 +237,9 @@ def _tfaccel_callbacks(*, backend: Any, data: Any, backup_dir: Optional[str], ba
     after = list(named.values())
     if tensorboard_dir and chief:
         after.append(keras.callbacks.TensorBoard(tensorboard_dir))
+    from tfaccel.launch.ray import report_callbacks
+
+    after += report_callbacks(is_chief=chief, checkpoint_dir=checkpoint_dir)  # after the checkpoint: [] outside Ray
     # Backend callbacks first: Horovod's metric averaging must run before a user's EarlyStopping or checkpoint
     # reads the metrics, or ranks could stop at different epochs and hang.
     return list(backend.extra_callbacks()), after, named

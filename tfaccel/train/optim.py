@@ -217,6 +217,14 @@ def adapt_optimizer(model: Any, *, replicas: int, accumulation_steps: int) -> Op
     opt = model.optimizer
     inner = opt.inner_optimizer if isinstance(opt, keras.optimizers.LossScaleOptimizer) else opt
     check_optimizer(inner)
+    bound = getattr(inner, "_distribution_strategy", None)  # Keras 3's TF optimizer binds to it when created
+    if bound is not None and bound is not model.distribute_strategy and not inner.built:
+        raise ConfigError(
+            f"optimizer {type(inner).__name__} was created under a {type(bound).__name__}, but the model is built "
+            f"under a {type(model.distribute_strategy).__name__}; Keras 3 optimizers bind to the strategy they are "
+            "created under (building its variables would fail with 'Mixing different tf.distribute.Strategy "
+            "objects'). Create the optimizer inside `with tfaccel.scope():`, e.g. model.compile(optimizer="
+            "keras.optimizers.Adam(1e-3), ...) there")
     if inner.gradient_accumulation_steps and (replicas > 1 or accumulation_steps > 1):
         raise ConfigError(
             f"optimizer {type(inner).__name__}(gradient_accumulation_steps={inner.gradient_accumulation_steps}): "
@@ -248,7 +256,7 @@ def restore_optimizer_class(model: Any) -> None:
     opt = getattr(model, "optimizer", None)
     inner = opt.inner_optimizer if isinstance(opt, keras.optimizers.LossScaleOptimizer) else opt
     original = getattr(inner, _ORIGINAL_CLASS, None)
-    if original is not None and getattr(inner, "tfaccel_accumulation_steps", 1) <= 1:
+    if original is not None:  # accumulators, if any, stay among its variables, unused by its own apply()
         inner.__class__ = original
         delattr(inner, _ORIGINAL_CLASS)
 

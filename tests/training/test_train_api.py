@@ -1,0 +1,146 @@
+"""tfaccel.scope() + tfaccel.fit: the user's objects stay theirs, what tfaccel changes is said, bad input fails clearly."""
+
+import logging
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfaccel
+from tfaccel.errors import ConfigError
+
+X = np.random.default_rng(0).normal(size=(40, 4)).astype("float32")
+Y = (X[:, 0] > 0).astype("int32")
+
+
+def _model(optimizer=None):
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])
+    model.compile(optimizer=optimizer or keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    return model
+
+
+def _scoped(optimizer=None, strategy="default"):
+    with tfaccel.scope(strategy=strategy):
+        return _model(optimizer() if callable(optimizer) else optimizer)
+
+
+def test_the_optimizer_object_is_the_users_and_gets_its_class_back(clean_tf_config, tmp_path):
+    opt = keras.optimizers.SGD(0.1, clipnorm=1.0)
+    model = _scoped(opt)
+    result = tfaccel.fit(model, X, Y, batch_size=8, epochs=2, verbose=0, gradient_accumulation_steps=2, seed=1)
+    assert model.optimizer is opt and type(opt) is keras.optimizers.SGD  # swapped for training, given back
+    assert "accumulated over 2 micro-batches" in result.details["optimizer"]
+    assert int(opt.iterations) == 2 * 5 // 2  # updates, not micro-batches
+    assert opt.clipnorm == 1.0 and float(opt.learning_rate) == pytest.approx(0.1)
+
+
+def test_a_keras_file_saved_during_training_loads_without_tfaccel(clean_tf_config, tmp_path):
+    path = str(tmp_path / "m.keras")
+    model = _scoped(lambda: keras.optimizers.Adam(1e-2, global_clipnorm=1.0), strategy="mirrored")
+    tfaccel.fit(model, X, Y, batch_size=8, epochs=1, verbose=0,
+                callbacks=[keras.callbacks.ModelCheckpoint(path)])  # saved while the class was swapped
+    code = ("import sys, keras; m = keras.models.load_model(sys.argv[1]); "
+            "print(type(m.optimizer).__module__, type(m.optimizer).__name__, 'tfaccel' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-3:] == ["keras.src.optimizers.adam", "Adam", "False"], out.stdout
+
+
+def test_learning_rate_scaling_is_opt_in_and_wraps_the_schedule(clean_tf_config):
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=1, decay_rate=0.5)
+    model = _scoped(keras.optimizers.SGD(schedule))
+    result = tfaccel.fit(model, X, Y, batch_size=8, epochs=1, verbose=0, scale_learning_rate="linear",
+                         base_batch_size=4)
+    assert "x2" in result.details["learning_rate"]
+    wrapped = model.optimizer._learning_rate
+    assert wrapped.inner is schedule
+    for step in (0, 3):
+        assert float(wrapped(step)) == pytest.approx(2 * float(schedule(step)))
+    untouched = _scoped()
+    assert tfaccel.fit(untouched, X, Y, batch_size=8, verbose=0).details["learning_rate"] == "learning rate as compiled"
+
+
+def test_the_loop_and_its_reason_are_reported(clean_tf_config):
+    result = tfaccel.fit(_scoped(), X, Y, batch_size=8, epochs=1, verbose=0)
+    assert result.details["loop"].startswith("compiled whole-epoch loop")
+    cb = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: None)
+    result = tfaccel.fit(_scoped(), X, Y, batch_size=8, epochs=1, verbose=0, callbacks=[cb])
+    assert "LambdaCallback has per-batch hooks" in result.details["loop"]
+    assert result.details["steps_per_execution"].startswith("1 ")
+    with pytest.raises(ConfigError, match="loop='compiled' cannot train this job exactly like Keras fit: callback "
+                                          "LambdaCallback has per-batch hooks"):
+        tfaccel.fit(_scoped(), X, Y, batch_size=8, verbose=0, callbacks=[cb], loop="compiled")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(sample_weight=np.ones(40), class_weight={0: 1.0}), "pass class_weight or sample_weight, not both"),
+    (dict(validation_split=1.5), r"validation_split must be a fraction between 0 and 1; received 1.5"),
+    (dict(batch_size=0), "batch_size must be a whole number >= 1 or None; received 0"),
+    (dict(epochs=0), "epochs must be a whole number >= 1; received 0"),
+    (dict(loop="fast"), "loop"),
+    (dict(seed="x"), "seed must be a whole number or None; received 'x'"),
+    (dict(y=Y[:10]), "x has 40 examples but y has 10"),
+])
+def test_bad_arguments_fail_before_training(kwargs, message, clean_tf_config):
+    model = _scoped()
+    before = [w.copy() for w in model.get_weights()]
+    args = {"y": Y, **kwargs}
+    with pytest.raises(ConfigError, match=message):
+        tfaccel.fit(model, X, verbose=0, **args)
+    assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
+
+
+def test_dataset_rules(clean_tf_config, caplog):
+    ds = tf.data.Dataset.from_tensor_slices((X, Y)).batch(8)
+    with pytest.raises(ConfigError, match="validation_split needs arrays"):
+        tfaccel.fit(_scoped(), ds, validation_split=0.2, verbose=0)
+    with pytest.raises(ConfigError, match="y cannot be given when x is a tf.data.Dataset"):
+        tfaccel.fit(_scoped(), ds, Y, verbose=0)
+    with caplog.at_level(logging.WARNING, logger="tfaccel"):
+        result = tfaccel.fit(_scoped(), ds, epochs=1, verbose=0)
+    assert "shuffle=True does not apply to a tf.data.Dataset" in caplog.text
+    assert "Keras fit (data is a tf.data.Dataset" in result.details["loop"] and result.steps == 5
+
+
+def test_seed_none_draws_a_fresh_seed_and_logs_it(clean_tf_config, caplog):
+    with caplog.at_level(logging.INFO, logger="tfaccel"):
+        a = tfaccel.fit(_scoped(), X, Y, batch_size=8, verbose=0).details["seed"]
+        b = tfaccel.fit(_scoped(), X, Y, batch_size=8, verbose=0).details["seed"]
+    assert a != b and f"drew seed {a}" in caplog.text and f"pass seed={b} to repeat it" in caplog.text
+
+
+def test_models_outside_a_tfaccel_scope(clean_tf_config, cpu_replicas, monkeypatch):
+    import tfaccel.train.scope as scope_module
+
+    monkeypatch.setattr(scope_module, "_PLANS", {})  # as in a fresh process: no plan entered yet
+    plain = _model()  # no scope at all; this process's "auto" plan is mirrored over 2 virtual CPUs
+    with pytest.raises(ConfigError, match="built outside tfaccel.scope\\(\\).*plan is strategy 'mirrored'"):
+        tfaccel.fit(plain, X, Y, verbose=0)
+    with pytest.raises(ConfigError, match="fit: the model is not compiled"):
+        with tfaccel.scope(strategy="default"):
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        tfaccel.fit(model, X, Y, verbose=0)
+    foreign = tf.distribute.OneDeviceStrategy("/cpu:1")
+    with foreign.scope():
+        model = _model()
+    with pytest.raises(ConfigError, match="built under a OneDeviceStrategy that tfaccel did not make"):
+        tfaccel.fit(model, X, Y, verbose=0)
+
+
+def test_an_optimizer_created_outside_the_scope_is_named(clean_tf_config, cpu_replicas):
+    opt = keras.optimizers.Adam(1e-3)  # created under the default strategy
+    model = _scoped(opt, strategy="mirrored")
+    with pytest.raises(ConfigError, match="optimizer Adam was created under a _DefaultDistributionStrategy, but the "
+                                          "model is built under a MirroredStrategy.*Create the optimizer inside"):
+        tfaccel.fit(model, X, Y, verbose=0)
+
+
+def test_the_precision_policy_is_restored_after_the_scope(clean_tf_config):
+    before = keras.config.dtype_policy().name
+    with tfaccel.scope(strategy="default", precision="mixed_bfloat16") as plan:
+        assert keras.config.dtype_policy().name == "mixed_bfloat16" == plan.precision
+    assert keras.config.dtype_policy().name == before
