@@ -53,7 +53,7 @@ def test_reference_model_trains_one_epoch_under_compile_and_fit(name: str, clean
     assert result.global_batch_size == batch
     assert result.steps_per_epoch == result.steps == math.ceil(examples / batch)
     if extra.get("loop") == "keras":
-        assert result.details["loop"].startswith("keras fit") and result.plan.jit_compile is False
+        assert result.details["loop"] == "Keras fit (asked for)" and result.plan.jit_compile is False
     probs = np.asarray(result.model(x[:4], training=False))  # eager call: predict() would trace ResNet-50 again
     assert probs.shape == (4, num_classes) and probs.dtype == np.float32
     np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-4)
