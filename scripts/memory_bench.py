@@ -36,7 +36,7 @@ def main(argv: List[str]) -> None:
     if not f.skip_recompute:
         rec = recompute_benchmark(f.model, batch_size=f.batch_size, small_batch=f.small_batch, input_shape=shape)
     cases = [(m, tuple(int(s) for s in dims.split("x")), int(b)) for m, dims, b in (c.split(":") for c in f.cases)]
-    same = any(m == f.model and dims == shape and b == f.batch_size for m, dims, b in cases)
+    same = any(m == f.model and tuple(dims) == shape and b == f.batch_size for m, dims, b in cases)
     reuse = {(f.model, f.batch_size): rec["runs"][f"plain@{f.batch_size}"]} if rec and same else {}
     rows = estimate_benchmark(cases, measured=reuse)
     sys.stdout.write(format_bench(rec, rows) + "\n")

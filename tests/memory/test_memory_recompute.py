@@ -48,6 +48,20 @@ def test_recompute_trains_to_the_same_weights(compile_options):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+def test_recompute_parity_under_mixed_float16():
+    previous = keras.config.dtype_policy().name
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        plain = _train(_residual_net())
+        model = _residual_net()
+        enable_recompute(model, blocks="all")
+        recomputed = _train(model)
+    finally:
+        keras.config.set_dtype_policy(previous)
+    for a, b in zip(plain, recomputed):
+        np.testing.assert_allclose(a.astype("float32"), b.astype("float32"), rtol=1e-3, atol=1e-3)
+
+
 def test_model_object_layers_and_variables_stay_the_users():
     model = _residual_net()
     before = [id(v) for v in model.variables]
@@ -63,7 +77,7 @@ def test_recompute_lowers_the_traced_activation_peak():
     est = estimate_memory(lambda input_shape, num_classes: _residual_net(input_shape, num_classes, blocks=4,
                                                                          width=256),
                           batch_size=512, input_shape=(8,), num_classes=3, recompute="auto")
-    assert est.recompute_blocks == ("block1", "block2", "block3", "block4")
+    assert est.recompute_blocks == ("block1", "block2", "block3")  # "auto": 3 equal blocks hold >= 2/3
     assert est.activation_bytes_recompute < 0.8 * est.activation_bytes
 
 
@@ -91,8 +105,8 @@ def test_unknown_layer_and_bad_blocks_value():
     model = _residual_net()
     with pytest.raises(ConfigError, match=r"'nope' is not a layer of model 'resnet_mlp'; layers: .*block1_d1"):
         enable_recompute(model, blocks=["nope"])
-    with pytest.raises(ConfigError, match=r"unknown value 'all'; valid values are: 'auto'"):
-        enable_recompute(model, blocks="all")
+    with pytest.raises(ConfigError, match=r"unknown value 'every'; valid values are: 'auto', 'all'"):
+        enable_recompute(model, blocks="every")
     with pytest.raises(ConfigError, match="received an empty list"):
         enable_recompute(model, blocks=[])
     assert recompute_blocks(model) == ()
@@ -120,7 +134,24 @@ def test_find_blocks_of_the_reference_models():
     from tfaccel.models import build_model
 
     resnet = build_model("resnet20", input_shape=(32, 32, 3), num_classes=10, base_filters=4)
-    assert find_blocks(resnet) == [f"stage{s}_block{b}" for s in (1, 2, 3) for b in (1, 2, 3)]
+    every = [f"stage{s}_block{b}" for s in (1, 2, 3) for b in (1, 2, 3)]
+    assert find_blocks(resnet, "all") == every
+    # "auto": the largest first until 2/3 of the block activations (stage 1 at 32x32 holds 4/7 of them)
+    assert find_blocks(resnet) == every[:4]
     transformer = build_model("transformer", input_shape=(16,), num_classes=2, embed_dim=8, num_layers=3)
     assert find_blocks(transformer) == ["encoder1", "encoder2", "encoder3"]
     assert recompute_blocks(resnet) == ()  # find_blocks changes nothing
+
+
+def test_recompute_parity_under_mirrored_strategy_in_its_own_process():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import harness
+
+    program = Path(__file__).with_name("recompute_mirrored_program.py")
+    proc = subprocess.run([sys.executable, str(program)], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = harness.last_json_line(proc.stdout)
+    assert out["replicas"] == 2 and out["blocks"] == ["block1", "block2"] and out["max_diff"] < 1e-5

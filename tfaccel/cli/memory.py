@@ -11,6 +11,7 @@ import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 _MIB = 2.0 ** 20
+RECOMPUTE_CHOICES = ("auto", "all", "none")
 
 
 def register(subparsers: "argparse._SubParsersAction") -> None:
@@ -22,7 +23,8 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     parser.add_argument("--precision", default="float32", help="float32, mixed_float16 or mixed_bfloat16")
     parser.add_argument("--strategy", default="default", help="a strategy name (tfaccel env lists them)")
     parser.add_argument("--optimizer", default="adam")
-    parser.add_argument("--recompute", default="auto", help="auto (if the model can be split) or none")
+    parser.add_argument("--recompute", default="auto",
+                        help="auto (largest blocks, if the model can be split), all (every block) or none")
     parser.add_argument("--replicas", default="1", help="replicas in sync (workers under parameter_server)")
     parser.add_argument("--num-ps", default="1", help="parameter server tasks (parameter_server)")
     parser.add_argument("--input-shape", default=None, help="one example's shape, e.g. 224,224,3")
@@ -56,8 +58,8 @@ def parse_options(args: argparse.Namespace) -> Dict[str, Any]:
         raise invalid_choice("--strategy", args.strategy, STRATEGY_NAMES)
     if args.optimizer.lower() not in OPTIMIZER_NAMES:
         raise invalid_choice("--optimizer", args.optimizer, OPTIMIZER_NAMES)
-    if args.recompute not in ("auto", "none"):
-        raise invalid_choice("--recompute", args.recompute, ("auto", "none"))
+    if args.recompute not in RECOMPUTE_CHOICES:
+        raise invalid_choice("--recompute", args.recompute, RECOMPUTE_CHOICES)
     shape: Optional[Tuple[int, ...]] = None
     if args.input_shape:
         try:
@@ -79,7 +81,7 @@ def parse_options(args: argparse.Namespace) -> Dict[str, Any]:
             raise invalid_choice("--model", model, MODEL_NAMES, hint="Or give path/to/file.py:build_model")
     return {"model_or_name": model, "batch_size": _positive_int("--batch-size", args.batch_size),
             "precision": args.precision, "strategy": args.strategy, "optimizer": args.optimizer.lower(),
-            "recompute": None if args.recompute == "auto" else False,
+            "recompute": {"auto": None, "all": "all", "none": False}[args.recompute],
             "replicas": _positive_int("--replicas", args.replicas), "num_ps": _positive_int("--num-ps", args.num_ps),
             "input_shape": shape}
 

@@ -1,9 +1,10 @@
 """The memory benchmark behind scripts/memory_bench.py: recomputation's saving and cost, and estimate vs measured.
 
-Everything is measured on the CPU in child processes (:func:`tfaccel.memory.measure.measure_cpu_step`). The peak
-activation memory of a configuration is taken *differentially*: the process peak at the batch minus the process
-peak at a small batch, scaled to the whole batch (activations grow with the batch; TensorFlow's own memory, the
-traced graphs and the variables do not), so the framework's fixed overhead does not dilute the comparison.
+Everything is measured on the CPU in child processes (:func:`tfaccel.memory.measure.measure_cpu_step`), one at a
+time, the contenders (no recompute, ``"auto"``, ``"all"``) one after the other in the same run. The peak
+activation memory of a configuration is taken *differentially*: the peak at the batch minus the peak at a small
+batch, scaled to the whole batch (activations grow with the batch; variables, optimizer slots, TensorFlow's own
+memory and the traced graphs do not), from TensorFlow's CPU allocator peak and from the process's peak RSS.
 """
 
 import statistics
@@ -13,65 +14,81 @@ from tfaccel.log import get_logger
 from tfaccel.memory.estimate import estimate_memory
 from tfaccel.memory.measure import measure_cpu_step
 
-__all__ = ["recompute_benchmark", "estimate_benchmark", "format_bench"]
+__all__ = ["MODES", "recompute_benchmark", "estimate_benchmark", "format_bench"]
+
+MODES = ("plain", "auto", "all")  # no recompute, recompute("auto"), recompute("all")
+_PEAKS = ("allocator_peak", "process_peak")
 
 
-def _activation_bytes(big: Dict[str, Any], small: Dict[str, Any], batch: int, small_batch: int) -> float:
-    return (big["process_peak"] - small["process_peak"]) * batch / float(batch - small_batch)
+def _differential(big: Dict[str, Any], small: Dict[str, Any], key: str, batch: int, small_batch: int) -> float:
+    return (big[key] - small[key]) * batch / float(batch - small_batch)
 
 
 def recompute_benchmark(model: str, *, batch_size: int, small_batch: int = 2,
                         input_shape: Optional[Sequence[int]] = None, steps: int = 2) -> Dict[str, Any]:
-    """Measures peak activation memory and step time with and without recompute("auto"), runs interleaved."""
+    """Measures peak activation memory and step time without recompute and with ``"auto"`` and ``"all"``.
+
+    Returns:
+        ``{"activation_bytes": {peak kind: {mode: bytes}}, "activation_reduction": {peak kind: {mode: fraction}},
+        "step_seconds": {mode: median}, "step_time_increase": {mode: fraction}, "runs": {...}, ...}``.
+    """
     runs: Dict[Tuple[str, int], Dict[str, Any]] = {}
     for batch in (batch_size, small_batch):
-        for mode in ("plain", "recompute"):
+        for mode in MODES:
             runs[(mode, batch)] = measure_cpu_step(model, batch_size=batch, input_shape=input_shape, steps=steps,
-                                                   recompute="auto" if mode == "recompute" else None)
+                                                   recompute=None if mode == "plain" else mode)
             get_logger().info("memory bench: %s batch %d %s: %s", model, batch, mode, runs[(mode, batch)])
-    act = {mode: _activation_bytes(runs[(mode, batch_size)], runs[(mode, small_batch)], batch_size, small_batch)
-           for mode in ("plain", "recompute")}
-    step = {mode: statistics.median(runs[(mode, batch_size)]["step_seconds"]) for mode in ("plain", "recompute")}
-    return {"model": model, "batch_size": batch_size, "input_shape": list(input_shape or []),
-            "activation_bytes": act, "step_seconds": step,
-            "activation_reduction": 1.0 - act["recompute"] / act["plain"],
-            "step_time_increase": step["recompute"] / step["plain"] - 1.0,
-            "process_peak": {m: runs[(m, batch_size)]["process_peak"] for m in ("plain", "recompute")},
+    act = {key: {m: _differential(runs[(m, batch_size)], runs[(m, small_batch)], key, batch_size, small_batch)
+                 for m in MODES} for key in _PEAKS}
+    step = {m: statistics.median(runs[(m, batch_size)]["step_seconds"]) for m in MODES}
+    return {"model": model, "batch_size": batch_size, "small_batch": small_batch,
+            "input_shape": list(input_shape or []), "activation_bytes": act, "step_seconds": step,
+            "activation_reduction": {key: {m: 1.0 - act[key][m] / act[key]["plain"] for m in MODES[1:]}
+                                     for key in _PEAKS},
+            "step_time_increase": {m: step[m] / step["plain"] - 1.0 for m in MODES[1:]},
             "runs": {f"{m}@{b}": r for (m, b), r in runs.items()}}
 
 
 def estimate_benchmark(cases: Sequence[Tuple[str, Optional[Sequence[int]], int]],
                        measured: Optional[Dict[Tuple[str, int], Dict[str, Any]]] = None) -> List[Dict[str, Any]]:
-    """For each (model, input_shape, batch): the estimate's total vs the measured process peak of one step."""
+    """For each (model, input_shape, batch): the estimate's total vs the measured peaks of one step."""
     rows = []
     for model, shape, batch in cases:
         est = estimate_memory(model, batch_size=batch, input_shape=shape, recompute=False)
         meas = (measured or {}).get((model, batch)) or measure_cpu_step(model, batch_size=batch, input_shape=shape)
         rows.append({"model": model, "input_shape": list(shape or []), "batch_size": batch,
                      "estimate_bytes": est.total_bytes, "activation_bytes": est.activation_bytes,
-                     "measured_peak_bytes": meas["process_peak"],
-                     "error": est.total_bytes / meas["process_peak"] - 1.0})
+                     "allocator_peak_bytes": meas["allocator_peak"], "process_peak_bytes": meas["process_peak"],
+                     "error_allocator": est.total_bytes / meas["allocator_peak"] - 1.0,
+                     "error_process": est.total_bytes / meas["process_peak"] - 1.0})
         get_logger().info("memory bench: estimate %s", rows[-1])
     return rows
+
+
+def _recompute_lines(r: Dict[str, Any]) -> List[str]:
+    mib = 2.0 ** 20
+    act, red = r["activation_bytes"], r["activation_reduction"]
+    lines = [f"{r['model']} {tuple(r['input_shape'])} batch {r['batch_size']} | no recompute | recompute auto | "
+             "recompute all |", "|---|---|---|---|"]
+    for key, label in (("allocator_peak", "activations, TF allocator (MiB)"),
+                       ("process_peak", "activations, process RSS (MiB)")):
+        lines.append(f"| {label} | {act[key]['plain'] / mib:.0f} | "
+                     + " | ".join(f"{act[key][m] / mib:.0f} ({-100 * red[key][m]:+.0f}%)" for m in MODES[1:]) + " |")
+    lines.append(f"| step time (s) | {r['step_seconds']['plain']:.2f} | "
+                 + " | ".join(f"{r['step_seconds'][m]:.2f} ({100 * r['step_time_increase'][m]:+.0f}%)"
+                              for m in MODES[1:]) + " |")
+    return lines + [""]
 
 
 def format_bench(recompute: Optional[Dict[str, Any]], rows: Sequence[Dict[str, Any]]) -> str:
     """Markdown tables of both parts (what the README shows)."""
     mib = 2.0 ** 20
-    lines = []
-    if recompute:
-        r = recompute
-        lines += [f"{r['model']} {r['input_shape']} batch {r['batch_size']}: | without | with recompute | change",
-                  "|---|---|---|---|",
-                  f"| peak activation memory (MiB) | {r['activation_bytes']['plain'] / mib:.0f} | "
-                  f"{r['activation_bytes']['recompute'] / mib:.0f} | {-100 * r['activation_reduction']:+.0f}% |",
-                  f"| process peak (MiB) | {r['process_peak']['plain'] / mib:.0f} | "
-                  f"{r['process_peak']['recompute'] / mib:.0f} | |",
-                  f"| step time (s) | {r['step_seconds']['plain']:.2f} | {r['step_seconds']['recompute']:.2f} | "
-                  f"{100 * r['step_time_increase']:+.0f}% |", ""]
+    lines = _recompute_lines(recompute) if recompute else []
     if rows:
-        lines += ["| model | input | batch | estimate (MiB) | measured peak (MiB) | error |", "|---|---|---|---|---|---|"]
+        lines += ["| model | input | batch | estimate (MiB) | TF allocator peak (MiB) | error | process peak (MiB) "
+                  "| error |", "|---|---|---|---|---|---|---|---|"]
         lines += [f"| {row['model']} | {tuple(row['input_shape'])} | {row['batch_size']} | "
-                  f"{row['estimate_bytes'] / mib:.0f} | {row['measured_peak_bytes'] / mib:.0f} | "
-                  f"{100 * row['error']:+.0f}% |" for row in rows]
+                  f"{row['estimate_bytes'] / mib:.0f} | {row['allocator_peak_bytes'] / mib:.0f} | "
+                  f"{100 * row['error_allocator']:+.0f}% | {row['process_peak_bytes'] / mib:.0f} | "
+                  f"{100 * row['error_process']:+.0f}% |" for row in rows]
     return "\n".join(lines)

@@ -215,7 +215,7 @@ def estimate_memory(model_or_name: Union[str, Callable[..., Any], Any], *, batch
             is a worker (no optimizer slots) and ``ps_shard_bytes`` gives each ps task's share. Defaults to
             ``"default"``.
         optimizer: an optimizer name or a Keras optimizer (its config is reused). Defaults to ``"adam"``.
-        recompute: ``"auto"`` or blocks as for :func:`tfaccel.memory.enable_recompute` to also estimate with
+        recompute: ``"auto"``, ``"all"`` or blocks as for :func:`tfaccel.memory.enable_recompute` to also estimate with
             recomputation (an error if the model cannot be split), False for no such estimate. Defaults to None:
             ``"auto"`` when the model can be split, else nothing.
         replicas: replicas in sync (workers under parameter_server). Defaults to 1.

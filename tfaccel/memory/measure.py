@@ -1,12 +1,15 @@
-"""Measured peaks to hold an estimate against: a GPU's allocator peak, or a CPU child process's peak RSS.
+"""Measured peaks to hold an estimate against: TensorFlow's allocator peak (GPU or CPU) and the process's peak RSS.
 
 On a GPU, :func:`measure_device_peak` resets the allocator statistics, runs one step and reads
-``tf.config.experimental.get_memory_info(device)["peak"]`` (the device list and reader can be injected). On a CPU,
+``tf.config.experimental.get_memory_info(device)["peak"]`` (the device list and reader can be injected).
 :func:`measure_cpu_step` runs the step in a fresh child process (``python -m tfaccel.memory.measure``) so nothing
 else in the caller's process counts: it reads VmRSS after importing TensorFlow (``baseline``), builds and warms the
-model (two steps), resets the kernel's high-water mark (``/proc/self/clear_refs``), reads VmRSS at rest and runs
-the timed steps; ``peak`` is VmHWM. glibc is told to serve large blocks with mmap (``MALLOC_MMAP_THRESHOLD_``) so
-freed activations leave the RSS instead of staying in malloc's arenas.
+model (two steps), resets the kernel's high-water mark (``/proc/self/clear_refs``) and TensorFlow's CPU allocator
+statistics, reads VmRSS at rest and runs the timed steps. ``peak`` is VmHWM; ``allocator_peak`` is the peak of the
+bytes TensorFlow's CPU allocator handed out (``get_memory_info("CPU:0")``, TF 2.21 answers it for the CPU too): the
+tensors the estimate counts, as on a GPU. The process peak adds the interpreter, the traced graphs and oneDNN's own
+buffers, and keeps freed memory that glibc does not return (the child asks for mmap above 1 MiB,
+``MALLOC_MMAP_THRESHOLD_``, to limit that).
 """
 
 import json
@@ -86,8 +89,9 @@ def measure_cpu_step(model: str, *, batch_size: int, precision: str = "float32",
         timeout_s: the child's time limit. Defaults to 900.
 
     Returns:
-        ``{"baseline": ..., "rest": ..., "peak": ..., "step_seconds": [...], "step_peak": peak - rest,
-        "process_peak": peak - baseline, "device_peaks": {"GPU:0": allocator peak, ...}}`` (bytes, seconds;
+        ``{"baseline": ..., "rest": ..., "peak": ..., "allocator_peak": ..., "step_seconds": [...],
+        "step_peak": peak - rest, "process_peak": peak - baseline,
+        "device_peaks": {"GPU:0": allocator peak, ...}}`` (bytes, seconds;
         ``device_peaks`` is empty without a GPU).
 
     Raises:
@@ -139,6 +143,7 @@ def _child(request: Dict[str, Any]) -> Dict[str, Any]:
     for _ in range(2):
         model.train_on_batch(x, y)
     _reset_high_water_mark()
+    tf.config.experimental.reset_memory_stats("CPU:0")
     rest = read_proc_status()["VmRSS"]
     times: List[float] = []
     for _ in range(request["steps"]):
@@ -146,9 +151,11 @@ def _child(request: Dict[str, Any]) -> Dict[str, Any]:
         model.train_on_batch(x, y)
         times.append(time.perf_counter() - start)
     peak = read_proc_status()["VmHWM"]
+    allocator_peak = int(tf.config.experimental.get_memory_info("CPU:0")["peak"])
     gpus = tf.config.list_logical_devices("GPU")
     device_peaks = measure_device_peak(lambda: model.train_on_batch(x, y)) if gpus else {}
-    return {"baseline": baseline, "rest": rest, "peak": peak, "step_seconds": times, "device_peaks": device_peaks}
+    return {"baseline": baseline, "rest": rest, "peak": peak, "allocator_peak": allocator_peak,
+            "step_seconds": times, "device_peaks": device_peaks}
 
 
 if __name__ == "__main__":

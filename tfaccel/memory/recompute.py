@@ -27,14 +27,22 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
 
-__all__ = ["BLOCK_PATTERN", "enable_recompute", "disable_recompute", "recompute_blocks", "find_blocks", "recompute_call"]
+__all__ = ["AUTO_CHOICES", "AUTO_SHARE", "BLOCK_PATTERN", "enable_recompute", "disable_recompute", "recompute_blocks",
+           "find_blocks", "recompute_call"]
 
 BLOCK_PATTERN = r"^([A-Za-z]+[0-9]+(?:_[A-Za-z]+[0-9]+)*)_"
-"""``blocks="auto"`` groups the layers by the longest prefix of ``<letters><digits>_`` parts of their names: the
-residual blocks ``stage1_block1_...`` of models/resnet.py (and ``conv2_block1_...`` of keras.applications), the
+"""``blocks="all"``/``"auto"`` group the layers by the longest prefix of ``<letters><digits>_`` parts of their
+names: the residual blocks ``stage1_block1_...`` of models/resnet.py (and ``conv2_block1_...`` of keras.applications), the
 ``encoder1_...`` blocks of models/transformer.py. Per residual block rather than per stage: on ResNet-50 (batch 8,
 224x224) the traced peak fell 28% with stages and 42% with blocks, because the replay of a whole 56x56 stage is
 itself a third of the activations."""
+
+AUTO_CHOICES = ("auto", "all")
+AUTO_SHARE = 2.0 / 3.0
+"""``blocks="auto"`` recomputes the blocks with the largest activations first, until they hold this share of the
+activations of all blocks; ``"all"`` recomputes every block. On ResNet-50 "auto" is the 7 blocks of stages 1-2:
+the later blocks hold little activation memory for as much compute each, so recomputing them costs time and
+saves little."""
 
 _STATE_ATTR = "_tfaccel_recompute"  # set on the model: {"blocks": [...], "call": the original bound call}
 
@@ -52,6 +60,31 @@ def _auto_groups(model: Any) -> Dict[str, List[Any]]:
         if match:
             groups.setdefault(match.group(1), []).append(op)
     return groups
+
+
+def _activation_size(ops: List[Any]) -> int:
+    """Bytes per example of the outputs of the block's layers (shapes from the functional graph)."""
+    import numpy as np
+
+    total = 0
+    for op in ops:
+        for out in _flat(op.output):
+            dims = [d for d in out.shape[1:] if d is not None]
+            itemsize = np.dtype(str(out.dtype).replace("bfloat16", "float16")).itemsize
+            total += int(np.prod(dims, dtype=np.int64)) * itemsize
+    return total
+
+
+def _largest_share(groups: Dict[str, List[Any]], share: float) -> Dict[str, List[Any]]:
+    sizes = {name: _activation_size(ops) for name, ops in groups.items()}
+    chosen: Dict[str, List[Any]] = {}
+    covered, total = 0, sum(sizes.values())
+    for name in sorted(groups, key=lambda n: -sizes[n]):  # stable: equal sizes keep model order
+        if covered >= share * total:
+            break
+        chosen[name] = groups[name]
+        covered += sizes[name]
+    return chosen
 
 
 def _flat(value: Any) -> List[Any]:
@@ -102,13 +135,15 @@ def _group_name(names: List[str], index: int, taken: Dict[str, Any]) -> str:
 
 def _requested_groups(model: Any, blocks: BlocksArg) -> Dict[str, List[Any]]:
     if isinstance(blocks, str):
-        if blocks != "auto":
-            raise ConfigError(f"recompute blocks: unknown value {blocks!r}; valid values are: 'auto', a list of "
-                              "layer names or layers, or a list of such lists (one per block)")
+        if blocks not in AUTO_CHOICES:
+            raise ConfigError(f"recompute blocks: unknown value {blocks!r}; valid values are: 'auto', 'all', a list "
+                              "of layer names or layers, or a list of such lists (one per block)")
         groups = _auto_groups(model)
+        if groups and blocks == "auto":
+            groups = _largest_share(groups, AUTO_SHARE)
         if not groups:
             raise ConfigError(
-                f"recompute blocks='auto': model {model.name!r} has no layers named like blocks "
+                f"recompute blocks={blocks!r}: model {model.name!r} has no layers named like blocks "
                 f"('<name><N>_...', e.g. stage1_block1_conv, encoder2_ff1; pattern {BLOCK_PATTERN}), so tfaccel cannot "
                 "split it. Pass blocks= as a list of layer names (each a one-input, one-output part of the "
                 "model), or recompute=None")
@@ -251,8 +286,9 @@ def enable_recompute(model: Any, blocks: BlocksArg = "auto") -> List[str]:
 
     Args:
         model: a built Keras 3 functional model (``keras.Model(inputs, outputs)``).
-        blocks: ``"auto"`` (layers grouped by their ``<name><N>_`` prefix, see :data:`BLOCK_PATTERN`: the stages of
-            models/resnet.py, the encoder blocks of models/transformer.py), or a list whose items are a layer
+        blocks: ``"all"`` (layers grouped by their ``<name><N>_`` prefix, see :data:`BLOCK_PATTERN`: the residual
+            blocks of models/resnet.py, the encoder blocks of models/transformer.py), ``"auto"`` (of those, the
+            ones with the largest activations, see :data:`AUTO_SHARE`), or a list whose items are a layer
             name, a layer, or a list of them (one block each). Each block must take one tensor and give one,
             and the model must be a chain of them. Defaults to ``"auto"``.
 

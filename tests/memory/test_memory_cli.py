@@ -1,0 +1,80 @@
+"""`tfaccel memory`: JSON shape, the table, and one-line errors (exit 2) that name the flag and the valid values."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tfaccel.cli.memory import format_table
+
+
+def _cli(*args: str, timeout: float = 300.0) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tfaccel", "memory", *args], capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def test_json_breakdown_of_a_reference_model():
+    proc = _cli("--model", "resnet20", "--batch-size", "8", "--precision", "mixed_float16", "--input-shape",
+                "16,16,3", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["model"] == "resnet20" and out["precision"] == "mixed_float16" and out["per_replica_batch"] == 8
+    for key in ("parameter_bytes", "gradient_bytes", "optimizer_bytes", "activation_bytes", "total_bytes",
+                "activation_bytes_recompute", "total_bytes_recompute"):
+        assert isinstance(out[key], int) and out[key] > 0, key
+    assert out["recompute_blocks"][0] == "stage1_block1" and out["activation_bytes_recompute"] < out["activation_bytes"]
+    assert out["total_bytes"] == (out["parameter_bytes"] + out["gradient_bytes"] + out["optimizer_bytes"]
+                                  + out["activation_bytes"])
+
+
+def test_table_under_parameter_server_without_recompute():
+    proc = _cli("--model", "mlp", "--batch-size", "16", "--strategy", "parameter_server", "--num-ps", "2",
+                "--replicas", "2", "--recompute", "none")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "mlp: batch 16 (2 replica(s), parameter_server), float32"
+    names = [line.split("  ")[1].strip() for line in lines[1:]]
+    assert names[:5] == ["parameters", "gradients", "optimizer slots", "activations", "total per replica"]
+    assert any(line.strip().startswith("ps:1") for line in lines) and "recompute" not in proc.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--precision", "fp16"], "--precision: unknown value 'fp16'; valid values are: 'float32', 'mixed_float16', "
+                              "'mixed_bfloat16'"),
+    (["--strategy", "nccl"], "--strategy: unknown value 'nccl'; valid values are: 'auto', 'default'"),
+    (["--optimizer", "adamm"], "--optimizer: unknown value 'adamm'; valid values are: 'adam'"),
+    (["--recompute", "yes"], "--recompute: unknown value 'yes'; valid values are: 'auto', 'all', 'none'"),
+    (["--batch-size", "0"], "--batch-size: must be a positive integer; received '0'"),
+    (["--batch-size", "8.5"], "--batch-size: must be a positive integer; received '8.5'"),
+    (["--replicas", "x"], "--replicas: must be a positive integer; received 'x'"),
+    (["--input-shape", "224,a"], "--input-shape: expected positive integers separated by commas, e.g. 224,224,3; "
+                                 "received '224,a'"),
+    (["--model", "resnet51"], "--model: unknown value 'resnet51'; valid values are: 'mnist_cnn', 'mlp', 'resnet20', "
+                              "'resnet50', 'transformer'. Or give path/to/file.py:build_model"),
+    (["--model", "nowhere/net.py"], "model 'nowhere/net.py': file 'nowhere/net.py' not found"),
+])
+def test_bad_input_is_one_line_naming_the_flag(args, message):
+    base = {"--model": "mlp", "--batch-size": "8"}
+    for flag, value in zip(args[::2], args[1::2]):
+        base[flag] = value
+    proc = _cli(*[item for pair in base.items() for item in pair], timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tfaccel memory: error: ") and message in lines[0], proc.stderr
+
+
+def test_estimate_error_from_the_library_is_one_line_too():
+    proc = _cli("--model", "mlp", "--batch-size", "9", "--replicas", "2")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("tfaccel memory: error: batch_size: the global batch 9 does not split evenly "
+                                   "over 2 replicas; give a multiple of 2 (e.g. 8)")
+
+
+def test_table_shows_measured_peaks():
+    report = {"model": "m", "batch_size": 4, "replicas": 1, "strategy": "default", "precision": "float32",
+              "parameters": 10, "parameter_bytes": 2 ** 20, "gradient_bytes": 2 ** 20, "optimizer_bytes": 2 ** 21,
+              "optimizer": "adam", "activation_bytes": 2 ** 22, "per_replica_batch": 4, "total_bytes": 2 ** 23,
+              "activation_bytes_recompute": None, "ps_shard_bytes": [], "measured": {"GPU:0": 3 * 2 ** 20}}
+    text = format_table(report)
+    assert "measured peak GPU:0" in text and "3.0 MiB" in text and "activations, recompute" not in text
