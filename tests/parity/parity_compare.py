@@ -53,10 +53,11 @@ def differences(ref: dict, got: dict, case: str) -> List[str]:
     return problems
 
 
-def reference_for(case: str, *, multi_replica: bool) -> str:
-    """The reference path of a case: one device, or plain Keras with the same number of replicas."""
+def reference_for(case: str, *, multi_replica: bool, jit: bool) -> str:
+    """The reference path of a case: plain Keras on one device with the same XLA setting (XLA draws Dropout masks
+    from another RNG kernel), or plain Keras with the same number of replicas."""
     if not multi_replica or parity_cases.CASES[case].multi_replica_reference == "one_device":
-        return "keras_one"
+        return "keras_one_xla" if jit else "keras_one"
     return "keras_mirrored"
 
 

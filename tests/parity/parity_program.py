@@ -2,7 +2,8 @@
 
     python parity_program.py PATH OUT_DIR [CASE ...]
 
-PATH: ``keras_one`` (plain model.fit, one device), ``keras_mirrored`` (plain model.fit under TF's own
+PATH: ``keras_one`` (plain model.fit, one device), ``keras_one_xla`` (the same with ``jit_compile=True``),
+``keras_mirrored`` (plain model.fit under TF's own
 MirroredStrategy over 2 virtual CPUs), or ``tfaccel:<strategy>:<loop>`` (tfaccel.scope + tfaccel.fit), e.g.
 ``tfaccel:default:compiled``, ``tfaccel:mirrored:auto``, ``tfaccel:multi_worker:auto`` (run under TF_CONFIG),
 ``tfaccel:horovod:auto`` (run under horovodrun). Every process of a path writes ``OUT_DIR/<task>/<case>.json``.
@@ -54,6 +55,8 @@ def run_case(path: str, case: parity_cases.Case, out: str) -> dict:
         strategy = _keras_strategy(path)
         with strategy.scope():
             model = case.build()
+        if path == "keras_one_xla":  # what tfaccel's plan picks on one CPU device (Keras' own "auto" picks False)
+            model.jit_compile = True
         history = model.fit(verbose=0, **kwargs).history
         record = {"status": "ok", "steps": None, "loop": "keras model.fit"}
     else:
@@ -68,6 +71,7 @@ def run_case(path: str, case: parity_cases.Case, out: str) -> dict:
             return {"status": "refused", "message": str(exc)}
         history = result.history
         record = {"status": "ok", "steps": result.steps, "loop": result.details.get("loop")}
+    record["jit"] = bool(model.jit_compile)
     record["history"] = {k: [float(v) for v in vals] for k, vals in history.items()}
     record["weights"] = [w.tolist() for w in model.get_weights()]
     record.update(_extras(case.name, model, out))

@@ -6,7 +6,9 @@ loopback, horovod with 2 real ranks over Gloo. The reference is plain Keras: one
 number of replicas where per-replica semantics (BatchNorm statistics, Dropout streams) are Keras' own; the
 clipping cases compare multi-replica paths with one device, since Keras 3.15's per-replica clipping is
 the bug tfaccel fixes there. A path either matches (history keys and per-epoch values rel 1e-5, final
-weights abs 1e-5) or refuses the case with a ConfigError that says why; nothing runs differently.
+weights abs 1e-5) or refuses the case with a ConfigError that says why; nothing runs differently. One-device
+paths are compared with Keras at the XLA setting tfaccel's plan chose (announced in the plan): XLA draws
+Dropout masks from another RNG kernel than TF's CPU kernels, in Keras' own fit as well.
 ``TFACCEL_PARITY_JSON=path`` also writes the outcome table (scripts/parity_table.py renders it for the README).
 """
 
@@ -45,13 +47,12 @@ def parity_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def reference(parity_dir: Path) -> dict:
-    return {"keras_one": _run_single("keras_one", parity_dir / "keras_one"),
-            "keras_mirrored": _run_single("keras_mirrored", parity_dir / "keras_mirrored")}
+    return {path: _run_single(path, parity_dir / path) for path in ("keras_one", "keras_one_xla", "keras_mirrored")}
 
 
 def _check(path: str, out: Path, reference: dict, case: str, *, task: str = "main", multi_replica: bool) -> None:
     got = pc.load(str(out), task, case)
-    ref_path = pc.reference_for(case, multi_replica=multi_replica)
+    ref_path = pc.reference_for(case, multi_replica=multi_replica, jit=bool(got.get("jit")))
     if got["status"] == "refused":
         OUTCOMES.setdefault(path, {})[case] = f"refused: {got['message']}"
         assert case in MAY_REFUSE.get(path, ()), f"{path} refused {case!r}: {got['message']}"
@@ -124,6 +125,17 @@ def test_horovod_two_ranks(case: str, horovod_dir: Path, reference: dict) -> Non
     _check("tfaccel:horovod:auto", horovod_dir, reference, case, task="rank0", multi_replica=True)
     r0, r1 = (pc.load(str(horovod_dir), t, case) for t in ("rank0", "rank1"))
     assert r0["weights"] == r1["weights"], "the two ranks ended with different weights"
+
+
+@pytest.mark.parametrize("case", [c for c, spec in parity_cases.CASES.items() if spec.multi_replica_reference
+                                  == "one_device"])
+def test_keras_own_multi_replica_clipping_differs(case: str, reference: dict) -> None:
+    """Why tfaccel clips after the all-reduce: plain Keras 3.15 under MirroredStrategy clips each replica's partial
+    gradient, so it trains another model than one device at the same global batch. When this fails, Keras fixed
+    it upstream and tfaccel.train.optim's clipping swap can go."""
+    mirrored = pc.load(str(reference["keras_mirrored"]), "main", case)
+    one = pc.load(str(reference["keras_one"]), "main", case)
+    assert pc.differences(one, mirrored, case), "Keras' own mirrored clipping now equals one device"
 
 
 def teardown_module() -> None:
