@@ -199,8 +199,7 @@ def test_string_and_stateful_metrics(case: str) -> None:
         build, y = (lambda: _mlp(activation="softmax")), np.eye(3, dtype="float32")[_labels(x)]
         compile_kw = {"loss": "categorical_crossentropy",
                       "metrics": ["accuracy", keras.metrics.AUC(), keras.metrics.F1Score(average="macro")]}
-    out = _run_both(build, lambda: {"optimizer": keras.optimizers.Adam(1e-2), **compile_kw}, x=x, y=y,
-                    jit=case == "regression")
+    out = _run_both(build, lambda: {"optimizer": keras.optimizers.Adam(1e-2), **compile_kw}, x=x, y=y)
     assert len(out["compiled"]) == len(compile_kw["metrics"]) + 1
 
 
