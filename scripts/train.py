@@ -17,6 +17,7 @@ FLAGS = flags.FLAGS
 def define_flags() -> None:
     """Defines the flags (in a function: importing this module defines nothing)."""
     from tfaccel.job import JobOptions
+    from tfaccel.train.optim import LR_SCALING
 
     d = JobOptions()
     flags.DEFINE_string("model", d.model, "built-in model name or path/to/file.py:build_model")
@@ -29,8 +30,10 @@ def define_flags() -> None:
     flags.DEFINE_string("precision", d.precision, "auto, float32, mixed_float16 or mixed_bfloat16")
     flags.DEFINE_string("jit_compile", "auto", "auto, true or false")
     flags.DEFINE_string("optimizer", d.optimizer, "optimizer name")
-    flags.DEFINE_float("learning_rate", None, "single-replica learning rate")
-    flags.DEFINE_enum("scale_learning_rate", d.scale_learning_rate, ["linear", "sqrt", "none"], "LR scaling rule")
+    flags.DEFINE_float("learning_rate", None, "the optimizer's learning rate, used as given")
+    flags.DEFINE_enum("scale_learning_rate", d.scale_learning_rate, list(LR_SCALING),
+                      "scale the rate by global batch / base_batch_size (none keeps it as given)")
+    flags.DEFINE_integer("base_batch_size", None, "the batch the rate was tuned for (default: per-replica batch)")
     flags.DEFINE_float("warmup_epochs", 0, "epochs of linear LR warmup")
     flags.DEFINE_integer("gradient_accumulation_steps", 1, "micro-batches per update")
     flags.DEFINE_integer("steps_per_epoch", None, "steps per epoch")

@@ -241,3 +241,40 @@ def test_parameter_server_refuses_options_its_loop_cannot_honour(monkeypatch, cl
     monkeypatch.undo()
     with tfaccel.scope(strategy="default"):  # the default strategy's plan is the real one again for later tests
         pass
+
+def _front_end(argv, timeout=240):
+    import subprocess
+
+    env = {**harness.CHILD_ENV, "PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(harness.REPO_ROOT)}
+    proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=timeout, env=env,
+                          cwd=str(harness.REPO_ROOT))
+    return proc
+
+
+def test_tfaccel_fit_cli_states_what_it_trained():
+    """`tfaccel fit` (the README's first command, one process here): the reference job opts in to linear LR
+    scaling by default, `--scale-learning-rate none` keeps the rate as given; jit is what the model trained with."""
+    common = ["-m", "tfaccel", "fit", "--model", "mnist_cnn", "--dataset", "digits", "--epochs", "1",
+              "--num-examples", "256", "--strategy", "default", "--json"]
+    proc = _front_end(common)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["strategy"] == "default" and summary["global_batch_size"] == 32 and summary["steps"] == 8
+    assert summary["learning_rate"] == "linear: x1 (global batch 32 / base batch 32)"
+    assert summary["jit_compile"] is False  # convolutions on CPU: "auto" keeps XLA off for this model
+    proc = _front_end(common + ["--scale-learning-rate", "none", "--per-replica-batch-size", "64"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["learning_rate"] == "learning rate as compiled" and summary["global_batch_size"] == 64
+    bad = _front_end(common + ["--scale-learning-rate", "cubic"], timeout=120)
+    assert bad.returncode == 2 and "--scale-learning-rate: invalid choice: 'cubic'" in bad.stderr
+
+
+def test_scripts_train_py_runs_the_same_job():
+    proc = _front_end([str(harness.REPO_ROOT / "scripts" / "train.py"), "--model", "mnist_cnn", "--epochs", "1",
+                       "--num_examples", "128", "--strategy", "default", "--scale_learning_rate", "sqrt",
+                       "--base_batch_size", "8"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line, summary = proc.stdout.strip().splitlines()[-2:]
+    assert line.startswith("tfaccel fit: mnist_cnn on digits: val_accuracy ") and "(default x1 replicas" in line
+    assert json.loads(summary)["learning_rate"] == "sqrt: x2 (sqrt of 32 / 8)"

@@ -11,6 +11,7 @@ from tfaccel.job import JobOptions
 def register(subparsers: "argparse._SubParsersAction") -> None:
     from tfaccel.datasets import DATASET_NAMES
     from tfaccel.models import MODEL_NAMES
+    from tfaccel.train.optim import LR_SCALING
 
     parser = subparsers.add_parser("fit", help="train a model with compile_and_fit (any strategy)")
     d = JobOptions()
@@ -24,8 +25,12 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     parser.add_argument("--precision", default=d.precision)
     parser.add_argument("--jit-compile", default="auto", help="auto, true or false")
     parser.add_argument("--optimizer", default=d.optimizer)
-    parser.add_argument("--learning-rate", type=float, default=None)
-    parser.add_argument("--scale-learning-rate", default=d.scale_learning_rate, choices=("linear", "sqrt", "none"))
+    parser.add_argument("--learning-rate", type=float, default=None, help="the optimizer's rate, used as given")
+    parser.add_argument("--scale-learning-rate", default=d.scale_learning_rate, choices=LR_SCALING,
+                        help="scale the rate by global batch / --base-batch-size (default: linear; 'none' keeps the "
+                             "rate as given)")
+    parser.add_argument("--base-batch-size", type=int, default=None,
+                        help="the batch the rate was tuned for (default: the per-replica batch)")
     parser.add_argument("--warmup-epochs", type=float, default=0)
     parser.add_argument("--gradient-accumulation-steps", type=int, default=1)
     parser.add_argument("--steps-per-epoch", type=int, default=None)
