@@ -144,3 +144,11 @@ def test_the_precision_policy_is_restored_after_the_scope(clean_tf_config):
     with tfaccel.scope(strategy="default", precision="mixed_bfloat16") as plan:
         assert keras.config.dtype_policy().name == "mixed_bfloat16" == plan.precision
     assert keras.config.dtype_policy().name == before
+
+
+@pytest.mark.parametrize("loop", ["compiled", "keras"])
+def test_tensorboard_dir_writes_epoch_summaries(loop, clean_tf_config, tmp_path):
+    result = tfaccel.fit(_scoped(), X, Y, batch_size=8, epochs=2, verbose=0, loop=loop,
+                         tensorboard_dir=str(tmp_path / "tb"))
+    events = list((tmp_path / "tb").rglob("events.out.tfevents.*"))
+    assert events and result.details["loop"].lower().startswith(loop)
