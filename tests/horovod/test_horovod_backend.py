@@ -141,6 +141,28 @@ def test_fit_with_wrapper_and_callbacks_then_save_and_load(tmp_path) -> None:
     assert type(restored.optimizer) is keras.optimizers.Adam  # checkpoints carry the plain optimizer
 
 
+def test_in_place_wrapping_keeps_the_users_object_schedule_clipping_and_state() -> None:
+    """tfaccel.fit wraps model.optimizer in place (distribute_in_place): nothing is rebuilt from config."""
+    fake = FakeHvd(scale=0.5)
+    schedule = keras.optimizers.schedules.ExponentialDecay(1.0, decay_steps=1, decay_rate=0.5)
+    opt = keras.optimizers.SGD(learning_rate=schedule, clipvalue=10.0)
+    a = keras.Variable(np.ones((2,), "float32"))
+    opt.apply([tf.ones((2,))], [a])  # already built and stepped once: its state must survive the wrap
+    assert th.distribute_in_place(opt, compression="fp16", _hvd=fake) is opt
+    assert th.is_distributed_optimizer(opt) and isinstance(opt, keras.optimizers.SGD) and type(opt).__name__ == "SGD"
+    assert opt._learning_rate is schedule and opt.clipvalue == 10.0 and int(opt.iterations.numpy()) == 1
+    assert th.distribute_in_place(opt, _hvd=fake) is opt  # twice: the same object, wrapped once
+    opt.apply([tf.ones((2,)) * 4], [a])
+    # step 2 at rate 1.0 * 0.5**1 with the "all-reduced" gradient (x0.5 = 2): 0 - 0.5 * 2 after 1 - 1 * 1
+    np.testing.assert_allclose(a.numpy(), [-1.0, -1.0])
+    assert fake.calls == [("grouped_allreduce", 1, "Average", "compression.fp16")]
+
+
+def test_in_place_wrapping_checks_the_optimizer_first() -> None:
+    with pytest.raises(ConfigError, match=r"optimizer: received builtins.object, which is not a Keras 3 optimizer"):
+        th.distribute_in_place(object(), _hvd=FakeHvd())
+
+
 def test_metric_average_replaces_numeric_logs_only() -> None:
     fake = FakeHvd()
     cb = th.MetricAverageCallback(_hvd=fake)
@@ -228,8 +250,8 @@ def test_make_backend_describes_horovod(monkeypatch) -> None:
     assert backend.is_chief is False and backend.uses_keras_fit and backend.input_shard == (2, 1)
     assert backend.strategy is tf.distribute.get_strategy()
     assert backend.supports_jit is False and "not XLA ops" in backend.jit_note
-    opt = backend.wrap_optimizer(keras.optimizers.Adam())
-    assert th.is_distributed_optimizer(opt)
+    given = keras.optimizers.Adam()
+    assert backend.wrap_optimizer(given) is given and th.is_distributed_optimizer(given)  # wrapped in place
     cbs = backend.extra_callbacks()
     assert [type(c).__name__ for c in cbs] == ["BroadcastVariablesCallback", "MetricAverageCallback"]
     rank0 = th.make_backend(devices=None, task=None, pin_gpu=False, _hvd=FakeHvd(size=3, rank=0))
