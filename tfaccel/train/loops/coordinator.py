@@ -144,9 +144,9 @@ def _refuse(model: Any, data: FitData, callbacks: Sequence[Any], accum: int, val
             "keep Keras' one pass over the examples per epoch; leave steps_per_epoch unset")
     if data.steps_per_epoch % accum:
         raise ConfigError(
-            f"strategy parameter_server: gradient_accumulation_steps={accum} does not divide the {data.steps_per_epoch} "
-            "steps of an epoch; an update cannot span two epochs of closures. Choose a batch size or "
-            f"gradient_accumulation_steps so that they divide (e.g. gradient_accumulation_steps=1)")
+            f"strategy parameter_server: gradient_accumulation_steps={accum} does not divide the "
+            f"{data.steps_per_epoch} steps of an epoch; an update cannot span two epochs of closures. Choose a batch "
+            "size or gradient_accumulation_steps so that they divide (e.g. gradient_accumulation_steps=1)")
     per_batch = [b for b in compiled_blockers(model, callbacks=[cb for cb in callbacks
                                                                 if not type(cb).__module__.startswith("tfaccel.")])
                  if b.startswith("callback ")]
@@ -286,7 +286,7 @@ class _Schedule:
 
         self.step, self.data, self.coordinator = step, data, backend.coordinator
         self.steps_per_epoch = data.steps_per_epoch
-        strategy, accum = backend.strategy, step.accum
+        strategy = backend.strategy
         if data.kind == "arrays":
             packed = _as_tensors(data.x, data.y, data.sample_weight)  # numpy: constants of the worker's dataset
 
@@ -479,6 +479,39 @@ def _train_epoch(sched: _Schedule, epoch: int, first: int, *, backup: Optional[C
     return [np.sum(parts, axis=0) for parts in zip(*fetched)]
 
 
+def _prepare(model: Any, data: FitData, *, backend: Any, callbacks: List[Any], options: Dict[str, Any]) -> tuple:
+    """Refusals and backup checks, then the build inside the scope: (backup state or None, step, schedule)."""
+    from tfaccel.precision import check_output_dtype
+    from tfaccel.train.backups import read_backup
+
+    accum, backup_dir = options["gradient_accumulation_steps"], options["backup_dir"]
+    _refuse(model, data, callbacks, accum, options["validation_freq"])
+    state = read_backup(backup_dir)  # what fit's _resume found: restored after the model is built
+    _check_backup(state, backup_dir=backup_dir, backup_freq=options["backup_freq"], steps=data.steps_per_epoch,
+                  accum=accum)
+    _own_optimizer(model)
+    _build(model, data, backend=backend)
+    _check_metrics(model)
+    if backend.coordinator is None:
+        raise ConfigError("parameter_server backend has no ClusterCoordinator; is this process the chief?")
+    check_output_dtype(model)  # warns about float16/bfloat16 outputs, as on the other training paths
+    step = _Step(model, backend=backend, accum=accum)
+    return state, step, _Schedule(step, data, backend=backend)
+
+
+def _epoch_logs(model: Any, step: _Step, totals: List[np.ndarray], *, epoch: int, data: FitData,
+                options: Dict[str, Any], test_step: Any, cb_list: Any) -> Dict[str, Any]:
+    """Keras' epoch logs: the summed totals written into the model's metrics, then the validation pass."""
+    import tensorflow as tf
+
+    for variable, total in zip(step.metric_variables, totals):
+        variable.assign(tf.cast(total, variable.dtype))
+    logs = _pythonify(model.get_metrics_result())
+    if data.validation is not None and _should_eval(epoch, options["validation_freq"]):
+        logs.update(_evaluate(model, data, options, test_step, cb_list))
+    return logs
+
+
 def run_coordinator(model: Any, *, data: FitData, backend: Any, plan: Any, epochs: int, initial_epoch: int,
                     start_step: int, callbacks: List[Any], verbose: int, options: Dict[str, Any]) -> LoopResult:
     """Trains the user's compiled model under ParameterServerStrategy as Keras ``fit`` would; see the module doc.
@@ -503,21 +536,8 @@ def run_coordinator(model: Any, *, data: FitData, backend: Any, plan: Any, epoch
     import keras
     import tensorflow as tf
 
-    from tfaccel.precision import check_output_dtype
-    from tfaccel.train.backups import read_backup
-
-    accum, backup_dir, backup_freq = options["gradient_accumulation_steps"], options["backup_dir"], options["backup_freq"]
-    _refuse(model, data, callbacks, accum, options["validation_freq"])
-    state = read_backup(backup_dir)  # what fit's _resume found: restored below, after the model is built
-    _check_backup(state, backup_dir=backup_dir, backup_freq=backup_freq, steps=data.steps_per_epoch, accum=accum)
-    _own_optimizer(model)
-    _build(model, data, backend=backend)
-    _check_metrics(model)
-    if backend.coordinator is None:
-        raise ConfigError("parameter_server backend has no ClusterCoordinator; is this process the chief?")
-    check_output_dtype(model)  # warns about float16/bfloat16 outputs, as on the other training paths
-    step = _Step(model, backend=backend, accum=accum)
-    sched = _Schedule(step, data, backend=backend)
+    accum, backup_dir, backup_freq = (options[k] for k in ("gradient_accumulation_steps", "backup_dir", "backup_freq"))
+    state, step, sched = _prepare(model, data, backend=backend, callbacks=callbacks, options=options)
     ckpt = tf.train.Checkpoint(model=model, optimizer=model.optimizer, steps=step.steps)  # with the step counter
     details: Dict[str, Any] = {"backups_written": 0, "resumed": _resume(state, ckpt, backup_dir=backup_dir, step=step)
                                if state else None}
@@ -546,11 +566,8 @@ def run_coordinator(model: Any, *, data: FitData, backend: Any, plan: Any, epoch
         t0 = time.perf_counter()
         totals = _train_epoch(sched, epoch, first, backup=backup if backup_dir else None, backup_freq=backup_freq)
         seconds.append(time.perf_counter() - t0)
-        for variable, total in zip(step.metric_variables, totals):
-            variable.assign(tf.cast(total, variable.dtype))
-        logs = _pythonify(model.get_metrics_result())
-        if data.validation is not None and _should_eval(epoch, options["validation_freq"]):
-            logs.update(_evaluate(model, data, options, test_step, cb_list))
+        logs = _epoch_logs(model, step, totals, epoch=epoch, data=data, options=options, test_step=test_step,
+                           cb_list=cb_list)
         if backup_dir:
             backup(epoch + 1, 0)
         cb_list.on_epoch_end(epoch, logs)
