@@ -3,6 +3,7 @@
     python scripts/reliability.py                  # R1 x10, every R2 scenario x3
     python scripts/reliability.py --r1 10 --r2 1 --json rel_out/tallies.json
     python scripts/reliability.py --r1 0 --r2 0 --r3 0 --r1_horovod 5   # R1 under Horovod only
+    python scripts/reliability.py --r1 0 --r2 0 --r3 0 --r1_ray 10      # R1 on Ray Train only (issue 14)
 
 Prints one line per promise, e.g. ``R1 resume-equals-uninterrupted: 10/10``, then the measurements of every
 trial (kill point, restart, resumed-from backup, max weight difference; exit time after a peer was lost).
@@ -19,6 +20,8 @@ from pathlib import Path
 from absl import app, flags
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "reliability"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # harness (for tests/ray)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "ray"))
 
 FLAGS = flags.FLAGS
 
@@ -28,6 +31,10 @@ def define_flags() -> None:
     flags.DEFINE_integer("r1_horovod", 0, "R1 trials under Horovod (tfaccel launch --backend horovod -np 2 "
                          "--max-restarts 1: kill a rank at a random step, restart all ranks, compare weights); "
                          "every second trial gives each rank its own backup_dir (hosts without a shared disk)")
+    flags.DEFINE_integer("r1_ray", 0, "R1 trials on Ray Train (tfaccel launch --backend ray --workers 2 "
+                         "--max-restarts 1 on a private local Ray instance: a worker dies at a random step, its "
+                         "training command or Ray's worker process SIGKILLed in turn; Ray restarts the worker group, "
+                         "which resumes from tfaccel's backup in Ray's run storage; compare weights)")
     flags.DEFINE_integer("r2", 3, "trials of every R2 scenario (lost peer: local, per-host, Horovod)")
     flags.DEFINE_integer("r3", 1, "trials of each R3 scenario (parameter server: worker lost, ps lost)")
     flags.DEFINE_integer("seed", 9, "seed of the random kill points")
@@ -38,6 +45,24 @@ def define_flags() -> None:
 def _line(name: str, results: list) -> str:
     good = sum(1 for r in results if r["ok"])
     return f"{name}: {good}/{len(results)}"
+
+
+def _r1_ray(work: Path, rng: random.Random) -> dict:
+    """R1 on Ray (issue 14): one reference run, then FLAGS.r1_ray trials; the two ways to die alternate."""
+    import rel_ray
+
+    ref = rel_ray.r1_ray_reference(work / "r1-ray-reference")
+    if not ref["ok"]:
+        sys.exit(f"R1 Ray reference run failed: {ref['why']}")
+    print(f"  R1 ray reference: {ref['seconds']} s", flush=True)
+    results = []
+    for i in range(FLAGS.r1_ray):
+        result = rel_ray.r1_ray_trial(work / f"r1-ray-{i}", Path(ref["weights"]), rng=rng,
+                                      what=rel_ray.KILL_WHAT[i % 2])
+        results.append({k: v for k, v in result.items() if k != "text"})
+        print(f"  R1 ray trial {i + 1}: {'ok' if result['ok'] else 'FAILED'} {rel_ray.summary(result)}"
+              + (f"\n    {result['why'][:3000]}" if not result["ok"] else ""), flush=True)
+    return {"R1 ray resume-equals-uninterrupted": results}
 
 
 def main(argv: list) -> None:
@@ -77,6 +102,8 @@ def main(argv: list) -> None:
                       + json.dumps({k: v for k, v in result.items() if k not in ("ok", "why")})
                       + (f"\n    {result['why'][:2000]}" if not result["ok"] else ""), flush=True)
             tallies["R1 horovod resume-equals-uninterrupted"] = results
+        if FLAGS.r1_ray:
+            tallies.update(_r1_ray(work, rng))
         for name, scenario in rs.R2_SCENARIOS.items():
             results = []
             for i in range(FLAGS.r2):

@@ -1,6 +1,7 @@
 """tfaccel on a real two-node Ray cluster (`ray start --head` + `ray start --address`, both on 127.0.0.1)."""
 
 import json
+import random
 import re
 import sys
 import time
@@ -11,9 +12,9 @@ import pytest
 
 import harness
 import ray_util
+import rel_ray
 
 pytestmark = pytest.mark.slow
-REL_JOB = harness.REPO_ROOT / "tests" / "reliability" / "scripts" / "rel_job.py"
 
 
 def _same_weights(a: Path, b: Path, atol: float = 1e-6) -> float:
@@ -48,39 +49,36 @@ def test_compile_and_fit_in_a_ray_train_function_reports_to_ray(ray_cluster, tmp
     assert saved["epoch"] == 2 and saved["checkpoint_path"] is None
 
 
-def _rel_env(work: Path, **extra: str) -> dict:
-    env = {"REL_EPOCHS": "2", "REL_BACKUP_FREQ": "5", "REL_KILL_MARKER": str(work / "killed"),
-           "REL_BACKUP_DIR": str(work / "backup"), "REL_WEIGHTS_OUT": str(work / "w-{task}.npz")}
-    env.update(extra)
-    return env
+@pytest.fixture(scope="module")
+def reference(ray_cluster, tmp_path_factory):
+    """The uninterrupted 2-worker run of the resume job on the cluster (multi_worker, one worker per node)."""
+    ref = rel_ray.r1_ray_reference(tmp_path_factory.mktemp("ray-reference"), cluster=ray_cluster)
+    assert ref["ok"], ref["why"]
+    assert sorted(r["task"] for r in ref["reports"]) == ["worker:0", "worker:1"], ref["reports"]
+    assert all(r["strategy"] == "multi_worker" and r["replicas"] == 2 for r in ref["reports"]), ref["reports"]
+    assert all(r["resumed_from"] is None and r["restart"] == "0" for r in ref["reports"]), ref["reports"]
+    _same_weights(Path(ref["weights"]), Path(ref["weights"]).with_name("weights-1.npz"))
+    return ref
 
 
-def _json_reports(text: str) -> list:
-    return [json.loads(line[line.index('{"task"'):]) for line in text.splitlines() if '{"task"' in line]
-
-
-def test_killed_worker_ray_restarts_group_and_resumes_to_uninterrupted_weights(ray_cluster, tmp_path):
-    """worker:1 SIGKILLs itself mid-epoch 1; Ray restarts the worker group (--max-restarts 1) and both workers
-    resume from tfaccel's backup to the weights of an uninterrupted run."""
-    ref, run = tmp_path / "ref", tmp_path / "run"
-    ref.mkdir()
-    run.mkdir()
-    common = ["--backend", "ray", "--workers", "2", "--address", ray_cluster.address, "--timeout", "280",
-              "--storage-path", str(tmp_path / "storage")]
-    done = ray_util.launch([*common, "--", str(REL_JOB)], cluster=ray_cluster, env=_rel_env(ref), timeout=300)
-    assert done.returncode == 0, done.stdout[-4000:]
-    done = ray_util.launch([*common, "--max-restarts", "1", "--", str(REL_JOB)], cluster=ray_cluster,
-                           env=_rel_env(run, REL_KILL_AT="worker:1:1:7"), timeout=300)
-    assert done.returncode == 0, done.stdout[-4000:]
-    assert (run / "killed").read_text().strip() == "1:7"
-    assert re.search(r"\[worker 1\] REL: worker:1 kills itself after epoch 1 step 7", done.stdout)
-    assert re.search(r"Ray Train finished OK after 1 restart", done.stdout), done.stdout[-3000:]
-    reports = _json_reports(done.stdout)
-    assert sorted(r["task"] for r in reports) == ["worker:0", "worker:1"], reports
-    assert {tuple(r["resumed_from"]) for r in reports} == {(1, 5)}, reports
-    for task in ("worker0", "worker1"):
-        _same_weights(ref / "w-worker0.npz", run / f"w-{task}.npz", atol=1e-5)
-    assert not (run / "backup").exists(), "the backup was not removed after training completed"
+@pytest.mark.parametrize("victim, what", [(1, "command"), (0, "ray_worker")])
+def test_killed_worker_ray_restarts_group_and_resumes_to_uninterrupted_weights(ray_cluster, reference, tmp_path,
+                                                                               victim, what):
+    """A worker dies right after step 7 of epoch 1 (its training command SIGKILLed, or the chief's Ray worker
+    process itself); Ray restarts the worker group (--max-restarts 1), both workers resume from tfaccel's backup
+    at step 5 and end with the uninterrupted run's weights; the backup is removed; no job process survives."""
+    result = rel_ray.r1_ray_trial(tmp_path, Path(reference["weights"]), rng=random.Random(0), what=what,
+                                  cluster=ray_cluster, victim=victim, kill_at=(1, 7))
+    assert result["ok"], result["why"]
+    assert result["resumed_from"] == [(1, 5)] and result["restarts"] == 1, result
+    assert (tmp_path / "killed").read_text().strip() == "1:7"
+    if what == "command":  # tfaccel's worker function reports the command's death (its last line reaches Ray)
+        assert re.search(rf"\[worker {victim}\] JOB: worker:{victim} SIGKILLs command \(pid \d+\) after epoch 1 "
+                         rf"step 7", result["text"]), result["text"][-3000:]
+        assert re.search(rf"worker:{victim} \(pid \d+, Ray node 127\.0\.0\.1\) failed: killed by SIGKILL",
+                         result["text"]), result["text"][-3000:]
+    else:  # Ray's worker process is gone with whatever it had not yet forwarded: Ray says so itself
+        assert "The actor is dead because its worker process has died" in result["text"], result["text"][-3000:]
 
 
 def test_worker_that_raises_fails_the_launch_naming_it_within_60s(ray_cluster, tmp_path):

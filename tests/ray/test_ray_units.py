@@ -1,5 +1,6 @@
 """Options and messages of the Ray backend that need no Ray cluster."""
 
+import os
 import subprocess
 import sys
 
@@ -9,7 +10,7 @@ import harness
 from tfaccel.cli.main import main as cli_main
 from tfaccel.errors import ConfigError
 from tfaccel.launch import run_ray
-from tfaccel.launch.ray import ray_backup_dir, ray_context, report_callbacks
+from tfaccel.launch.ray import enter_launch_dir, forwarded_env, ray_backup_dir, ray_context, report_callbacks
 
 
 @pytest.mark.parametrize("kwargs, words", [
@@ -90,3 +91,25 @@ def test_untested_ray_version_is_warned_about():
     out = _check_installed_in_child("import ray; ray.__version__ = '2.99.0'")
     assert out.returncode == 0, out.stderr
     assert "launch: ray 2.99.0 is installed; tfaccel was tested with ray 2.60.*" in out.stderr
+
+
+def test_forwarded_env_keeps_the_job_settings_and_drops_host_specific_variables():
+    launcher = {"EPOCHS": "2", "PYTHONPATH": "/repo", "PATH": "/venv/bin", "HOME": "/root", "TF_CONFIG": "{}",
+                "CUDA_VISIBLE_DEVICES": "0", "RAY_ADDRESS": "h:1", "SSH_AUTH_SOCK": "/s", "TMPDIR": "/t"}
+    assert forwarded_env(launcher) == {"EPOCHS": "2", "PYTHONPATH": "/repo"}
+
+
+def test_enter_launch_dir_changes_into_the_launchers_directory_or_says_why_not(tmp_path, caplog):
+    before = os.getcwd()
+    try:
+        enter_launch_dir(str(tmp_path))
+        assert os.getcwd() == str(tmp_path)
+        enter_launch_dir(None)
+        assert os.getcwd() == str(tmp_path)
+        enter_launch_dir(str(tmp_path / "not-on-this-node"))
+        assert os.getcwd() == str(tmp_path)
+    finally:
+        os.chdir(before)
+    assert (f"launch: the launcher's working directory {tmp_path / 'not-on-this-node'} does not exist on Ray node "
+            in caplog.text)
+    assert f"the command runs in {tmp_path} (give absolute paths, or the same directory on every node)" in caplog.text

@@ -46,7 +46,7 @@ from tfaccel.launch.supervisor import (RESTART_ENV, LaunchResult, LaunchTask, de
                                        run_job)
 from tfaccel.log import configure_logging, get_logger
 
-__all__ = ["run_ray", "report_callbacks", "ray_context", "ray_backup_dir", "RAY_TESTED", "WORKER_ENV",
+__all__ = ["run_ray", "report_callbacks", "ray_context", "ray_backup_dir", "forwarded_env", "RAY_TESTED", "WORKER_ENV",
            "REPORT_ENV", "RUN_DIR_ENV", "INSTALL_HINT"]
 
 RAY_TESTED = "2.60"  # the Ray versions this module was tested with (setup.cfg's `ray` extra: ray[train]==2.60.*)
@@ -60,7 +60,26 @@ RESULT_FILE = "tfaccel.json"  # what the chief's Ray checkpoint holds
 # every other tfaccel launch.
 DRIVER_ENV = {"RAY_DISABLE_WORKER_LOG_PREFIX": "1", "RAY_DEDUP_LOGS": "0", "RAY_COLOR_PREFIX": "0",
               "PYTHONUNBUFFERED": "1"}
+# What of the launcher's environment the command on every worker gets: all of it (as with every tfaccel launch),
+# except what describes the launcher's own host or is set per worker by Ray (each worker keeps its node's).
+HOST_ENV = frozenset({"TF_CONFIG", "CUDA_VISIBLE_DEVICES", "HOME", "HOSTNAME", "LOGNAME", "USER", "SHELL", "PWD",
+                      "OLDPWD", "PATH", "LD_LIBRARY_PATH", "TMPDIR", "TERM", "DISPLAY", "_"})
+HOST_ENV_PREFIXES = ("RAY_", "SSH_", "XDG_")
 _POLL_S = 0.2
+
+
+def forwarded_env(environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """The launcher's environment as the workers' commands get it: without :data:`HOST_ENV` and ``RAY_*`` etc.
+
+    On a cluster Ray's workers inherit the environment of the node's ``ray start``, not the launcher's; this is
+    what makes ``REL_EPOCHS=2 tfaccel launch --backend ray ...`` mean the same on a cluster as on this machine.
+
+    Example:
+        >>> forwarded_env({"PATH": "/bin", "RAY_ADDRESS": "h:1", "EPOCHS": "2"})
+        {'EPOCHS': '2'}
+    """
+    env = os.environ if environ is None else environ
+    return {k: v for k, v in env.items() if k not in HOST_ENV and not k.startswith(HOST_ENV_PREFIXES)}
 
 
 # ------------------------------------------------------------------------------------------ inside the workers
@@ -226,6 +245,30 @@ def _worker_env(config: Mapping[str, Any], rank: int, size: int, report_path: st
     return env
 
 
+def enter_launch_dir(cwd: Optional[str]) -> None:
+    """Changes this Ray Train worker's directory to the launcher's, so relative paths in the command mean what they
+    meant where ``tfaccel launch`` ran (Ray Train's own is a per-run artifacts directory); warns where the
+    directory does not exist on this node.
+
+    Args:
+        cwd: the launcher's working directory; None leaves the directory as it is.
+    """
+    if not cwd:
+        return
+    if os.path.isdir(cwd):
+        os.chdir(cwd)
+        return
+    get_logger().warning("launch: the launcher's working directory %s does not exist on Ray node %s; the command "
+                         "runs in %s (give absolute paths, or the same directory on every node)", cwd,
+                         _node_ip(), os.getcwd())
+
+
+def _node_ip() -> str:
+    import ray.util
+
+    return str(ray.util.get_node_ip_address())
+
+
 def _check_tf_config(rank: int, size: int) -> None:
     from tfaccel.cluster import task_from_tf_config
 
@@ -248,6 +291,7 @@ def _train_loop(config: Dict[str, Any]) -> None:
     configure_logging(level=logging.WARNING)
     state = config["state"]
     attempt = int(ray.get(state.started.remote(rank)))
+    enter_launch_dir(config.get("cwd"))
     with tempfile.TemporaryDirectory(prefix="tfaccel-ray-worker-") as tmp:
         report_path = os.path.join(tmp, "reports.jsonl")
         env = _worker_env(config, rank, size, report_path, attempt)
@@ -271,7 +315,7 @@ def _train_loop(config: Dict[str, Any]) -> None:
             return
     outcome = result.tasks[0] if result is not None and result.tasks else None
     rc = outcome.returncode if outcome is not None else None
-    message = (f"worker:{rank} (pid {outcome.pid if outcome else '?'}, Ray node {ray.util.get_node_ip_address()}) "
+    message = (f"worker:{rank} (pid {outcome.pid if outcome else '?'}, Ray node {_node_ip()}) "
                f"failed: {describe_returncode(rc)}")
     ray.get(state.failed.remote(rank, attempt, exit_code(rc) if rc is not None else 1, message, time.time()))
     raise RuntimeError(f"tfaccel: {message}")
@@ -314,6 +358,7 @@ class _DriverSpec:
     grace: float
     capture_lines: Optional[int]
     result_path: str
+    cwd: Optional[str] = None
 
 
 def _init_ray(spec: _DriverSpec) -> str:
@@ -356,7 +401,7 @@ def _driver(spec: _DriverSpec) -> Dict[str, Any]:
         run_dir = os.path.join(spec.storage_path, spec.name) if spec.storage_path and os.path.isabs(
             spec.storage_path) else None
         config = {"argv": spec.argv, "env": spec.env, "grace": spec.grace, "capture_lines": spec.capture_lines,
-                  "state": state, "run_dir": run_dir}
+                  "state": state, "run_dir": run_dir, "cwd": spec.cwd}
         trainer = TensorflowTrainer(
             _train_loop, train_loop_config=config, scaling_config=ScalingConfig(num_workers=spec.workers),
             run_config=RunConfig(name=spec.name, storage_path=spec.storage_path,
@@ -440,14 +485,16 @@ def run_ray(cmd: Union[str, Sequence[str]], *, workers: int = 2, address: Option
 
     Args:
         cmd: the command (argv list, or a string split like a shell without running one); it must exist on
-            every Ray node (at the same path).
+            every Ray node (at the same path). It runs in the launcher's working directory where that exists on
+            the node (else in Ray's, with a warning), with the launcher's environment less host-specific
+            variables (:func:`forwarded_env`) over the node's.
         workers: number of Ray Train workers (one CPU each). Defaults to 2.
         address: the Ray cluster to join (``host:port`` of the head, ``auto``, ``ray://...``). Defaults to
             ``$RAY_ADDRESS``; without either a private local Ray instance is started on 127.0.0.1 with
             ``workers`` CPUs and stopped afterwards.
         max_restarts: how many times Ray restarts the worker group after a failure. Defaults to 0.
         timeout: bound on the whole run in seconds; None for no bound. Defaults to None.
-        env: extra environment for the command on every worker. Defaults to None.
+        env: extra environment for the command on every worker (over the forwarded one). Defaults to None.
         storage_path: Ray Train's run storage (``RunConfig.storage_path``; shared by every node on a cluster).
             Defaults to Ray's (``~/ray_results``).
         name: the run's name in the storage. Defaults to ``tfaccel-<time>-<pid>``.
@@ -493,8 +540,9 @@ def run_ray(cmd: Union[str, Sequence[str]], *, workers: int = 2, address: Option
         spec = _DriverSpec(argv=list(argv), workers=workers, address=address, max_restarts=max_restarts,
                            storage_path=os.path.abspath(storage_path) if storage_path else None,
                            name=name or f"tfaccel-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}",
-                           env={**CHILD_DEFAULT_ENV, **dict(env or {})}, grace=grace, capture_lines=capture_lines,
-                           result_path=os.path.join(tmp.name, "result.json"))
+                           env={**forwarded_env(), **CHILD_DEFAULT_ENV, **dict(env or {})}, grace=grace,
+                           capture_lines=capture_lines, result_path=os.path.join(tmp.name, "result.json"),
+                           cwd=os.getcwd())
         spec_path = Path(tmp.name, "spec.json")
         spec_path.write_text(json.dumps(dataclasses.asdict(spec)))
         driver_env = child_base_env()

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 import tfaccel
-from tfaccel.launch.ray import ray_context, report_callbacks
+from tfaccel.launch.ray import ray_context
 
 context = ray_context() or {"rank": 0, "world_size": 1}
 rank = context["rank"]
@@ -33,8 +33,7 @@ x = rng.normal(size=(256, 4)).astype("float32")
 y = x.sum(axis=1, keepdims=True)
 checkpoint_dir = os.environ.get("JOB_CHECKPOINT_DIR") or None
 result = tfaccel.compile_and_fit(build, (x, y), epochs=int(os.environ.get("JOB_EPOCHS", "2")), global_batch_size=32,
-                                 loss="mse", seed=1, verbose=0, checkpoint_dir=checkpoint_dir,
-                                 callbacks=report_callbacks(checkpoint_dir=checkpoint_dir))
+                                 loss="mse", seed=1, verbose=0, checkpoint_dir=checkpoint_dir)
 out = Path(os.environ["JOB_OUT"])
 np.savez(out / f"weights-{rank}.npz", *result.model.get_weights())
 (out / f"result-{rank}.json").write_text(json.dumps({
