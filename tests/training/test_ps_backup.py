@@ -263,7 +263,7 @@ def test_backup_that_fails_midway_leaves_the_previous_backup_intact(tmp_path, mo
     import tensorflow as tf
 
     from tfaccel.train.backups import read_backup, remove_backup
-    from tfaccel.train.loops.coordinator import restore_checkpoint_backup, write_checkpoint_backup
+    from tfaccel.train.backups import restore_checkpoint_backup, write_checkpoint_backup
 
     weights, steps = _variables()
     ckpt = tf.train.Checkpoint(w=weights, steps=steps)
@@ -313,7 +313,7 @@ def test_restore_refuses_a_keras_path_backup_and_a_different_model(tmp_path):
     import tensorflow as tf
 
     from tfaccel.train.backups import read_backup
-    from tfaccel.train.loops.coordinator import restore_checkpoint_backup, write_checkpoint_backup
+    from tfaccel.train.backups import restore_checkpoint_backup, write_checkpoint_backup
 
     (tmp_path / "keras").mkdir()
     (tmp_path / "keras" / "backup-5.weights.h5").write_bytes(b"h5")
@@ -336,7 +336,7 @@ def test_keras_path_refuses_a_parameter_server_backup_before_training(tmp_path, 
     import keras
     import tensorflow as tf
 
-    from tfaccel.train.loops.coordinator import write_checkpoint_backup
+    from tfaccel.train.backups import write_checkpoint_backup
 
     weights, steps = _variables()
     write_checkpoint_backup(str(tmp_path), tf.train.Checkpoint(w=weights, steps=steps), epoch=1, step=0,

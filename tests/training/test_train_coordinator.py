@@ -142,7 +142,7 @@ def test_data_and_callbacks_it_cannot_honour_are_refused(ps_shaped):
                                           r"\(on_batch_end\)\. The coordinator loop runs batches in closures"):
         tfaccel.fit(model, x, y, batch_size=8, callbacks=[keras.callbacks.LambdaCallback(on_batch_end=print)])
     with pytest.raises(ConfigError, match=r"validation_freq must be an int \(every N epochs\) or a list of 1-based "
-                                          r"epochs; received 'every'"):
+                                          r"epochs; received validation_freq='every'"):
         tfaccel.fit(model, x, y, batch_size=8, validation_data=(x, y), validation_freq="every")
     with pytest.raises(ConfigError, match=r"loop='compiled': strategy parameter_server trains with tfaccel's "
                                           r"ClusterCoordinator loop only"):

@@ -16,7 +16,8 @@ from typing import Any, Dict, List, Optional
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
 
-__all__ = ["BackupState", "read_backup", "StepBackup", "ChiefCheckpoint", "Throughput", "atomic_write_text"]
+__all__ = ["BackupState", "read_backup", "StepBackup", "ChiefCheckpoint", "Throughput", "atomic_write_text",
+           "PS_BACKUP_FORMAT", "write_checkpoint_backup", "restore_checkpoint_backup"]
 
 _STATE_FILE = "tfaccel_backup.json"
 
@@ -239,3 +240,62 @@ class Throughput:
 
 def log_progress(message: str) -> None:
     get_logger().info(message)
+
+
+# ------------------------------------------------------------------------------------------ parameter server
+# The "format" a parameter-server backup names in tfaccel_backup.json (StepBackup's .weights.h5 has none): the
+# variables live on the ps tasks and only the coordinator knows how far training got, so the coordinator writes a
+# tf.train.Checkpoint of model, optimizer and step counter after coordinator.join().
+PS_BACKUP_FORMAT = "tf.train.Checkpoint"
+_CKPT_PREFIX = "ckpt"
+
+
+def write_checkpoint_backup(backup_dir: str, checkpoint: Any, *, epoch: int, step: int,
+                            steps_per_epoch: int) -> str:
+    """Writes ``checkpoint`` as the backup to resume at step ``step`` of epoch ``epoch``; returns its directory.
+
+    The checkpoint is written into a temporary directory, renamed to ``backup-<global step>.ckpt``, and only then
+    named by ``tfaccel_backup.json`` (replaced atomically): a save that fails or is killed at any point leaves the
+    previous backup whole and still the one a restart resumes from.
+    """
+    os.makedirs(backup_dir, exist_ok=True)
+    global_step = epoch * steps_per_epoch + step
+    name = f"backup-{global_step}.ckpt"
+    final = os.path.join(backup_dir, name)
+    previous = read_backup(backup_dir)
+    if previous is not None and previous["weights"] == name:
+        return final  # this very point is the current backup already (positions only grow within a run)
+    tmp = tempfile.mkdtemp(prefix=".tmp-backup-", suffix=".ckpt", dir=backup_dir)
+    renamed = False
+    try:
+        checkpoint.write(os.path.join(tmp, _CKPT_PREFIX))
+        if os.path.exists(final):  # left by a job killed after the rename, before the pointer named it
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        renamed = True
+        commit_backup(backup_dir, {"epoch": epoch, "step": step, "global_step": global_step, "weights": name,
+                                   "format": PS_BACKUP_FORMAT, "steps_per_epoch": steps_per_epoch})
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if renamed:  # the pointer was not replaced: nothing names this directory
+            shutil.rmtree(final, ignore_errors=True)
+        raise
+    return final
+
+
+def restore_checkpoint_backup(state: Any, checkpoint: Any, *, backup_dir: str) -> None:
+    """Loads the backup ``state`` (from ``read_backup``) into ``checkpoint``'s objects; every value must match."""
+    if state.get("format") != PS_BACKUP_FORMAT:
+        raise ConfigError(
+            f"backup_dir {backup_dir}: holds {state['weights']}, a backup of the Keras training path; a "
+            f"parameter_server job resumes only from its own {PS_BACKUP_FORMAT} backups. Resume it with the strategy "
+            "that wrote it, or give this job another backup_dir")
+    status = checkpoint.read(os.path.join(state["weights_path"], _CKPT_PREFIX))
+    try:
+        status.assert_consumed()
+    except (AssertionError, ValueError) as exc:
+        status.expect_partial()  # the error says it; no second warning when the objects are deleted
+        why = " ".join(str(exc).split())
+        raise ConfigError(f"backup_dir {backup_dir}: {state['weights']} does not match this model and optimizer "
+                          f"({why[:300]}); the model changed since it was written. Remove the directory to start "
+                          "from scratch") from exc

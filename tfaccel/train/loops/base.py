@@ -1,7 +1,13 @@
-"""What every training loop returns, so ``tfaccel.train.api.fit`` treats the loops alike."""
+"""What the training loops share: their result, and Keras' own conventions for step data, logs and validation."""
 
 import dataclasses
 from typing import Any, Dict, List
+
+import numpy as np
+
+from tfaccel.errors import ConfigError
+
+__all__ = ["LoopResult", "step_data", "python_logs", "should_validate"]
 
 
 @dataclasses.dataclass
@@ -19,3 +25,51 @@ class LoopResult:
     epoch_seconds: List[float]
     steps: int
     details: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def step_data(x: Any, y: Any, sample_weight: Any, *, constants: bool = False) -> Any:
+    """The data as Keras' array adapter hands it to a step: floats in floatx, packed ``(x, y[, sw])`` or ``x``.
+
+    Args:
+        constants: make every array a ``tf.constant`` (kept on the device); NumPy arrays otherwise.
+    """
+    import keras
+    import tensorflow as tf
+
+    def convert(a: Any) -> Any:
+        a = np.asarray(a)
+        if np.issubdtype(a.dtype, np.floating) and a.dtype != np.dtype(keras.config.floatx()):
+            a = a.astype(keras.config.floatx())
+        return tf.constant(a) if constants else a
+
+    if isinstance(x, list):
+        x = tuple(x)  # as Keras does: a dataset would stack a list
+    if sample_weight is not None and isinstance(y, (list, tuple, dict)):
+        sample_weight = tf.nest.map_structure(lambda _: sample_weight, y)  # one array for every output
+    return tf.nest.map_structure(convert, keras.utils.pack_x_y_sample_weight(x, y, sample_weight))
+
+
+def python_logs(logs: Any) -> Dict[str, Any]:
+    """Keras' ``pythonify_logs``: nested dicts flattened, sorted keys, floats where possible."""
+    result: Dict[str, Any] = {}
+    for key, value in sorted((logs or {}).items()):
+        try:
+            result.update(python_logs(value) if isinstance(value, dict) else {key: float(np.asarray(value))})
+        except (TypeError, ValueError):
+            result[key] = value
+    return result
+
+
+def should_validate(epoch: int, validation_freq: Any) -> bool:
+    """Keras' ``_should_eval``: validate after 0-based ``epoch``?
+
+    Raises:
+        ConfigError: ``validation_freq`` is neither an int nor a list of 1-based epochs.
+    """
+    if isinstance(validation_freq, int) and not isinstance(validation_freq, bool):
+        return (epoch + 1) % validation_freq == 0
+    if isinstance(validation_freq, (list, tuple)):
+        return epoch + 1 in validation_freq
+    raise ConfigError(f"validation_freq must be an int (every N epochs) or a list of 1-based epochs; received "
+                      f"validation_freq={validation_freq!r} of type {type(validation_freq).__name__}. "
+                      "Pass e.g. validation_freq=1 or validation_freq=[1, 5]")

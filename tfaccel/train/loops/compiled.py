@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
-from tfaccel.train.loops.base import LoopResult
+from tfaccel.train.loops.base import LoopResult, python_logs, should_validate, step_data
 
 __all__ = ["compiled_blockers", "run_compiled"]
 
@@ -63,25 +63,6 @@ def compiled_blockers(model: Any, *, callbacks: Sequence[Any], steps_per_executi
     for cb in callbacks:
         blockers.extend(_callback_blockers(cb))
     return blockers
-
-
-def _as_tensors(x: Any, y: Any, sample_weight: Any) -> Any:
-    """The data as Keras' array adapter hands it to a step: floats in floatx, packed (x, y[, sw]) or x."""
-    import keras
-    import tensorflow as tf
-
-    def convert(a: Any) -> Any:
-        a = np.asarray(a)
-        if np.issubdtype(a.dtype, np.floating) and a.dtype != np.dtype(keras.config.floatx()):
-            a = a.astype(keras.config.floatx())
-        return tf.constant(a)
-
-    if isinstance(x, list):
-        x = tuple(x)  # as Keras does: a dataset would stack a list
-    if sample_weight is not None and isinstance(y, (list, tuple, dict)):
-        sample_weight = tf.nest.map_structure(lambda _: sample_weight, y)  # one array for every output
-    packed = keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
-    return tf.nest.map_structure(convert, packed)
 
 
 class _Pass:
@@ -153,17 +134,6 @@ def _epoch_order(n: int, seed: Optional[int], epoch: int, shuffle: bool) -> np.n
     return np.random.default_rng([0 if seed is None else int(seed), int(epoch)]).permutation(n).astype(np.int32)
 
 
-def _pythonify(logs: Any) -> Dict[str, Any]:
-    """Keras' ``pythonify_logs``: nested dicts flattened, sorted keys, floats where possible."""
-    result: Dict[str, Any] = {}
-    for key, value in sorted((logs or {}).items()):
-        try:
-            result.update(_pythonify(value) if isinstance(value, dict) else {key: float(np.asarray(value))})
-        except (TypeError, ValueError):
-            result[key] = value
-    return result
-
-
 def _metrics_or_logs(model: Any, logs: Any) -> Any:
     """Keras' ``_get_metrics_result_or_logs``: the model's metrics when the step returned the same keys."""
     metric_logs = model.get_metrics_result()
@@ -172,21 +142,11 @@ def _metrics_or_logs(model: Any, logs: Any) -> Any:
     return logs
 
 
-def _should_eval(epoch: int, validation_freq: Union[int, List[int]]) -> bool:
-    if isinstance(validation_freq, int):
-        return (epoch + 1) % validation_freq == 0
-    if isinstance(validation_freq, (list, tuple)):
-        return epoch + 1 in validation_freq
-    raise ValueError(f"validation_freq must be an int (every N epochs) or a list of 1-based epochs; received "
-                     f"validation_freq={validation_freq!r} of type {type(validation_freq).__name__}. "
-                     f"Pass e.g. validation_freq=1 or validation_freq=[1, 5].")
-
-
 def _evaluate(model: Any, val_pass: _Pass, cb_list: Any) -> Dict[str, Any]:
     """Keras' ``evaluate`` as ``fit`` calls it: same callbacks, all metrics reset first, ``val_`` prefixes."""
     cb_list.on_test_begin()
     model.reset_metrics()
-    logs = _pythonify(_metrics_or_logs(model, val_pass.run(np.arange(val_pass.num_examples, dtype=np.int32))))
+    logs = python_logs(_metrics_or_logs(model, val_pass.run(np.arange(val_pass.num_examples, dtype=np.int32))))
     cb_list.on_test_end(logs)
     return {f"val_{name}": value for name, value in logs.items()}
 
@@ -216,10 +176,10 @@ def run_compiled(model: Any, *, x: Any, y: Any, sample_weight: Any, batch_size: 
     if not getattr(model, "compiled", False):
         raise ValueError("compiled loop: the model is not compiled; call model.compile(optimizer=..., loss=...) "
                          "before training it")
-    train = _Pass(model, model.train_step, _as_tensors(x, y, sample_weight), batch_size=batch_size,
+    train = _Pass(model, model.train_step, step_data(x, y, sample_weight, constants=True), batch_size=batch_size,
                   jit_compile=jit_compile)
     val = None if validation is None else _Pass(
-        model, model.test_step, _as_tensors(*(tuple(validation) + (None,))[:3]),  # (x, y) or (x, y, sw)
+        model, model.test_step, step_data(*(tuple(validation) + (None,))[:3], constants=True),  # (x, y) or (x, y, sw)
         batch_size=validation_batch_size or batch_size, jit_compile=jit_compile)
     cb_list = keras.callbacks.CallbackList(callbacks, add_history=True, add_progbar=verbose != 0, model=model,
                                            verbose=verbose, epochs=epochs, steps=train.num_batches)
@@ -234,7 +194,7 @@ def run_compiled(model: Any, *, x: Any, y: Any, sample_weight: Any, batch_size: 
         logs = train.run(_epoch_order(train.num_examples, seed, epoch, shuffle))
         seconds.append(time.perf_counter() - start)
         epoch_logs = dict(_metrics_or_logs(model, logs))
-        if val is not None and _should_eval(epoch, validation_freq):
+        if val is not None and should_validate(epoch, validation_freq):
             epoch_logs.update(_evaluate(model, val, cb_list))
         cb_list.on_epoch_end(epoch, epoch_logs)
         if model.stop_training:

@@ -1,0 +1,234 @@
+"""The parameter-server step: Keras' ``train_step`` for one worker, the closures the coordinator schedules, and
+what must be built on the ps tasks before the first of them (see ``tfaccel.train.loops.coordinator``).
+"""
+
+import inspect
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from tfaccel.errors import ConfigError
+from tfaccel.train.data import FitData
+from tfaccel.train.loops.base import step_data
+
+__all__ = ["STEPS_PER_CLOSURE", "WHY_NO_METRIC_OBJECTS", "exact_assign_add", "leaf_metrics", "check_metrics",
+           "WorkerStep", "Schedule", "build_on_ps"]
+
+# Optimizer updates per scheduled closure: fewer RPC round-trips, still fine-grained enough to spread over workers.
+STEPS_PER_CLOSURE = 8
+WHY_NO_METRIC_OBJECTS = "Keras metric objects miscount in functions scheduled on parameter-server workers"
+
+
+def exact_assign_add(variable: Any) -> None:
+    """Makes a Keras 3 variable's ``assign_add`` the atomic TensorFlow one (see module docstring)."""
+    import keras
+
+    raw = getattr(variable, "value", variable)
+    if not isinstance(variable, keras.Variable):
+        return
+
+    def assign_add(value: Any) -> Any:
+        return raw.assign_add(value)
+
+    object.__setattr__(variable, "assign_add", assign_add)
+
+
+def leaf_metrics(metrics: Sequence[Any]) -> List[Any]:
+    import keras
+
+    out = []
+    for metric in metrics:
+        inner = getattr(metric, "metrics", None)  # Keras' CompileMetrics: a container of the compiled metrics
+        if isinstance(inner, list) and all(isinstance(m, keras.metrics.Metric) for m in inner):
+            out += leaf_metrics(inner)
+        else:
+            out.append(metric)
+    return out
+
+
+def check_metrics(model: Any) -> None:
+    import keras
+
+    for metric in leaf_metrics(model.metrics):
+        if not isinstance(metric, (keras.metrics.Mean, keras.metrics.Sum)):
+            raise ConfigError(
+                f"metrics: {type(metric).__name__} (name {metric.name!r}) cannot be computed under strategy "
+                f"parameter_server: {WHY_NO_METRIC_OBJECTS}, so tfaccel adds up per-batch totals on the coordinator, "
+                f"which gives the result only of mean metrics (accuracy variants, mae, mse, ... any keras.metrics."
+                f"MeanMetricWrapper). Compile without it and compute it after training with model.evaluate, or train "
+                "with another strategy")
+
+
+class WorkerStep:
+    """Keras' train_step for one worker, with the metric updates returned as totals instead of applied."""
+
+    def __init__(self, model: Any, *, backend: Any, accum: int) -> None:
+        import tensorflow as tf
+
+        self.model, self.strategy, self.accum = model, backend.strategy, accum
+        self.optimizer = model.optimizer
+        self.call_training = "training" in inspect.signature(model.call).parameters
+        self.loss_training = "training" in inspect.signature(model.compute_loss).parameters
+        seen: Dict[int, Any] = {}
+        for metric in model.metrics:
+            seen.update((id(v), v) for v in metric.variables)
+        self.metric_variables = list(seen.values())
+        self.state_variables = [v for v in model.variables if id(v) not in seen]
+        # Keras 3.15 keeps the "loss" Mean in model._loss_tracker (keras/src/trainers/trainer.py); its train_step
+        # updates it with the batch size as weight. There is no public handle on it.
+        self.loss_tracker = getattr(model, "_loss_tracker", None)
+        with backend.scope():
+            self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfaccel_steps")
+
+    def forward(self, batch: Any) -> tuple:
+        """(scaled loss, metric totals) of one batch; layer state updates (BatchNorm, seeds) applied."""
+        import keras
+        import tensorflow as tf
+
+        model = self.model
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
+        # Metric variables start at zero; the weights are read once here, inside the caller's tape (Keras reads
+        # the regularised weights from the scope's mapping).
+        mapping = [(v, tf.zeros(v.shape, v.dtype)) for v in self.metric_variables]
+        mapping += [(v, v) for v in model.trainable_variables]
+        with keras.StatelessScope(state_mapping=mapping, collect_losses=True) as scope:
+            y_pred = model(x, training=True) if self.call_training else model(x)
+            kwargs = {"training": True} if self.loss_training else {}
+            loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, **kwargs)
+            if self.loss_tracker is not None:
+                replicas = tf.distribute.get_strategy().num_replicas_in_sync  # Keras' unscale_loss_for_distribution
+                first = next(t for t in tf.nest.flatten(x) if t is not None)
+                self.loss_tracker.update_state(loss * replicas if replicas > 1 else loss,
+                                               sample_weight=tf.shape(first)[0])
+            model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        for variable in self.state_variables:  # what the forward pass changed outside the metrics
+            value = scope.get_current_value(variable)
+            if value is not None:
+                variable.assign(value)
+        totals = [scope.get_current_value(v) for v in self.metric_variables]
+        return self.optimizer.scale_loss(loss), [t if t is not None else tf.zeros(v.shape, v.dtype)
+                                                 for t, v in zip(totals, self.metric_variables)]
+
+    def update(self, batches: Sequence[Any]) -> List[Any]:
+        """One optimizer update from ``accum`` micro-batches; returns the metric totals of those batches."""
+        import tensorflow as tf
+
+        weights = self.model.trainable_variables
+        grads_sum, totals = None, None
+        for batch in batches:
+            with tf.GradientTape() as tape:
+                scaled, batch_totals = self.forward(batch)
+            grads = tape.gradient(scaled, weights)
+            grads_sum = grads if grads_sum is None else [a + b for a, b in zip(grads_sum, grads)]
+            totals = batch_totals if totals is None else [a + b for a, b in zip(totals, batch_totals)]
+        if len(batches) > 1:
+            grads_sum = [g / len(batches) for g in grads_sum]
+        self.optimizer.apply(grads_sum, weights)
+        return totals
+
+    def run_updates(self, groups: Sequence[Callable[[], Sequence[Any]]]) -> List[Any]:
+        """Inside a scheduled function: the updates, each from its batches; the summed metric totals."""
+        totals = None
+        for batches in groups:
+            out = self.strategy.run(self.update, args=(batches(),))
+            out = [self.strategy.reduce("SUM", v, axis=None) for v in out]
+            totals = out if totals is None else [a + b for a, b in zip(totals, out)]
+        self.steps.assign_add(len(groups) * self.accum)
+        return totals
+
+
+class Schedule:
+    """The per-worker input (built on the workers) and the closures the coordinator schedules over it."""
+
+    def __init__(self, step: WorkerStep, data: FitData, *, backend: Any) -> None:
+        import tensorflow as tf
+
+        self.step, self.data, self.coordinator = step, data, backend.coordinator
+        self.steps_per_epoch = data.steps_per_epoch
+        strategy = backend.strategy
+        if data.kind == "arrays":
+            packed = step_data(data.x, data.y, data.sample_weight)  # numpy: constants of the worker's dataset
+
+            def dataset_fn(_: Any) -> Any:
+                return tf.data.Dataset.from_tensors(packed).repeat()
+
+            @tf.function
+            def arrays_closure(iterator: Any, groups: Any) -> Any:
+                held = next(iterator)  # every array, on this worker
+                return step.run_updates([lambda g=g: [tf.nest.map_structure(lambda t: tf.gather(t, i), held)
+                                                      for i in g] for g in groups])
+
+            self._closure = arrays_closure
+            per_worker = lambda: strategy.distribute_datasets_from_function(dataset_fn)  # noqa: E731
+        else:
+            user_fn = data.x
+            per_worker = (lambda: strategy.distribute_datasets_from_function(lambda ctx: user_fn(ctx).repeat())) \
+                if callable(user_fn) else user_fn
+            self._closures: Dict[int, Any] = {}
+        self.iterator = iter(self.coordinator.create_per_worker_dataset(per_worker))
+
+    def _stream_closure(self, updates: int) -> Any:
+        import tensorflow as tf
+
+        if updates not in self._closures:
+            step = self.step
+
+            @tf.function
+            def closure(iterator: Any) -> Any:
+                return step.run_updates([lambda: [next(iterator) for _ in range(step.accum)]] * updates)
+
+            self._closures[updates] = closure
+        return self._closures[updates]
+
+    def order(self, epoch: int) -> np.ndarray:
+        """Example indices of an epoch, a function of (seed, epoch) only, as ``tfaccel.train.data.example_stream``."""
+        data = self.data
+        shuffled = data.shuffle and data.shuffle != "batch"
+        n = data.num_examples
+        return (np.random.default_rng([data.seed, epoch]).permutation(n) if shuffled else np.arange(n)).astype(np.int32)
+
+    def schedule(self, order: Optional[np.ndarray], start: int, end: int) -> List[Any]:
+        """Schedules steps ``[start, end)`` of an epoch (whole updates) in closures of ``STEPS_PER_CLOSURE`` updates."""
+        import tensorflow as tf
+
+        accum, batch = self.step.accum, self.data.batch_size
+        remotes = []
+        for first in range(start, end, accum * STEPS_PER_CLOSURE):
+            last = min(end, first + accum * STEPS_PER_CLOSURE)
+            if order is None:
+                fn, args = self._stream_closure((last - first) // accum), (self.iterator,)
+            else:
+                groups = tuple(tuple(tf.constant(order[s * batch:(s + 1) * batch]) for s in range(u, u + accum))
+                               for u in range(first, last, accum))
+                fn, args = self._closure, (self.iterator, groups)
+            remotes.append(self.coordinator.schedule(fn, args=args))
+        return remotes
+
+
+def build_on_ps(model: Any, data: FitData, *, backend: Any) -> None:
+    """Creates, inside the scope (so on the ps tasks), what Keras' fit builds before its first step."""
+    import keras
+    import tensorflow as tf
+
+    if data.kind == "arrays":
+        sample = tf.nest.map_structure(lambda a: a[:data.batch_size],
+                                       step_data(data.x, data.y, data.sample_weight))
+    else:  # one batch of the user's pipeline, read here on the coordinator
+        fn = data.x
+        ds = fn(tf.distribute.InputContext()) if callable(fn) else None
+        if ds is None:
+            raise ConfigError("strategy parameter_server: pass a dataset_fn(input_context), not a distributed dataset "
+                              f"(received {type(fn).__name__}); each worker calls it to build its own pipeline")
+        sample = next(iter(ds.take(1)))
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(sample)
+    with backend.scope():
+        y_pred = model(x, training=False)
+        model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight)  # builds the compiled loss
+        model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)  # builds the compiled metrics
+        model.reset_metrics()
+        opt = model.optimizer
+        if not opt.built:
+            opt.build(model.trainable_variables)  # inside the scope: slot variables on the ps tasks
+    exact_assign_add(opt.iterations)
+    if isinstance(opt, keras.optimizers.LossScaleOptimizer):
+        exact_assign_add(opt.step_counter)
