@@ -13,7 +13,8 @@ import tempfile
 
 COLUMNS = [("tfaccel:default:compiled", "default, compiled loop"), ("tfaccel:default:keras", "default, Keras fit"),
            ("tfaccel:mirrored:auto", "mirrored (2 vCPUs)"), ("tfaccel:multi_worker:auto", "multi_worker (2 processes)"),
-           ("tfaccel:horovod:auto", "horovod (2 ranks)")]
+           ("tfaccel:horovod:auto", "horovod (2 ranks)"),
+           ("tfaccel:parameter_server:auto", "parameter_server (chief + worker + ps)")]
 
 
 def render(outcomes: dict) -> str:

@@ -6,12 +6,14 @@ PATH: ``keras_one`` (plain model.fit, one device), ``keras_one_xla`` (the same w
 ``keras_mirrored`` (plain model.fit under TF's own
 MirroredStrategy over 2 virtual CPUs), or ``tfaccel:<strategy>:<loop>`` (tfaccel.scope + tfaccel.fit), e.g.
 ``tfaccel:default:compiled``, ``tfaccel:mirrored:auto``, ``tfaccel:multi_worker:auto`` (run under TF_CONFIG),
-``tfaccel:horovod:auto`` (run under horovodrun). Every process of a path writes ``OUT_DIR/<task>/<case>.json``.
+``tfaccel:horovod:auto`` (run under horovodrun), ``tfaccel:parameter_server:auto`` (every task of a chief + worker
++ ps cluster runs it: the ps and worker tasks serve until the chief creates $PS_TEST_DONE). Every process of a path writes ``OUT_DIR/<task>/<case>.json``.
 """
 
 import json
 import os
 import sys
+import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -93,8 +95,26 @@ def _keras_strategy(path: str) -> object:
     return _STRATEGY[0]
 
 
+def serve_until_done(done: str) -> None:
+    """A ps or worker task of the parameter-server path: a server until the chief creates ``done``."""
+    import tensorflow as tf
+
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    workers = len(resolver.cluster_spec().as_dict().get("worker", []))
+    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=workers + 1)  # 2 cores: see VERIFIED.md
+    tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id,
+                         protocol="grpc", config=config, start=True)
+    deadline = time.monotonic() + 1500
+    while not os.path.exists(done) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os._exit(0)  # a gRPC server has no clean shutdown; the chief is done with us
+
+
 def main(argv: list) -> int:
     path, out_dir, names = argv[0], argv[1], argv[2:] or list(parity_cases.CASES)
+    task_type = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task", {}).get("type")
+    if path.startswith("tfaccel:parameter_server") and task_type in ("ps", "worker"):
+        serve_until_done(os.environ["PS_TEST_DONE"])
     if path == "keras_mirrored" or path.startswith("tfaccel:mirrored"):
         import tfaccel
 
@@ -109,6 +129,8 @@ def main(argv: list) -> int:
         with open(os.path.join(task_dir, f"{safe}.json"), "w") as fh:
             json.dump(record, fh)
         print(f"parity {path} {name}: {record['status']}", flush=True)
+    if os.environ.get("PS_TEST_DONE"):
+        open(os.environ["PS_TEST_DONE"], "w").close()
     return 0
 
 

@@ -2,7 +2,7 @@
 
 Each path runs all cases in its own process(es) (parity_program.py), once per session: one device (the
 compiled loop and Keras fit), mirrored over 2 virtual CPUs, multi_worker with 2 real worker processes on
-loopback, horovod with 2 real ranks over Gloo. The reference is plain Keras: one device, or the same
+loopback, horovod with 2 real ranks over Gloo, parameter_server with a real chief + worker + ps. The reference is plain Keras: one device, or the same
 number of replicas where per-replica semantics (BatchNorm statistics, Dropout streams) are Keras' own; the
 clipping cases compare multi-replica paths with one device, since Keras 3.15's per-replica clipping is
 the bug tfaccel fixes there. A path either matches (history keys and per-epoch values rel 1e-5, final
@@ -30,6 +30,10 @@ CASES = list(parity_cases.CASES)
 # Cases a path may refuse (with a ConfigError naming the reason) instead of training them.
 MAY_REFUSE = {
     "tfaccel:default:compiled": {"sample_weight (dataset)", "TerminateOnNaN", "LambdaCallback batch hooks"},
+    # Keras 3 has no ParameterServerStrategy support (keras-team/keras#18624); the coordinator loop computes the
+    # step itself, runs batches in closures on the workers and adds up per-batch metric totals.
+    "tfaccel:parameter_server:auto": {"custom train_step", "sample_weight (dataset)", "stateful metrics AUC, F1Score",
+                                      "TerminateOnNaN", "LambdaCallback batch hooks"},
 }
 OUTCOMES: dict = {}
 
@@ -136,6 +140,23 @@ def test_keras_own_multi_replica_clipping_differs(case: str, reference: dict) ->
     mirrored = pc.load(str(reference["keras_mirrored"]), "main", case)
     one = pc.load(str(reference["keras_one"]), "main", case)
     assert pc.differences(one, mirrored, case), "Keras' own mirrored clipping now equals one device"
+
+
+@pytest.fixture(scope="session")
+def parameter_server_dir(parity_dir: Path) -> Path:
+    out = parity_dir / "parameter_server"
+    tasks = harness.tf_configs_for(harness.loopback_cluster(1, ps=1, chief=True), roles=("ps", "worker", "chief"))
+    results = harness.run_tasks(PROGRAM, tasks=tasks, args=["tfaccel:parameter_server:auto", str(out)], timeout=900,
+                                env={"PS_TEST_DONE": str(parity_dir / "ps_done")})
+    harness.assert_all_ok(results)
+    return out
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("case", CASES)
+def test_parameter_server_chief_worker_ps(case: str, parameter_server_dir: Path, reference: dict) -> None:
+    """One worker runs the closures one after the other: the coordinator loop must then train exactly like fit."""
+    _check("tfaccel:parameter_server:auto", parameter_server_dir, reference, case, task="chief0", multi_replica=False)
 
 
 def teardown_module() -> None:
