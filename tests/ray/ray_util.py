@@ -82,6 +82,7 @@ class RayCluster:
         self.port = 6379  # the namespace is empty: Ray's default port is free
         self.address = f"127.0.0.1:{self.port}"
         self.procs: List[subprocess.Popen] = []
+        self.node_dirs: List[str] = []
         # Token authentication off: clients started beside the cluster did not find the head's token (its
         # --temp-dir is private); the namespace already keeps everyone else out.
         env = test_env(self.mark, {"RAY_AUTH_MODE": "disabled"})
@@ -91,8 +92,11 @@ class RayCluster:
                          "--include-dashboard", "false", "--temp-dir", self.temp_dir, *common], env)
             self.wait_for_nodes(1, timeout=90)
             for _ in range(extra_nodes):
+                # Its own temp dir, as on another machine: nodes sharing the head's log directory each forward
+                # every worker's output to the drivers, so every line arrived twice.
+                self.node_dirs.append(tempfile.mkdtemp(prefix="tfn-"))
                 self._start([str(RAY_BIN), "start", "--address", self.address, "--num-cpus", str(node_cpus),
-                             *common], env)
+                             "--temp-dir", self.node_dirs[-1], *common], env)
             self.wait_for_nodes(1 + extra_nodes, timeout=90)
         except BaseException:
             self.stop()  # a cluster that never came up must not outlive the test either
@@ -128,7 +132,8 @@ class RayCluster:
         self.net.close()
         import shutil
 
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        for path in [self.temp_dir, *self.node_dirs]:
+            shutil.rmtree(path, ignore_errors=True)
         return left
 
 
