@@ -67,3 +67,17 @@ def test_bench_tables():
     assert "| activations, process RSS (MiB) | 2000 | 1500 (-25%) | 1000 (-50%) |" in text
     assert "| step time (s) | 2.00 | 2.50 (+25%) | 3.00 (+50%) |" in text
     assert "| mlp | (8,) | 4 | 110 | 100 | +10% | 200 | -45% |" in text
+
+
+def test_side_by_side_timing_runs_each_setting_the_same_number_of_steps():
+    from tfaccel.memory.measure import time_side_by_side
+
+    out = time_side_by_side("resnet20", batch_size=8, input_shape=(16, 16, 3), recompute=(None, "all"), steps=2)
+    assert set(out) == {"None", "all"} and all(len(v) == 2 and min(v) > 0 for v in out.values())
+
+
+def test_bench_timing_line_without_the_memory_part():
+    timing = {"steps": 4, "step_seconds": {"plain": 1.0, "auto": 1.2, "all": 1.5},
+              "step_time_increase": {"auto": 0.2, "all": 0.5}}
+    assert format_bench(None, [], timing) == ("side-by-side step time (s, median of 4): plain 1.00, auto 1.20, "
+                                              "all 1.50; auto +20%, all +50%\n")

@@ -139,7 +139,8 @@ def test_find_blocks_of_the_reference_models():
     # "auto": the largest first until 2/3 of the block activations (stage 1 at 32x32 holds 4/7 of them)
     assert find_blocks(resnet) == every[:4]
     transformer = build_model("transformer", input_shape=(16,), num_classes=2, embed_dim=8, num_layers=3)
-    assert find_blocks(transformer) == ["encoder1", "encoder2", "encoder3"]
+    assert find_blocks(transformer, "all") == ["encoder1", "encoder2", "encoder3"]
+    assert find_blocks(transformer) == ["encoder1", "encoder2"]  # equal blocks: the first two hold 2/3
     assert recompute_blocks(resnet) == ()  # find_blocks changes nothing
 
 

@@ -12,9 +12,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from tfaccel.log import get_logger
 from tfaccel.memory.estimate import estimate_memory
-from tfaccel.memory.measure import measure_cpu_step
+from tfaccel.memory.measure import measure_cpu_step, time_side_by_side
 
-__all__ = ["MODES", "recompute_benchmark", "estimate_benchmark", "format_bench"]
+__all__ = ["MODES", "recompute_benchmark", "timing_benchmark", "estimate_benchmark", "format_bench"]
 
 MODES = ("plain", "auto", "all")  # no recompute, recompute("auto"), recompute("all")
 _PEAKS = ("allocator_peak", "process_peak")
@@ -49,6 +49,18 @@ def recompute_benchmark(model: str, *, batch_size: int, small_batch: int = 2,
             "runs": {f"{m}@{b}": r for (m, b), r in runs.items()}}
 
 
+def timing_benchmark(model: str, *, batch_size: int, input_shape: Optional[Sequence[int]] = None,
+                     steps: int = 6) -> Dict[str, Any]:
+    """Step time of every mode, measured side by side in one process (steps interleaved): the fair comparison on
+    a loaded machine. Returns ``{"step_seconds": {mode: median}, "step_time_increase": {mode: fraction}}``."""
+    times = time_side_by_side(model, batch_size=batch_size, input_shape=input_shape, steps=steps,
+                              recompute=[None if m == "plain" else m for m in MODES])
+    median = {m: statistics.median(times["None" if m == "plain" else m]) for m in MODES}
+    get_logger().info("memory bench: side-by-side step times %s", times)
+    return {"step_seconds": median, "step_time_increase": {m: median[m] / median["plain"] - 1.0 for m in MODES[1:]},
+            "all_step_seconds": times, "steps": steps}
+
+
 def estimate_benchmark(cases: Sequence[Tuple[str, Optional[Sequence[int]], int]],
                        measured: Optional[Dict[Tuple[str, int], Dict[str, Any]]] = None) -> List[Dict[str, Any]]:
     """For each (model, input_shape, batch): the estimate's total vs the measured peaks of one step."""
@@ -80,10 +92,18 @@ def _recompute_lines(r: Dict[str, Any]) -> List[str]:
     return lines + [""]
 
 
-def format_bench(recompute: Optional[Dict[str, Any]], rows: Sequence[Dict[str, Any]]) -> str:
-    """Markdown tables of both parts (what the README shows)."""
+def format_bench(recompute: Optional[Dict[str, Any]], rows: Sequence[Dict[str, Any]],
+                 timing: Optional[Dict[str, Any]] = None) -> str:
+    """Markdown tables of both parts (what the README shows); ``timing`` replaces the step-time row."""
     mib = 2.0 ** 20
+    if recompute and timing:
+        recompute = dict(recompute, step_seconds=timing["step_seconds"],
+                         step_time_increase=timing["step_time_increase"])
     lines = _recompute_lines(recompute) if recompute else []
+    if timing and not recompute:
+        lines += [f"side-by-side step time (s, median of {timing['steps']}): "
+                  + ", ".join(f"{m} {timing['step_seconds'][m]:.2f}" for m in MODES)
+                  + "; " + ", ".join(f"{m} {100 * timing['step_time_increase'][m]:+.0f}%" for m in MODES[1:]), ""]
     if rows:
         lines += ["| model | input | batch | estimate (MiB) | TF allocator peak (MiB) | error | process peak (MiB) "
                   "| error |", "|---|---|---|---|---|---|---|---|"]

@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from tfaccel.errors import ConfigError
 
-__all__ = ["measure_device_peak", "measure_cpu_step", "read_proc_status", "MMAP_THRESHOLD"]
+__all__ = ["measure_device_peak", "measure_cpu_step", "time_side_by_side", "read_proc_status", "MMAP_THRESHOLD"]
 
 MMAP_THRESHOLD = 1 << 20
 
@@ -113,12 +113,36 @@ def measure_cpu_step(model: str, *, batch_size: int, precision: str = "float32",
     return result
 
 
-def _child(request: Dict[str, Any]) -> Dict[str, Any]:
+def time_side_by_side(model: str, *, batch_size: int, recompute: Sequence[Optional[Any]] = (None, "auto"),
+                      input_shape: Optional[Sequence[int]] = None, steps: int = 6, timeout_s: float = 1800.0
+                      ) -> Dict[str, List[float]]:
+    """Times one model with each recompute setting in ONE child process, steps interleaved (a, b, a, b, ...), so
+    that the load of a shared machine falls on every contender alike.
+
+    Returns:
+        ``{str(setting): [step seconds, ...]}``.
+
+    Raises:
+        ConfigError: the child failed.
+    """
+    request = {"timing": True, "model": model, "batch_size": batch_size, "precision": "float32",
+               "recompute": list(recompute), "input_shape": list(input_shape) if input_shape else None,
+               "steps": steps}
+    proc = subprocess.run([sys.executable, "-m", "tfaccel.memory.measure", json.dumps(request)],
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), capture_output=True, text=True,
+                          timeout=timeout_s, check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+        raise ConfigError(f"side-by-side timing of {model!r} failed with exit code {proc.returncode}: {tail}")
+    return json.loads(lines[-1])
+
+
+def _prepare(request: Dict[str, Any], recompute: Optional[Any]) -> Any:
+    """Builds, compiles and warms one model of the request; returns a function that runs one step."""
     import numpy as np
     import tensorflow as tf
 
-    tf.constant(1.0) + 1.0  # start the runtime before the baseline
-    baseline = read_proc_status()["VmRSS"]
     import keras
 
     from tfaccel.memory.estimate import DEFAULT_SHAPES
@@ -129,8 +153,8 @@ def _child(request: Dict[str, Any]) -> Dict[str, Any]:
     shape = tuple(request["input_shape"] or shape)
     keras.config.set_dtype_policy(request["precision"])
     model = build_model(request["model"], input_shape=shape, num_classes=classes)
-    if request["recompute"] is not None:
-        enable_recompute(model, request["recompute"])
+    if recompute is not None:
+        enable_recompute(model, recompute)
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", jit_compile=False)
     rng = np.random.default_rng(0)
     batch = request["batch_size"]
@@ -138,25 +162,45 @@ def _child(request: Dict[str, Any]) -> Dict[str, Any]:
         x = rng.integers(0, 100, size=(batch,) + shape).astype("int32")
     else:
         x = rng.normal(size=(batch,) + shape).astype("float32")
-    y = rng.integers(0, classes, size=(batch,)).astype("int32")
-    x, y = tf.constant(x), tf.constant(y)
+    x, y = tf.constant(x), tf.constant(rng.integers(0, classes, size=(batch,)).astype("int32"))
     for _ in range(2):
         model.train_on_batch(x, y)
+    return lambda: model.train_on_batch(x, y)
+
+
+def _timing_child(request: Dict[str, Any]) -> Dict[str, List[float]]:
+    steps = {str(setting): _prepare(request, setting) for setting in request["recompute"]}
+    times: Dict[str, List[float]] = {name: [] for name in steps}
+    for _ in range(request["steps"]):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def _child(request: Dict[str, Any]) -> Dict[str, Any]:
+    import tensorflow as tf
+
+    tf.constant(1.0) + 1.0  # start the runtime before the baseline
+    baseline = read_proc_status()["VmRSS"]
+    step = _prepare(request, request["recompute"])
     _reset_high_water_mark()
     tf.config.experimental.reset_memory_stats("CPU:0")
     rest = read_proc_status()["VmRSS"]
     times: List[float] = []
     for _ in range(request["steps"]):
         start = time.perf_counter()
-        model.train_on_batch(x, y)
+        step()
         times.append(time.perf_counter() - start)
     peak = read_proc_status()["VmHWM"]
     allocator_peak = int(tf.config.experimental.get_memory_info("CPU:0")["peak"])
     gpus = tf.config.list_logical_devices("GPU")
-    device_peaks = measure_device_peak(lambda: model.train_on_batch(x, y)) if gpus else {}
+    device_peaks = measure_device_peak(step) if gpus else {}
     return {"baseline": baseline, "rest": rest, "peak": peak, "allocator_peak": allocator_peak,
             "step_seconds": times, "device_peaks": device_peaks}
 
 
 if __name__ == "__main__":
-    sys.stdout.write(json.dumps(_child(json.loads(sys.argv[1]))) + "\n")
+    _request = json.loads(sys.argv[1])
+    sys.stdout.write(json.dumps(_timing_child(_request) if _request.get("timing") else _child(_request)) + "\n")
