@@ -99,3 +99,17 @@ def test_worker_that_raises_fails_the_launch_naming_it_within_60s(ray_cluster, t
           "it started")  # the measurement README's Ray section quotes (pytest -rA shows it)
     assert ended - float(raised.group(1)) < 60, f"the launcher exited {ended - float(raised.group(1)):.0f} s later"
     assert ended - began < 200
+
+
+def test_dead_ray_worker_process_without_restarts_left_fails_the_launch_naming_it(ray_cluster, tmp_path):
+    """Ray's own worker process of worker:1 SIGKILLed with --max-restarts 0: the launcher exits 1 naming that
+    worker's process (not worker:0, whose command only lost its peer)."""
+    done = ray_util.launch(["--backend", "ray", "--workers", "2", "--address", ray_cluster.address,
+                            "--storage-path", str(tmp_path / "storage"), "--timeout", "250", "--", str(rel_ray.JOB)],
+                           cluster=ray_cluster, timeout=270,
+                           env={"JOB_OUT": str(tmp_path), "JOB_KILL_AT": "1:0:2", "JOB_KILL_WHAT": "ray_worker",
+                                "JOB_KILL_MARKER": str(tmp_path / "killed"), "JOB_BACKUP_DIR": str(tmp_path / "b")})
+    assert done.returncode == 1, done.stdout[-4000:]
+    assert (tmp_path / "killed").read_text().strip() == "0:2"
+    assert re.search(r"tfaccel ERROR: launch: worker:1 \(Ray Train worker process\) failed: \S", done.stdout), \
+        done.stdout[-4000:]

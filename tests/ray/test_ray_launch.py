@@ -15,8 +15,9 @@ pytestmark = pytest.mark.slow
 
 def test_launch_backend_ray_runs_compile_and_fit_on_two_workers(tmp_path):
     """Two Ray Train workers on a private local instance run a script given by a path relative to the launcher's
-    directory, train in lock-step (identical weights), their output is prefixed [worker i], Ray's Result holds the last epoch's metrics and tfaccel's checkpoint path, and no process
-    of the run (driver, Ray, workers, commands) survives it."""
+    directory, train in lock-step (identical weights), their output is prefixed [worker i], Ray's Result holds the
+    last epoch's metrics and tfaccel's checkpoint path, and no process of the run (driver, Ray, workers, commands)
+    survives it."""
     mark = f"local-{uuid.uuid4().hex[:12]}"
     storage = tmp_path / "storage"
     done = ray_util.launch(["--backend", "ray", "--workers", "2", "--storage-path", str(storage), "--timeout", "280",

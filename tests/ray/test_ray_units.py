@@ -10,7 +10,8 @@ import harness
 from tfaccel.cli.main import main as cli_main
 from tfaccel.errors import ConfigError
 from tfaccel.launch import run_ray
-from tfaccel.launch.ray import enter_launch_dir, forwarded_env, ray_backup_dir, ray_context, report_callbacks
+from tfaccel.launch.ray import (enter_launch_dir, first_failure, forwarded_env, ray_backup_dir, ray_context,
+                                report_callbacks)
 
 
 @pytest.mark.parametrize("kwargs, words", [
@@ -113,3 +114,36 @@ def test_enter_launch_dir_changes_into_the_launchers_directory_or_says_why_not(t
     assert (f"launch: the launcher's working directory {tmp_path / 'not-on-this-node'} does not exist on Ray node "
             in caplog.text)
     assert f"the command runs in {tmp_path} (give absolute paths, or the same directory on every node)" in caplog.text
+
+
+class _GroupError(Exception):
+    """Shaped like Ray Train's WorkerGroupError: ``worker_failures`` maps ranks to their errors."""
+
+    def __init__(self, worker_failures: dict) -> None:
+        super().__init__("Training failed due to worker errors")
+        self.worker_failures = worker_failures
+
+
+def _failure(rank: int, attempt: int, when: float, code: int = 1) -> dict:
+    return {"rank": rank, "attempt": attempt, "code": code, "when": when,
+            "message": f"worker:{rank} (pid 1, Ray node 127.0.0.1) failed: exit code {code}"}
+
+
+def test_first_failure_names_the_earliest_failed_command_of_the_last_attempt():
+    summary = {"attempts": 2, "failures": [_failure(0, 0, 1.0, 3), _failure(1, 1, 9.0, 2), _failure(0, 1, 5.0, 137)]}
+    error = _GroupError({0: RuntimeError("tfaccel: ..."), 1: RuntimeError("tfaccel: ...")})
+    assert first_failure(summary, error)["rank"] == 0 and first_failure(summary, error)["code"] == 137
+
+
+def test_first_failure_names_a_dead_ray_worker_process_before_the_peers_it_took_down():
+    summary = {"attempts": 1, "failures": [_failure(0, 0, 5.0)]}  # rank 0's command lost its peer
+    died = RuntimeError("The actor died unexpectedly\nThe actor is dead because its worker process has died.")
+    error = _GroupError({0: RuntimeError("tfaccel: ..."), 1: died})
+    assert first_failure(summary, error) == {
+        "rank": 1, "code": 1, "message": "worker:1 (Ray Train worker process) failed: The actor is dead because its "
+                                         "worker process has died."}
+
+
+def test_first_failure_without_a_worker_to_name_shows_rays_error():
+    out = first_failure({"attempts": 1, "failures": []}, ValueError("controller gone"))
+    assert out == {"rank": None, "code": 1, "message": "Ray Train failed: ValueError: controller gone"}

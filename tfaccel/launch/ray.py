@@ -375,17 +375,31 @@ def _init_ray(spec: _DriverSpec) -> str:
     return f"started a private local Ray instance on 127.0.0.1 with {spec.workers} CPU(s)"
 
 
-def _first_failure(summary: Mapping[str, Any], error: BaseException) -> Dict[str, Any]:
-    """The failure that ended the run: the earliest in the last attempt (Ray then stopped the others)."""
-    failures = summary.get("failures") or []
-    if failures:
-        last = max(f["attempt"] for f in failures)
-        return min((f for f in failures if f["attempt"] == last), key=lambda f: f["when"])
-    ranks = sorted(getattr(error, "worker_failures", {}) or {})
-    if ranks:  # the worker process itself died (no report from tfaccel's train function)
-        cause = str(error.worker_failures[ranks[0]]).strip().splitlines()
-        return {"rank": ranks[0], "code": 1,
-                "message": f"worker:{ranks[0]} (Ray Train worker process) failed: {cause[-1] if cause else '?'}"}
+def first_failure(summary: Mapping[str, Any], error: BaseException) -> Dict[str, Any]:
+    """The failure that ended a Ray Train run, from the restart-counting actor's summary and Ray's error.
+
+    In the last attempt: a Ray worker *process* that died (in Ray's ``worker_failures`` with no failure reported
+    by tfaccel's train function: killed, or out of memory) comes first, since its peers' commands fail only
+    because of it; else the earliest command that failed; else Ray's error itself.
+
+    Args:
+        summary: ``{"attempts", "failures"}`` of the job's state actor (each failure: rank, attempt, code,
+            message, when).
+        error: what ``TensorflowTrainer.fit()`` raised (``WorkerGroupError`` has ``worker_failures``).
+
+    Returns:
+        ``{"rank", "code", "message"}``; rank is None when no worker can be named.
+    """
+    last = max(0, int(summary.get("attempts") or 1) - 1)
+    recorded = [f for f in summary.get("failures") or [] if f["attempt"] == last]
+    seen = getattr(error, "worker_failures", None) or {}
+    died = sorted(set(seen) - {f["rank"] for f in recorded})
+    if died:
+        cause = str(seen[died[0]]).strip().splitlines()
+        return {"rank": died[0], "code": 1,
+                "message": f"worker:{died[0]} (Ray Train worker process) failed: {cause[-1] if cause else '?'}"}
+    if recorded:
+        return min(recorded, key=lambda f: f["when"])
     return {"rank": None, "code": 1, "message": f"Ray Train failed: {type(error).__name__}: {error}"}
 
 
@@ -420,7 +434,7 @@ def _driver(spec: _DriverSpec) -> Dict[str, Any]:
         out.update(returncode=0, metrics=result.metrics, path=str(result.path),
                    checkpoint=result.checkpoint.path if result.checkpoint is not None else None)
         return out
-    failure = _first_failure(summary, error)
+    failure = first_failure(summary, error)
     out.update(returncode=failure["code"] or 1, failed_worker=failure["rank"], message=failure["message"])
     return out
 
