@@ -76,6 +76,7 @@ def run_case(path: str, case: parity_cases.Case, out: str) -> dict:
     record["jit"] = bool(model.jit_compile)
     record["history"] = {k: [float(v) for v in vals] for k, vals in history.items()}
     record["weights"] = [w.tolist() for w in model.get_weights()]
+    record["weight_paths"] = [w.path for w in model.weights]
     record.update(_extras(case.name, model, out))
     return record
 
