@@ -152,3 +152,26 @@ def test_tensorboard_dir_writes_epoch_summaries(loop, clean_tf_config, tmp_path)
                          tensorboard_dir=str(tmp_path / "tb"))
     events = list((tmp_path / "tb").rglob("events.out.tfevents.*"))
     assert events and result.details["loop"].lower().startswith(loop)
+
+
+def test_recompute_option_trains_the_same_model(clean_tf_config):
+    def build():
+        inputs = keras.Input((4,))
+        h = keras.layers.Dense(8, activation="relu", name="b1_dense")(inputs)
+        h = keras.layers.Dense(8, activation="relu", name="b2_dense")(h)
+        return keras.Model(inputs, keras.layers.Dense(2, activation="softmax", name="head")(h))
+
+    results = []
+    for recompute in (None, "all"):
+        keras.utils.set_random_seed(3)
+        with tfaccel.scope(strategy="default"):
+            model = build()
+            model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
+        result = tfaccel.fit(model, X, Y, batch_size=8, epochs=2, verbose=0, shuffle=False, recompute=recompute)
+        results.append((result, model.get_weights()))
+    (plain, w_plain), (recomputed, w_rec) = results
+    assert recomputed.details["recompute"] == "blocks b1, b2" and "recompute" not in plain.details
+    assert np.allclose(plain.history["loss"], recomputed.history["loss"], rtol=1e-5)
+    assert all(np.allclose(a, b, atol=1e-5) for a, b in zip(w_plain, w_rec))
+    with pytest.raises(ConfigError, match="recompute"):
+        tfaccel.fit(_scoped(), X, Y, verbose=0, recompute="all")  # a Sequential model cannot be cut

@@ -280,7 +280,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: Optional[int] = No
         backup_dir: Optional[str] = None, backup_freq: Optional[int] = None, checkpoint_dir: Optional[str] = None,
         tensorboard_dir: Optional[str] = None, gradient_accumulation_steps: int = 1,
         scale_learning_rate: Optional[str] = None, base_batch_size: Optional[int] = None,
-        warmup_epochs: float = 0, steps_per_execution: Union[str, int] = "auto") -> FitResult:
+        warmup_epochs: float = 0, steps_per_execution: Union[str, int] = "auto", recompute: Any = None) -> FitResult:
     """Trains a model compiled inside ``tfaccel.scope()`` exactly as ``model.fit`` would, on this process's backend.
 
     The positional arguments are ``keras.Model.fit``'s, with Keras' meaning (``batch_size`` is the global
@@ -302,6 +302,9 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: Optional[int] = No
             Defaults to None (the rate as compiled).
         steps_per_execution: steps per compiled call on the Keras path; "auto" keeps 1 where per-batch callbacks
             must see every batch and goes up to 64 otherwise.
+        recompute: recompute the activations of these blocks in the backward pass (less memory, more compute):
+            ``"auto"``, ``"all"`` or block names, as ``tfaccel.memory.enable_recompute``, which it calls on the model
+            (it stays on after training; ``tfaccel.memory.disable_recompute(model)`` turns it off). Defaults to None.
 
     Returns:
         A ``FitResult``; ``result.history`` is Keras' history dict.
@@ -337,6 +340,10 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: Optional[int] = No
     changes = _adapt(model, backend=backend, plan=plan, requested_jit=requested_jit, data=data,
                      scale_learning_rate=scale_learning_rate, base_batch_size=base_batch_size,
                      warmup_epochs=warmup_epochs, accumulation=gradient_accumulation_steps)
+    if recompute is not None:
+        from tfaccel.memory import enable_recompute
+
+        changes["recompute"] = "blocks " + ", ".join(enable_recompute(model, recompute))
     state, (start_epoch, start_step) = _resume(backup_dir, backend=backend, model=model)
     start_epoch = max(start_epoch, initial_epoch)
     before, after, named = _tfaccel_callbacks(backend=backend, data=data, backup_dir=backup_dir,
