@@ -7,7 +7,7 @@ estimate takes seconds and no device memory beyond the variables.
 """
 
 import dataclasses
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 from tfaccel.errors import ConfigError, invalid_choice
 
@@ -222,6 +222,9 @@ def estimate_memory(model_or_name: Union[str, Callable[..., Any], Any], *, batch
         num_ps: parameter server tasks (parameter_server only). Defaults to 1.
         input_shape: one example's shape; defaults to the built-in model's usual input (``DEFAULT_SHAPES``).
         num_classes: number of classes; defaults to the built-in model's usual head.
+
+    The step traced is the model's own ``train_step`` compiled with sparse categorical cross-entropy on integer
+    labels (the reference models' loss; a different loss changes the activations by a few output-sized tensors).
 
     Returns:
         A :class:`MemoryEstimate`.
