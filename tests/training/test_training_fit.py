@@ -93,6 +93,8 @@ def _calls():
     ({"warmup_epochs": -1}, r"warmup_epochs must be a number >= 0; received -1"),
     ({"loss": None}, r"loss is required"),
     ({"backup_freq": 0}, r"backup_freq must be None or a whole number >= 1; received 0"),
+    ({"epochz": 3}, r"compile_and_fit: got an unexpected keyword argument 'epochz'; the options it passes to "
+                    r"tfaccel.fit are: .*initial_epoch.*gradient_accumulation_steps"),
 ])
 def test_bad_combinations_fail_before_training(kwargs, message, clean_tf_config):
     x, y = np.zeros((64, 8, 8, 1), "float32"), np.zeros(64, "int64")
@@ -140,6 +142,9 @@ def test_multi_worker_two_processes_identical_weights_and_history(tmp_path):
     assert a["digest"] == b["digest"]  # identical weights
     assert a["history"]["loss"] == b["history"]["loss"]  # identical loss history
     assert a["history"]["val_accuracy"][-1] >= TARGET_ACCURACY
+    assert a["details"]["learning_rate"] == "learning rate as compiled"  # not scaled by the 2 replicas
+    # Keras 3.15's multi-step loop fails under MWMS: one step per execution, with the reason.
+    assert a["details"]["steps_per_execution"].startswith("1 (multi_worker: Keras 3.15's multi-step loop fails")
     # Only the chief (worker 0) keeps checkpoints; worker 1's temporary directories are gone.
     assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith("ckpt-3"))
     assert not any(p.name.startswith("tfaccel-worker-ckpt-") for p in tmp_path.iterdir())
@@ -241,6 +246,7 @@ def test_parameter_server_refuses_options_its_loop_cannot_honour(monkeypatch, cl
     monkeypatch.undo()
     with tfaccel.scope(strategy="default"):  # the default strategy's plan is the real one again for later tests
         pass
+
 
 def _front_end(argv, timeout=240):
     import subprocess
