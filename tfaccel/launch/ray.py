@@ -8,7 +8,9 @@ How a launch goes::
         driver (this module)     ray.init (a private local instance on 127.0.0.1, or --address / RAY_ADDRESS),
                                  TensorflowTrainer(N workers, FailureConfig(max_failures=--max-restarts)).fit()
           Ray Train worker i     Ray sets TF_CONFIG (workers only, worker 0 is the chief); tfaccel's train function
-                                 runs the command as a child process under run_job, which streams its output
+                                 runs the command as a child process under run_job (in the launcher's working
+                                 directory, with the launcher's environment less host-specific variables: on a
+                                 cluster Ray's workers inherit their node's `ray start`), which streams its output
                                  with a ``[worker i]`` prefix (Ray forwards it to the driver, unprefixed by Ray)
                                  and reports its exit status; a non-zero status fails the worker group.
 
