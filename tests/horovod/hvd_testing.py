@@ -34,6 +34,7 @@ class FakeHvd:
     """
 
     Average = "Average"
+    Sum = "Sum"
 
     class Compression:
         none = "compression.none"

@@ -124,17 +124,19 @@ def test_fit_with_wrapper_and_callbacks_then_save_and_load(tmp_path) -> None:
                   jit_compile=False)
     local: List[float] = []
     record = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: local.append(logs["loss"]))
-    callbacks = [th.BroadcastVariablesCallback(_hvd=fake), record, th.MetricAverageCallback(_hvd=fake)]
+    callbacks = [th.BroadcastVariablesCallback(_hvd=fake), record, th.GlobalMetricsCallback(_hvd=fake)]
     x, y = np.ones((8, 3), "float32"), np.ones((8, 1), "float32")
     history = model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=callbacks)
     kinds = [c[0] for c in fake.calls]
-    assert kinds[0] == "broadcast_variables" and "grouped_allreduce" in kinds and kinds[-1] == "allreduce"
+    assert kinds[0] == "broadcast_variables" and "grouped_allreduce" in kinds and kinds[-1] == "grouped_allreduce"
+    assert fake.calls[-1][2] == "Sum"  # the metric states, summed at the epoch's end
     broadcast = fake.calls[0][1]
     # model variables + built optimizer variables (iterations, learning rate, m and v slots), all tf.Variables
     assert all(isinstance(v, tf.Variable) for v in broadcast)
     assert len(broadcast) == len(model.variables) + len(model.optimizer.variables) > len(model.variables)
-    # MetricAverageCallback runs before History: History records the fake "average" (local loss + 1)
-    assert history.history["loss"] == [pytest.approx(local[0] + 1.0)]
+    # GlobalMetricsCallback runs before History: History records the metrics of the "summed" state (the fake
+    # all-reduce leaves the values as they are with scale=1.0: one rank)
+    assert history.history["loss"] == [pytest.approx(local[0])]
     path = tmp_path / "m.keras"
     model.save(path)
     restored = keras.models.load_model(path)
@@ -163,16 +165,24 @@ def test_in_place_wrapping_checks_the_optimizer_first() -> None:
         th.distribute_in_place(object(), _hvd=FakeHvd())
 
 
-def test_metric_average_replaces_numeric_logs_only() -> None:
-    fake = FakeHvd()
-    cb = th.MetricAverageCallback(_hvd=fake)
-    logs = {"loss": 2.0, "val_acc": np.float32(0.5), "note": "text"}
-    cb.on_epoch_end(0, logs)
-    assert logs == {"loss": 3.0, "val_acc": 1.5, "note": "text"}
-    assert fake.calls == [("allreduce", "Average", "tfaccel_metric_average")]
-    cb.on_epoch_end(1, {})
-    cb.on_epoch_end(1, {"note": "x"})
-    assert len(fake.calls) == 1
+def test_global_metrics_sum_the_metric_states_of_the_ranks() -> None:
+    """Two "ranks" whose states the fake all-reduce doubles: a mean stays the mean, AUC is read from summed
+    confusion counts, and the train logs are taken before evaluate resets the metrics."""
+    fake = FakeHvd(scale=2.0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, activation="sigmoid")])
+    model.compile(optimizer="sgd", loss="binary_crossentropy", metrics=[keras.metrics.AUC(name="auc")])
+    x = np.random.default_rng(0).normal(size=(16, 3)).astype("float32")
+    y = (x[:, 0] > 0).astype("float32")[:, None]
+    cb = th.GlobalMetricsCallback(_hvd=fake)
+    history = model.fit(x, y, batch_size=8, epochs=1, verbose=0, validation_data=(x, y), callbacks=[cb])
+    plain = keras.models.clone_model(model)
+    plain.compile(loss="binary_crossentropy", metrics=[keras.metrics.AUC(name="auc")])
+    plain.set_weights(model.get_weights())
+    expected_val = plain.evaluate(x, y, batch_size=8, verbose=0, return_dict=True)
+    assert history.history["val_auc"] == [pytest.approx(expected_val["auc"])]  # doubled counts: same AUC
+    assert history.history["val_loss"] == [pytest.approx(expected_val["loss"], rel=1e-6)]  # total/count: same
+    assert [c[0] for c in fake.calls] == ["grouped_allreduce", "grouped_allreduce"]  # train state, val state
+    assert all(c[2] == "Sum" for c in fake.calls)
 
 
 def test_tf_variable_error_names_the_variable() -> None:
@@ -253,7 +263,7 @@ def test_make_backend_describes_horovod(monkeypatch) -> None:
     given = keras.optimizers.Adam()
     assert backend.wrap_optimizer(given) is given and th.is_distributed_optimizer(given)  # wrapped in place
     cbs = backend.extra_callbacks()
-    assert [type(c).__name__ for c in cbs] == ["BroadcastVariablesCallback", "MetricAverageCallback"]
+    assert [type(c).__name__ for c in cbs] == ["BroadcastVariablesCallback", "GlobalMetricsCallback"]
     rank0 = th.make_backend(devices=None, task=None, pin_gpu=False, _hvd=FakeHvd(size=3, rank=0))
     assert rank0.is_chief and rank0.num_replicas_in_sync == 3
 

@@ -3,8 +3,10 @@
 A case is trained by plain ``model.fit`` (the reference) and by ``tfaccel.fit`` on each path, from the same
 initial weights (set from a NumPy seed, identical in every process) and the same seed; parity_program.py
 runs them and parity tests compare. ``multi_replica_reference``: what a multi-replica path is compared with
-(``"keras"``: plain Keras fit with as many replicas; ``"one_device"``: one device at the same global batch,
-for the cases where Keras' own multi-replica behaviour is the bug tfaccel fixes).
+under tf.distribute (``"keras"``: plain Keras fit with as many replicas; ``"one_device"``: one device at the same
+global batch, for the cases where Keras' own multi-replica behaviour is the bug tfaccel fixes). Horovod ranks are
+single-replica processes whose gradients and metric states are summed: they train what one device trains at the
+global batch, except where each replica sees only its part of the batch (``per_replica_statistics``).
 """
 
 import dataclasses
@@ -22,7 +24,7 @@ class Case:
     build: Callable[[], Any]
     fit_kwargs: Callable[[str], Dict[str, Any]]  # (output dir) -> model.fit keyword arguments
     multi_replica_reference: str = "keras"
-    description: str = ""
+    per_replica_statistics: bool = False  # BatchNormalization: each replica normalises its own part of the batch
 
 
 def _rng() -> np.random.Generator:
@@ -243,7 +245,7 @@ CASES: Dict[str, Case] = {c.name: c for c in [
     Case("custom train_step", _custom_train_step_model, _plain()),
     Case("custom compute_loss", _custom_compute_loss_model, _plain()),
     Case("add_loss + kernel_regularizer", _add_loss_model, _plain(lambda: dict(validation_data=classification(24)))),
-    Case("BatchNorm + Dropout, partial last batch", _bn_dropout_model, _plain()),
+    Case("BatchNorm + Dropout, partial last batch", _bn_dropout_model, _plain(), per_replica_statistics=True),
     Case("sample_weight (arrays)", lambda: _compile(_mlp()), _plain(lambda: dict(sample_weight=_sample_weights()))),
     Case("sample_weight (dataset)", lambda: _compile(_mlp()), _dataset_kwargs),
     Case("class_weight", lambda: _compile(_mlp()), _plain(lambda: dict(class_weight={0: 0.5, 1: 2.0, 2: 1.0}))),

@@ -53,12 +53,17 @@ def differences(ref: dict, got: dict, case: str) -> List[str]:
     return problems
 
 
-def reference_for(case: str, *, multi_replica: bool, jit: bool) -> str:
-    """The reference path of a case: plain Keras on one device with the same XLA setting (XLA draws Dropout masks
-    from another RNG kernel), or plain Keras with the same number of replicas."""
-    if not multi_replica or parity_cases.CASES[case].multi_replica_reference == "one_device":
-        return "keras_one_xla" if jit else "keras_one"
-    return "keras_mirrored"
+def reference_for(case: str, *, kind: str, jit: bool) -> str:
+    """The reference path of a case for a path of ``kind`` (``"one"``, ``"tf_distribute"``, ``"horovod"``): plain
+    Keras on one device with the same XLA setting (XLA draws Dropout masks from another RNG kernel), or plain
+    Keras with as many replicas where that is what the path means (see parity_cases)."""
+    spec = parity_cases.CASES[case]
+    one = "keras_one_xla" if jit else "keras_one"
+    if kind == "tf_distribute":
+        return one if spec.multi_replica_reference == "one_device" else "keras_mirrored"
+    if kind == "horovod":
+        return "keras_mirrored" if spec.per_replica_statistics else one
+    return one
 
 
 def expected_steps(case: str) -> Optional[int]:

@@ -4,8 +4,9 @@ Each path runs all cases in its own process(es) (parity_program.py), once per se
 compiled loop and Keras fit), mirrored over 2 virtual CPUs, multi_worker with 2 real worker processes on
 loopback, horovod with 2 real ranks over Gloo, parameter_server with a real chief + worker + ps. The reference is plain Keras: one device, or the same
 number of replicas where per-replica semantics (BatchNorm statistics, Dropout streams) are Keras' own; the
-clipping cases compare multi-replica paths with one device, since Keras 3.15's per-replica clipping is
-the bug tfaccel fixes there. A path either matches (history keys and per-epoch values rel 1e-5, final
+clipping cases compare tf.distribute paths with one device, since Keras 3.15's per-replica clipping is
+the bug tfaccel fixes there; Horovod ranks (one replica each, gradients averaged, metric states summed) are
+compared with one device, or with Keras' MirroredStrategy where BatchNormalization normalises per replica. A path either matches (history keys and per-epoch values rel 1e-5, final
 weights abs 1e-5) or refuses the case with a ConfigError that says why; nothing runs differently. One-device
 paths are compared with Keras at the XLA setting tfaccel's plan chose (announced in the plan): XLA draws
 Dropout masks from another RNG kernel than TF's CPU kernels, in Keras' own fit as well.
@@ -64,9 +65,9 @@ def reference(parity_dir: Path) -> dict:
     return {path: _run_single(path, parity_dir / path) for path in ("keras_one", "keras_one_xla", "keras_mirrored")}
 
 
-def _check(path: str, out: Path, reference: dict, case: str, *, task: str = "main", multi_replica: bool) -> None:
+def _check(path: str, out: Path, reference: dict, case: str, *, task: str = "main", kind: str = "one") -> None:
     got = pc.load(str(out), task, case)
-    ref_path = pc.reference_for(case, multi_replica=multi_replica, jit=bool(got.get("jit")))
+    ref_path = pc.reference_for(case, kind=kind, jit=bool(got.get("jit")))
     if got["status"] == "refused":
         OUTCOMES.setdefault(path, {})[case] = f"refused: {got['message']}"
         assert case in MAY_REFUSE.get(path, ()), f"{path} refused {case!r}: {got['message']}"
@@ -96,7 +97,8 @@ def one_process_path(request: pytest.FixtureRequest, parity_dir: Path) -> Path:
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("path", ["tfaccel:default:compiled", "tfaccel:default:keras", "tfaccel:mirrored:auto"])
 def test_one_process(path: str, case: str, one_process_path: Path, reference: dict) -> None:
-    _check(path, one_process_path, reference, case, multi_replica=path.startswith("tfaccel:mirrored"))
+    _check(path, one_process_path, reference, case,
+           kind="tf_distribute" if path.startswith("tfaccel:mirrored") else "one")
 
 
 @pytest.fixture(scope="session")
@@ -110,7 +112,7 @@ def multi_worker_dir(parity_dir: Path) -> Path:
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("case", CASES)
 def test_multi_worker_two_processes(case: str, multi_worker_dir: Path, reference: dict) -> None:
-    _check("tfaccel:multi_worker:auto", multi_worker_dir, reference, case, task="worker0", multi_replica=True)
+    _check("tfaccel:multi_worker:auto", multi_worker_dir, reference, case, task="worker0", kind="tf_distribute")
     _same_weights_everywhere(*(pc.load(str(multi_worker_dir), t, case) for t in ("worker0", "worker1")))
 
 
@@ -136,7 +138,7 @@ def horovod_dir(parity_dir: Path) -> Path:
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("case", CASES)
 def test_horovod_two_ranks(case: str, horovod_dir: Path, reference: dict) -> None:
-    _check("tfaccel:horovod:auto", horovod_dir, reference, case, task="rank0", multi_replica=True)
+    _check("tfaccel:horovod:auto", horovod_dir, reference, case, task="rank0", kind="horovod")
     _same_weights_everywhere(*(pc.load(str(horovod_dir), t, case) for t in ("rank0", "rank1")))
 
 
@@ -165,7 +167,7 @@ def parameter_server_dir(parity_dir: Path) -> Path:
 @pytest.mark.parametrize("case", CASES)
 def test_parameter_server_chief_worker_ps(case: str, parameter_server_dir: Path, reference: dict) -> None:
     """One worker runs the closures one after the other: the coordinator loop must then train exactly like fit."""
-    _check("tfaccel:parameter_server:auto", parameter_server_dir, reference, case, task="chief0", multi_replica=False)
+    _check("tfaccel:parameter_server:auto", parameter_server_dir, reference, case, task="chief0")
 
 
 def teardown_module() -> None:

@@ -219,7 +219,8 @@ def test_shards_split_every_global_batch_by_rank():
     y = np.arange(16)
     data = prepare_data(x, y, batch_size=8, seed=0)
     full, _ = example_stream(data, epochs=1, initial_epoch=0)
-    global_batches = [set(b[1].tolist()) for b in full.as_numpy_iterator()]
+    ordered = [b[1].tolist() for b in full.as_numpy_iterator()]
+    global_batches = [set(b) for b in ordered]
     per_rank = []
     for rank in range(2):
         stream, steps = example_stream(data, epochs=1, initial_epoch=0, shards=2, shard_index=rank)
@@ -229,6 +230,8 @@ def test_shards_split_every_global_batch_by_rank():
     for step, expected in enumerate(global_batches):  # the ranks' batches of one step are that step's global batch
         assert set(per_rank[0][step]).isdisjoint(per_rank[1][step])
         assert set(per_rank[0][step]) | set(per_rank[1][step]) == expected
+        # contiguous halves, as tf.distribute cuts a global batch over replicas (BatchNorm sees the same groups)
+        assert per_rank[0][step] + per_rank[1][step] == ordered[step]
 
 
 @pytest.mark.parametrize("n,batch,kwargs,message", [

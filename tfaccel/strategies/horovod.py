@@ -12,7 +12,7 @@ never calls, so under Keras 3 it *silently does not average gradients* (ranks di
 * :class:`BroadcastVariablesCallback` builds the optimizer and broadcasts model and optimizer variables from
   rank 0 at train begin, on the underlying ``tf.Variable``s (broadcasting Keras 3 variables directly fails
   with ``'SymbolicTensor' object has no attribute 'assign'``);
-* :class:`MetricAverageCallback` averages the epoch logs over ranks, so every rank's History agrees;
+* :class:`GlobalMetricsCallback` sums the ranks' metric states, so every rank's logs are the global batch's;
 * :func:`check_optimizer` refuses an optimizer already wrapped by ``horovod.tensorflow.keras``;
 * :func:`agree_on_backup` makes every rank resume from rank 0's backup (``backup_dir``, issue 9 R1).
 
@@ -39,7 +39,7 @@ __all__ = [
     "COMPRESSION_NAMES",
     "INSTALL_HINT",
     "BroadcastVariablesCallback",
-    "MetricAverageCallback",
+    "GlobalMetricsCallback",
     "agree_on_backup",
     "check_optimizer",
     "distributed_optimizer",
@@ -292,30 +292,50 @@ class BroadcastVariablesCallback(keras.callbacks.Callback):
         get_logger().debug("horovod: broadcast %d variables from rank %d", len(variables), self.root_rank)
 
 
-class MetricAverageCallback(keras.callbacks.Callback):
-    """Replaces every numeric epoch log (loss, metrics, ``val_*``) by its average over all ranks.
+class GlobalMetricsCallback(keras.callbacks.Callback):
+    """Makes every rank's epoch logs (loss, metrics, ``val_*``) the metrics of the whole global batch.
 
-    Keras appends History and the progress bar after user callbacks, so they record the averages; put
-    this callback before callbacks that act on metrics (checkpoints, early stopping, LR on plateau).
+    The ranks' metric *states* are summed (a Horovod all-reduce of every metric variable: totals and counts,
+    confusion counts, ...), then Keras' own ``result()`` is read, as tf.distribute aggregates a metric's state
+    over replicas. Averaging each rank's result instead (Horovod's own MetricAverageCallback) is wrong for every
+    metric that is not a plain mean of equal-sized parts (AUC, F1Score, a loss over unequal shards). Train metrics
+    are summed when validation begins (Keras then resets them), validation metrics when it ends. Put this callback
+    before callbacks that act on metrics (checkpoints, early stopping, LR on plateau).
     """
 
     def __init__(self, *, _hvd: Any = None) -> None:
         super().__init__()
         self._hvd = _hvd
+        self._train_logs: Optional[dict] = None
+
+    def _global_results(self) -> dict:
+        hvd = self._hvd if self._hvd is not None else import_horovod()
+        seen: dict = {}
+        for metric in self.model.metrics:
+            seen.update((id(v), v) for v in metric.variables)
+        variables = list(seen.values())  # the same model, so the same order on every rank
+        if variables:
+            summed = hvd.grouped_allreduce([tf.convert_to_tensor(_tf_variable(v)) for v in variables], op=hvd.Sum)
+            for variable, value in zip(variables, summed):
+                variable.assign(value)
+        return {k: float(np.asarray(v)) for k, v in self.model.get_metrics_result().items() if np.ndim(v) == 0}
+
+    def on_epoch_begin(self, epoch: int, logs: Optional[dict] = None) -> None:
+        self._train_logs = None
+
+    def on_test_begin(self, logs: Optional[dict] = None) -> None:
+        if self._train_logs is None:
+            self._train_logs = self._global_results()  # the train state, before evaluate resets it
+
+    def on_test_end(self, logs: Optional[dict] = None) -> None:
+        if logs is not None:
+            logs.update({k: v for k, v in self._global_results().items() if k in logs})
 
     def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
-        if not logs:
+        if logs is None:
             return
-        hvd = self._hvd if self._hvd is not None else import_horovod()
-        keys = sorted(k for k, v in logs.items()
-                      if np.ndim(v) == 0 and np.issubdtype(np.asarray(v).dtype, np.number))
-        if not keys:
-            return
-        values = tf.constant([float(logs[k]) for k in keys], dtype=tf.float64)
-        # Every rank must send the same keys in the same order; a mismatch fails in Horovod, loudly.
-        averaged = hvd.allreduce(values, op=hvd.Average, name="tfaccel_metric_average")
-        for key, value in zip(keys, np.asarray(averaged).tolist()):
-            logs[key] = float(value)
+        train = self._train_logs if self._train_logs is not None else self._global_results()
+        logs.update({k: v for k, v in train.items() if k in logs})
 
 
 def agree_on_backup(state: Optional[Mapping[str, Any]], *, _hvd: Any = None) -> Optional[Mapping[str, Any]]:
@@ -407,7 +427,7 @@ def make_backend(*, devices: Any = None, task: Any = None, compression: str = "n
     Returns:
         ``Backend(name="horovod", strategy=<default strategy>, num_replicas_in_sync=size, num_workers=size,
         worker_index=rank, is_chief=rank == 0, supports_jit=False, wrap_optimizer=<Keras 3 all-reduce
-        wrapper>, extra_callbacks=<[BroadcastVariablesCallback, MetricAverageCallback]>)``.
+        wrapper>, extra_callbacks=<[BroadcastVariablesCallback, GlobalMetricsCallback]>)``.
 
     Raises:
         ConfigError: an unknown option or compression.
@@ -438,7 +458,7 @@ def make_backend(*, devices: Any = None, task: Any = None, compression: str = "n
         return distribute_in_place(optimizer, compression=compression, _hvd=hvd)
 
     def extra_callbacks() -> List[Any]:
-        return [BroadcastVariablesCallback(root_rank=0, _hvd=hvd), MetricAverageCallback(_hvd=hvd)]
+        return [BroadcastVariablesCallback(root_rank=0, _hvd=hvd), GlobalMetricsCallback(_hvd=hvd)]
 
     return Backend(
         name="horovod",

@@ -252,8 +252,8 @@ def example_stream(data: FitData, *, epochs: int, initial_epoch: int, start_step
         epochs, initial_epoch: the epochs the stream covers.
         start_step: batches of ``initial_epoch`` already trained (a resumed job).
         shards, shard_index: split every global batch over ``shards`` pipelines (Horovod ranks): this one keeps
-            positions ``shard_index, shard_index + shards, ...`` of each batch, so the ranks' batches of one
-            step together are the global batch.
+            the ``shard_index``-th of ``shards`` contiguous equal parts of each batch (as tf.distribute splits a
+            batch over replicas), so the ranks' batches of one step together are the global batch.
 
     Returns:
         (dataset of ``(x, y[, sample_weight])`` batches, steps per epoch).
@@ -279,8 +279,11 @@ def example_stream(data: FitData, *, epochs: int, initial_epoch: int, start_step
     def epoch_batches(epoch: int) -> Any:
         shuffled = data.shuffle and data.shuffle != "batch"
         order = np.random.default_rng([data.seed, epoch]).permutation(n) if shuffled else np.arange(n)
-        # B % shards == 0, so position p of the epoch lands in shard p % shards within its global batch.
-        mine = order[shard_index::shards].astype(np.int64)
+        # Each global batch is cut into `shards` contiguous equal parts, as tf.distribute's rebatching cuts it over
+        # replicas: rank i takes part i (the partial last batch too, which splits evenly: checked above).
+        windows = (order[s:s + batch] for s in range(0, n, batch))
+        mine = np.concatenate([w[shard_index * len(w) // shards:(shard_index + 1) * len(w) // shards]
+                               for w in windows]).astype(np.int64)
         return tf.data.Dataset.from_tensor_slices(mine).batch(batch // shards)
 
     stream = epoch_batches(initial_epoch)
