@@ -336,3 +336,18 @@ def test_horovod_is_built_here() -> None:
     import horovod
 
     assert horovod.__version__ == "0.28.1"
+
+
+def test_stop_together_stops_every_rank_when_one_asks() -> None:
+    """A rank whose TerminateOnNaN fired (its local loss) stops the others at the same step: the fake all-reduce
+    adds 1, as if the other rank had set stop_training; without it this rank would go on into the next
+    all-reduce alone and the job would hang."""
+    fake = FakeHvd()
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    seen = []
+    after = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: seen.append(batch))
+    x, y = np.ones((8, 3), "float32"), np.ones((8, 1), "float32")
+    model.fit(x, y, batch_size=2, epochs=3, verbose=0, callbacks=[th.StopTogetherCallback(_hvd=fake), after])
+    assert seen == [0] and model.stop_training  # stopped after the first step, in the first epoch
+    assert fake.calls == [("allreduce", "Sum", "tfaccel_stop_training")]

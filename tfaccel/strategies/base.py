@@ -45,6 +45,8 @@ class Backend:
     # Hooks for backends that spread work outside tf.distribute (Horovod); identity / empty by default.
     wrap_optimizer: Callable[[Any], Any] = lambda optimizer: optimizer
     extra_callbacks: Callable[[], List[Any]] = lambda: []
+    # Callbacks that must run after the user's per-batch callbacks (Horovod: every rank stops at the same step).
+    batch_sync_callbacks: Callable[[], List[Any]] = lambda: []
 
     def scope(self) -> ContextManager:
         """The context in which the model and optimizer must be built."""

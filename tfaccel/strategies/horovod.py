@@ -40,6 +40,7 @@ __all__ = [
     "INSTALL_HINT",
     "BroadcastVariablesCallback",
     "GlobalMetricsCallback",
+    "StopTogetherCallback",
     "agree_on_backup",
     "check_optimizer",
     "distributed_optimizer",
@@ -338,6 +339,23 @@ class GlobalMetricsCallback(keras.callbacks.Callback):
         logs.update({k: v for k, v in train.items() if k in logs})
 
 
+class StopTogetherCallback(keras.callbacks.Callback):
+    """After the user's per-batch callbacks: if any rank set ``model.stop_training`` (TerminateOnNaN on its local
+    loss, a user's own check), every rank stops at this same step. Without it the others would go on into the
+    next step's all-reduce alone and the job would hang. One scalar all-reduce per batch, so tfaccel.fit adds it
+    only when a callback acts per batch."""
+
+    def __init__(self, *, _hvd: Any = None) -> None:
+        super().__init__()
+        self._hvd = _hvd
+
+    def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
+        hvd = self._hvd if self._hvd is not None else import_horovod()
+        stops = hvd.allreduce(tf.constant(1.0 if self.model.stop_training else 0.0), op=hvd.Sum,
+                              name="tfaccel_stop_training")
+        self.model.stop_training = float(stops) > 0
+
+
 def agree_on_backup(state: Optional[Mapping[str, Any]], *, _hvd: Any = None) -> Optional[Mapping[str, Any]]:
     """Rank 0's backup position, for every rank: where a restarted Horovod job resumes (issue 9 R1).
 
@@ -460,6 +478,9 @@ def make_backend(*, devices: Any = None, task: Any = None, compression: str = "n
     def extra_callbacks() -> List[Any]:
         return [BroadcastVariablesCallback(root_rank=0, _hvd=hvd), GlobalMetricsCallback(_hvd=hvd)]
 
+    def batch_sync_callbacks() -> List[Any]:
+        return [StopTogetherCallback(_hvd=hvd)]
+
     return Backend(
         name="horovod",
         strategy=tf.distribute.get_strategy(),
@@ -473,5 +494,6 @@ def make_backend(*, devices: Any = None, task: Any = None, compression: str = "n
                  "behind HOROVOD_ENABLE_XLA_OPS), so the train step cannot be jit-compiled",
         wrap_optimizer=wrap_optimizer,
         extra_callbacks=extra_callbacks,
+        batch_sync_callbacks=batch_sync_callbacks,
     )
 

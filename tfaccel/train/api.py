@@ -220,7 +220,8 @@ def _refined_jit(plan: Any, model: Any, requested_jit: Any) -> Tuple[bool, str]:
 
 
 def _tfaccel_callbacks(*, backend: Any, data: Any, backup_dir: Optional[str], backup_freq: Optional[int],
-                       checkpoint_dir: Optional[str], tensorboard_dir: Optional[str], start_step: int) -> tuple:
+                       checkpoint_dir: Optional[str], tensorboard_dir: Optional[str], start_step: int,
+                       per_batch: bool) -> tuple:
     """(callbacks before the user's, callbacks after the user's, named ones) that tfaccel adds."""
     import keras
 
@@ -234,7 +235,7 @@ def _tfaccel_callbacks(*, backend: Any, data: Any, backup_dir: Optional[str], ba
     if checkpoint_dir:
         named["checkpoint"] = ChiefCheckpoint(checkpoint_dir, is_chief=chief,
                                               every_worker_saves=backend.name == "multi_worker")
-    after = list(named.values())
+    after = (list(backend.batch_sync_callbacks()) if per_batch else []) + list(named.values())
     if tensorboard_dir and chief:
         after.append(keras.callbacks.TensorBoard(tensorboard_dir))
     from tfaccel.launch.ray import report_callbacks
@@ -348,7 +349,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: Optional[int] = No
     start_epoch = max(start_epoch, initial_epoch)
     before, after, named = _tfaccel_callbacks(backend=backend, data=data, backup_dir=backup_dir,
                                               backup_freq=backup_freq, checkpoint_dir=checkpoint_dir,
-                                              tensorboard_dir=tensorboard_dir, start_step=start_step)
+                                              tensorboard_dir=tensorboard_dir, start_step=start_step,
+                                              per_batch=_needs_every_batch(model, user_callbacks))
     if loop_name == "keras_fit":
         per_batch = bool(backup_freq) or _needs_every_batch(model, user_callbacks)
         spe, spe_reason = _steps_per_execution(steps_per_execution, backend=backend, model=model,
