@@ -188,6 +188,9 @@ def _trial_verdict(run: RayRun, work: Path, *, victim: int, epoch: int, step: in
     backup = reports[0].get("backup_dir")
     if not backup or Path(backup).exists():
         return f"the backup directory {backup} was not removed after training completed"
+    scratch = Path(backup).parent / ".tfaccel-workers"  # on a cluster: the workers' files in the run's storage
+    if scratch.exists():
+        return f"the workers' temporary files were left in {scratch}: {sorted(p.name for p in scratch.iterdir())}"
     return None
 
 

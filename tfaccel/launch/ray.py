@@ -294,7 +294,10 @@ def _train_loop(config: Dict[str, Any]) -> None:
     state = config["state"]
     attempt = int(ray.get(state.started.remote(rank)))
     enter_launch_dir(config.get("cwd"))
-    with tempfile.TemporaryDirectory(prefix="tfaccel-ray-worker-") as tmp:
+    scratch = config.get("scratch")
+    if scratch:  # a directory the driver removes: Ray kills the workers it stops, leaving their temporary files
+        os.makedirs(scratch, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="tfaccel-ray-worker-", dir=scratch) as tmp:
         report_path = os.path.join(tmp, "reports.jsonl")
         env = _worker_env(config, rank, size, report_path, attempt)
         task = LaunchTask("worker", rank, tuple(config["argv"]), env)
@@ -372,8 +375,12 @@ def _init_ray(spec: _DriverSpec) -> str:
     # A private instance: this host only, on loopback, CPUs for exactly the workers; it ends with this process.
     # Without a dashboard Ray's State API is unavailable, and Ray Train's placement-group cleaner (which asks it
     # whether the controller is alive) warns about it every second: Ray's own loggers say errors only.
+    # Its session files (logs, sockets) go to the launch's temporary directory, removed with it; unless that path is
+    # too long for Ray's unix sockets (107 bytes with the session's name and socket file after it).
+    temp_dir = os.path.join(os.path.dirname(spec.result_path), "ray")
+    extra = {"_temp_dir": temp_dir} if len(temp_dir) <= 48 else {}
     ray.init(num_cpus=spec.workers, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=True,
-             logging_config=ray.LoggingConfig(log_level="ERROR"))
+             logging_config=ray.LoggingConfig(log_level="ERROR"), **extra)
     return f"started a private local Ray instance on 127.0.0.1 with {spec.workers} CPU(s)"
 
 
@@ -405,6 +412,14 @@ def first_failure(summary: Mapping[str, Any], error: BaseException) -> Dict[str,
     return {"rank": None, "code": 1, "message": f"Ray Train failed: {type(error).__name__}: {error}"}
 
 
+def _scratch_dir(spec: _DriverSpec, run_dir: Optional[str]) -> Optional[str]:
+    """Where the workers keep their temporary files: the launch's temporary directory for a private instance, the
+    run's directory in Ray's (shared) storage on a cluster, else the system's (left behind by killed workers)."""
+    if not spec.address:
+        return os.path.join(os.path.dirname(spec.result_path), "workers")
+    return os.path.join(run_dir, ".tfaccel-workers") if run_dir else None
+
+
 def _driver(spec: _DriverSpec) -> Dict[str, Any]:
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
@@ -412,12 +427,13 @@ def _driver(spec: _DriverSpec) -> Dict[str, Any]:
 
     log = get_logger()
     log.info("launch: %s (ray %s)", _init_ray(spec), ray.__version__)
+    run_dir = os.path.join(spec.storage_path, spec.name) if spec.storage_path and os.path.isabs(
+        spec.storage_path) else None
+    scratch = _scratch_dir(spec, run_dir)
     try:
         state = _job_state_class().remote()
-        run_dir = os.path.join(spec.storage_path, spec.name) if spec.storage_path and os.path.isabs(
-            spec.storage_path) else None
         config = {"argv": spec.argv, "env": spec.env, "grace": spec.grace, "capture_lines": spec.capture_lines,
-                  "state": state, "run_dir": run_dir, "cwd": spec.cwd}
+                  "state": state, "run_dir": run_dir, "cwd": spec.cwd, "scratch": scratch}
         trainer = TensorflowTrainer(
             _train_loop, train_loop_config=config, scaling_config=ScalingConfig(num_workers=spec.workers),
             run_config=RunConfig(name=spec.name, storage_path=spec.storage_path,
@@ -431,6 +447,8 @@ def _driver(spec: _DriverSpec) -> Dict[str, Any]:
         summary = ray.get(state.summary.remote())
     finally:
         ray.shutdown()
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
     out: Dict[str, Any] = {"restarts": max(0, summary["attempts"] - 1), "failures": summary["failures"]}
     if error is None and result is not None:
         out.update(returncode=0, metrics=result.metrics, path=str(result.path),
