@@ -48,15 +48,7 @@ class RayRun:
 
     def json_lines(self) -> List[dict]:
         """The job's JSON reports (lines holding ``{"task": ...}``, after any ``[worker i]`` prefix)."""
-        out = []
-        for line in self.text.splitlines():
-            start = line.find('{"task"')
-            if start >= 0:
-                try:
-                    out.append(json.loads(line[start:]))
-                except ValueError:
-                    pass
-        return out
+        return rs.job_reports(self.text.splitlines())
 
     def tail(self, n: int = 60) -> str:
         return "\n".join(self.text.splitlines()[-n:])

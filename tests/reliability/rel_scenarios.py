@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent.parent
@@ -107,18 +107,23 @@ class Run:
         return None
 
     def json_lines(self) -> List[dict]:
-        out = []
-        for _, _, line in list(self.lines):
-            start = line.find("{\"task\"")
-            if start >= 0:
-                try:
-                    out.append(json.loads(line[start:]))
-                except ValueError:
-                    pass
-        return out
+        return job_reports(line for _, _, line in list(self.lines))
 
     def tail(self, n: int = 40) -> str:
         return "\n".join(self.text.splitlines()[-n:])
+
+
+def job_reports(lines: Iterable[str]) -> List[dict]:
+    """The job's JSON reports: lines holding ``{"task": ...}``, after any ``[worker i]`` prefix."""
+    out = []
+    for line in lines:
+        start = line.find('{"task"')
+        if start >= 0:
+            try:
+                out.append(json.loads(line[start:]))
+            except ValueError:
+                pass
+    return out
 
 
 def with_suppress_kill(pid: int) -> None:
