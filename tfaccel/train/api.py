@@ -347,14 +347,15 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: Optional[int] = No
         changes["recompute"] = "blocks " + ", ".join(enable_recompute(model, recompute))
     state, (start_epoch, start_step) = _resume(backup_dir, backend=backend, model=model)
     start_epoch = max(start_epoch, initial_epoch)
+    per_batch = _needs_every_batch(model, user_callbacks)
     before, after, named = _tfaccel_callbacks(backend=backend, data=data, backup_dir=backup_dir,
                                               backup_freq=backup_freq, checkpoint_dir=checkpoint_dir,
                                               tensorboard_dir=tensorboard_dir, start_step=start_step,
-                                              per_batch=_needs_every_batch(model, user_callbacks))
+                                              per_batch=per_batch)
     if loop_name == "keras_fit":
-        per_batch = bool(backup_freq) or _needs_every_batch(model, user_callbacks)
         spe, spe_reason = _steps_per_execution(steps_per_execution, backend=backend, model=model,
-                                               per_batch_callbacks=per_batch, steps_per_epoch=data.steps_per_epoch)
+                                               per_batch_callbacks=per_batch or bool(backup_freq),
+                                               steps_per_epoch=data.steps_per_epoch)
         if spe != model.steps_per_execution:
             model.steps_per_execution, model.train_function = spe, None
         changes["steps_per_execution"] = f"{spe} ({spe_reason})"

@@ -19,7 +19,7 @@ from tfaccel.log import get_logger
 
 __all__ = ["scope", "plan_for_model"]
 
-# Plans entered in this process, by the id of their tf.distribute strategy (the latest last).
+# Plans entered in this process, by the id of their tf.distribute strategy.
 _PLANS: Dict[int, Tuple[Any, Any, Any]] = {}
 
 
@@ -59,7 +59,6 @@ def scope(strategy: str = "auto", precision: str = "auto", jit_compile: Union[st
                                  strategy_options=strategy_options)
     previous = keras.config.dtype_policy()
     set_precision(plan.precision)
-    _PLANS.pop(id(backend.strategy), None)
     _PLANS[id(backend.strategy)] = (plan, backend, jit_compile)
     get_logger().debug("scope: %s", plan.summary())
     try:
