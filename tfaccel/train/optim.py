@@ -24,7 +24,7 @@ from typing import Any, Dict, Optional, Tuple
 from tfaccel.errors import ConfigError, invalid_choice
 
 __all__ = ["LR_SCALING", "OPTIMIZER_NAMES", "scale_factor", "scaled_schedule", "adapt_optimizer",
-           "check_optimizer", "restore_optimizer_class"]
+           "restore_optimizer_class"]
 
 LR_SCALING = ("linear", "sqrt", "none")
 OPTIMIZER_NAMES = ("adam", "adamw", "sgd", "rmsprop", "adagrad", "adamax", "nadam", "lion")
@@ -90,21 +90,6 @@ def _schedule_class() -> type:
 def scaled_schedule(inner: Any, factor: float, warmup_steps: int = 0) -> Any:
     """A LearningRateSchedule: ``inner`` (number or schedule) times ``factor``, ramped over ``warmup_steps``."""
     return _schedule_class()(inner, factor, warmup_steps)
-
-
-def check_optimizer(optimizer: Any) -> None:
-    """Refuses optimizers tfaccel cannot train correctly.
-
-    Raises:
-        ConfigError: Horovod's Keras 2 wrapper (it silently does not average under Keras 3), or Keras' own
-            ``gradient_accumulation_steps`` (it fails under MirroredStrategy).
-    """
-    module = type(optimizer).__module__
-    if module.startswith("horovod.") or type(optimizer).__name__.startswith("_DistributedOptimizer"):
-        raise ConfigError(
-            "optimizer is wrapped by horovod.tensorflow.keras.DistributedOptimizer, which under Keras 3 silently "
-            "does not average gradients (ranks diverge). Compile with the plain Keras optimizer inside "
-            "tfaccel.scope(); tfaccel.fit wraps it correctly.")
 
 
 _ADAPTED: Dict[type, type] = {}
@@ -213,6 +198,8 @@ def adapt_optimizer(model: Any, *, replicas: int, accumulation_steps: int) -> Op
             ``gradient_accumulation_steps``.
     """
     import keras
+
+    from tfaccel.strategies.horovod import check_optimizer  # refuses Horovod's Keras 2 wrapper, on any backend
 
     opt = model.optimizer
     inner = opt.inner_optimizer if isinstance(opt, keras.optimizers.LossScaleOptimizer) else opt
