@@ -99,18 +99,23 @@ def main() -> int:
         model = result.model
         got = result.history
         weights = [np.asarray(w) for w in model.get_weights()]
-        try:  # Keras 3 evaluate distributes its data with the model's strategy: ParameterServerStrategy refuses
-            model.evaluate(val[0], val[1], sample_weight=val[2], batch_size=16, verbose=0)
-            evaluate_error = None
-        except ValueError as exc:
-            evaluate_error = str(exc)
+        # The trained model is usable on the coordinator (tfaccel.compat.keras_ps_model): Keras evaluate on the
+        # validation data, predict, and a .keras file that plain Keras loads in another process.
+        evaluated = model.evaluate(val[0], val[1], sample_weight=val[2], batch_size=16, verbose=0, return_dict=True)
+        predicted = model.predict(val[0], batch_size=16, verbose=0)
+        saved = os.path.join(os.path.dirname(done), "trained.keras")
+        model.save(saved)
+        np.save(saved + ".val_x.npy", val[0])
         print(json.dumps({
             "strategy": result.plan.strategy, "loop": result.details["loop"], "steps": result.steps,
             "optimizer_iterations": result.details.get("optimizer_iterations"),
+            "ps_accounting": result.details.get("ps_accounting"),
             "history": got, "expected": expected,
             "max_weight_diff": max(float(np.max(np.abs(a - b))) for a, b in zip(weights, expected_weights)),
             "optimizer": type(model.optimizer).__name__, "compiled": bool(model.compiled),
-            "loss": model.loss, "metrics_names": model.metrics_names, "evaluate_error": evaluate_error}),
+            "loss": model.loss, "metrics_names": model.metrics_names,
+            "evaluated": {k: float(v) for k, v in evaluated.items()},
+            "predicted_sum": float(np.sum(predicted)), "saved": saved}),
             flush=True)
     finally:
         open(done, "w").close()

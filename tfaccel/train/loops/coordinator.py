@@ -30,13 +30,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from tfaccel.compat.keras_ps_model import release_from_strategy
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
 from tfaccel.train.backups import PS_BACKUP_FORMAT, restore_checkpoint_backup, write_checkpoint_backup
 from tfaccel.train.data import FitData
 from tfaccel.train.loops.base import LoopResult, python_logs, should_validate, step_data
-from tfaccel.train.loops.ps_step import (STEPS_PER_CLOSURE, WHY_NO_METRIC_OBJECTS, Schedule, WorkerStep, build_on_ps,
-                                         check_metrics)
+from tfaccel.train.loops.ps_step import (STEPS_PER_CLOSURE, WHY_NO_METRIC_OBJECTS, Accounting, Schedule, WorkerStep,
+                                         build_on_ps, check_metrics)
 
 __all__ = ["run_coordinator"]
 
@@ -237,7 +238,7 @@ def run_coordinator(model: Any, *, data: FitData, backend: Any, plan: Any, epoch
     cb_list = keras.callbacks.CallbackList(callbacks, add_history=True, add_progbar=False, model=model,
                                            verbose=verbose, epochs=epochs, steps=data.steps_per_epoch)
     test_step = tf.function(model.test_step, reduce_retracing=True)
-    counted_at_start = int(step.steps.numpy())
+    counted_at_start, accounted_at_start = int(step.steps.numpy()), step.accounting.read()
     seconds: List[float] = []
     model.stop_training = False
     cb_list.on_train_begin()
@@ -262,6 +263,9 @@ def run_coordinator(model: Any, *, data: FitData, backend: Any, plan: Any, epoch
         model.optimizer.finalize_variable_values(model.trainable_weights)
     cb_list.on_train_end(logs=logs)
     counted = int(step.steps.numpy())
+    details["ps_accounting"] = Accounting.report(accounted_at_start, step.accounting.read(),
+                                                 closures=sched.closures_scheduled, updates=sched.updates_scheduled)
+    release_from_strategy(model)  # Keras evaluate / predict / save on the coordinator, outside the strategy
     details.update(optimizer_iterations=int(model.optimizer.iterations.numpy()), steps_counted=counted,
                    data="per-worker arrays on the workers, order from (seed, epoch)" if data.kind == "arrays"
                    else "per-worker datasets built on the workers by the dataset_fn")

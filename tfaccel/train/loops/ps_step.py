@@ -10,9 +10,11 @@ import numpy as np
 from tfaccel.errors import ConfigError
 from tfaccel.train.data import FitData
 from tfaccel.train.loops.base import step_data
+from tfaccel.train.loops.ps_input import sharded_dataset_iterator, worker_index_iterator
 
 __all__ = ["STEPS_PER_CLOSURE", "WHY_NO_METRIC_OBJECTS", "exact_assign_add", "leaf_metrics", "check_metrics",
-           "WorkerStep", "Schedule", "build_on_ps"]
+           "Accounting", "WorkerStep",
+           "Schedule", "build_on_ps"]
 
 # Optimizer updates per scheduled closure: fewer RPC round-trips, still fine-grained enough to spread over workers.
 STEPS_PER_CLOSURE = 8
@@ -59,6 +61,56 @@ def check_metrics(model: Any) -> None:
                 "with another strategy")
 
 
+class Accounting:
+    """What the workers did, counted on the ps tasks (where a lost worker cannot take the counts with it).
+
+    A closure that was running on a lost worker is run again in full elsewhere, and the updates it had already
+    applied stay applied: ClusterCoordinator is at-least-once. So the loop counts instead of assuming: every update
+    adds 1 and its examples to the counters of the worker that applied it, right after applying it, and every
+    closure adds 1 to ``started`` when it begins.
+    """
+
+    def __init__(self, num_workers: int) -> None:
+        import tensorflow as tf
+
+        def counter(name: str) -> Any:
+            return tf.Variable(0, dtype=tf.int64, trainable=False, name=name)
+
+        self.num_workers = num_workers
+        self.started = counter("tfaccel_closures_started")
+        self.updates = [counter(f"tfaccel_updates_worker_{k}") for k in range(num_workers)]
+        self.examples = [counter(f"tfaccel_examples_worker_{k}") for k in range(num_workers)]
+
+    def count(self, worker: Any, examples: Any) -> None:
+        """One update of ``examples`` examples applied by worker ``worker`` (inside a scheduled function)."""
+        import tensorflow as tf
+
+        def on(k: int) -> Callable[[], Any]:
+            def add() -> Any:
+                self.updates[k].assign_add(1)
+                self.examples[k].assign_add(examples)
+                return tf.constant(0)
+            return add
+
+        tf.switch_case(worker, [on(k) for k in range(self.num_workers)])
+
+    def read(self) -> Dict[str, Any]:
+        """The counters now (read on the coordinator)."""
+        return {"started": int(self.started.numpy()), "updates": [int(v.numpy()) for v in self.updates],
+                "examples": [int(v.numpy()) for v in self.examples]}
+
+    @staticmethod
+    def report(before: Dict[str, Any], after: Dict[str, Any], *, closures: int, updates: int) -> Dict[str, Any]:
+        """``details["ps_accounting"]`` of one run: what was scheduled, what was applied and seen, per worker."""
+        per_worker = {f"worker:{k}": a - b for k, (a, b) in enumerate(zip(after["updates"], before["updates"]))}
+        seen = {f"worker:{k}": a - b for k, (a, b) in enumerate(zip(after["examples"], before["examples"]))}
+        started = after["started"] - before["started"]
+        return {"updates_scheduled": updates, "updates_applied": sum(per_worker.values()),
+                "updates_applied_per_worker": per_worker, "examples_seen": seen,
+                "examples_seen_total": sum(seen.values()), "closures_scheduled": closures,
+                "closures_started": started, "closures_rerun": max(0, started - closures)}
+
+
 class WorkerStep:
     """Keras' train_step for one worker, with the metric updates returned as totals instead of applied."""
 
@@ -77,8 +129,9 @@ class WorkerStep:
         # Keras 3.15 keeps the "loss" Mean in model._loss_tracker (keras/src/trainers/trainer.py); its train_step
         # updates it with the batch size as weight. There is no public handle on it.
         self.loss_tracker = getattr(model, "_loss_tracker", None)
-        with backend.scope():
+        with backend.scope():  # on the ps tasks: they outlive a lost worker
             self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfaccel_steps")
+            self.accounting = Accounting(max(1, int(backend.num_workers)))
 
     def forward(self, batch: Any) -> tuple:
         """(scaled loss, metric totals) of one batch; layer state updates (BatchNorm, seeds) applied."""
@@ -110,30 +163,38 @@ class WorkerStep:
                                                  for t, v in zip(totals, self.metric_variables)]
 
     def update(self, batches: Sequence[Any]) -> List[Any]:
-        """One optimizer update from ``accum`` micro-batches; returns the metric totals of those batches."""
+        """One optimizer update from ``accum`` micro-batches: the metric totals of those batches, then (last) the
+        number of examples in them."""
+        import keras
         import tensorflow as tf
 
         weights = self.model.trainable_variables
-        grads_sum, totals = None, None
+        grads_sum, totals, examples = None, None, tf.constant(0, tf.int64)
         for batch in batches:
             with tf.GradientTape() as tape:
                 scaled, batch_totals = self.forward(batch)
             grads = tape.gradient(scaled, weights)
             grads_sum = grads if grads_sum is None else [a + b for a, b in zip(grads_sum, grads)]
             totals = batch_totals if totals is None else [a + b for a, b in zip(totals, batch_totals)]
+            first = next(t for t in tf.nest.flatten(keras.utils.unpack_x_y_sample_weight(batch)[0]) if t is not None)
+            examples += tf.cast(tf.shape(first)[0], tf.int64)
         if len(batches) > 1:
             grads_sum = [g / len(batches) for g in grads_sum]
         self.optimizer.apply(grads_sum, weights)
-        return totals
+        return totals + [examples]
 
-    def run_updates(self, groups: Sequence[Callable[[], Sequence[Any]]]) -> List[Any]:
-        """Inside a scheduled function: the updates, each from its batches; the summed metric totals."""
+    def run_updates(self, groups: Sequence[Callable[[], Sequence[Any]]], worker: Any) -> List[Any]:
+        """Inside a function scheduled on worker ``worker`` (int32 tensor): the updates, each from its batches and
+        counted on the ps right after it is applied (a tf.function runs stateful ops in program order); returns
+        the summed metric totals."""
+        self.accounting.started.assign_add(1)
         totals = None
         for batches in groups:
             out = self.strategy.run(self.update, args=(batches(),))
-            out = [self.strategy.reduce("SUM", v, axis=None) for v in out]
+            *out, examples = [self.strategy.reduce("SUM", v, axis=None) for v in out]
+            self.steps.assign_add(self.accum)
+            self.accounting.count(worker, examples)
             totals = out if totals is None else [a + b for a, b in zip(totals, out)]
-        self.steps.assign_add(len(groups) * self.accum)
         return totals
 
 
@@ -145,7 +206,9 @@ class Schedule:
 
         self.step, self.data, self.coordinator = step, data, backend.coordinator
         self.steps_per_epoch = data.steps_per_epoch
-        strategy = backend.strategy
+        self.closures_scheduled = self.updates_scheduled = 0
+        strategy, workers = backend.strategy, step.accounting.num_workers
+        self.workers = worker_index_iterator(self.coordinator, workers)  # each closure learns where it runs
         if data.kind == "arrays":
             packed = step_data(data.x, data.y, data.sample_weight)  # numpy: constants of the worker's dataset
 
@@ -153,19 +216,18 @@ class Schedule:
                 return tf.data.Dataset.from_tensors(packed).repeat()
 
             @tf.function
-            def arrays_closure(iterator: Any, groups: Any) -> Any:
+            def arrays_closure(iterator: Any, worker_ids: Any, groups: Any) -> Any:
                 held = next(iterator)  # every array, on this worker
                 return step.run_updates([lambda g=g: [tf.nest.map_structure(lambda t: tf.gather(t, i), held)
-                                                      for i in g] for g in groups])
+                                                      for i in g] for g in groups], next(worker_ids))
 
             self._closure = arrays_closure
-            per_worker = lambda: strategy.distribute_datasets_from_function(dataset_fn)  # noqa: E731
+            self.iterator = iter(self.coordinator.create_per_worker_dataset(
+                lambda: strategy.distribute_datasets_from_function(dataset_fn)))
         else:
-            user_fn = data.x
-            per_worker = (lambda: strategy.distribute_datasets_from_function(lambda ctx: user_fn(ctx).repeat())) \
-                if callable(user_fn) else user_fn
             self._closures: Dict[int, Any] = {}
-        self.iterator = iter(self.coordinator.create_per_worker_dataset(per_worker))
+            self.iterator = sharded_dataset_iterator(self.coordinator, strategy, data.x, workers) \
+                if callable(data.x) else iter(self.coordinator.create_per_worker_dataset(data.x))
 
     def _stream_closure(self, updates: int) -> Any:
         import tensorflow as tf
@@ -174,8 +236,9 @@ class Schedule:
             step = self.step
 
             @tf.function
-            def closure(iterator: Any) -> Any:
-                return step.run_updates([lambda: [next(iterator) for _ in range(step.accum)]] * updates)
+            def closure(iterator: Any, worker_ids: Any) -> Any:
+                return step.run_updates([lambda: [next(iterator) for _ in range(step.accum)]] * updates,
+                                        next(worker_ids))
 
             self._closures[updates] = closure
         return self._closures[updates]
@@ -196,12 +259,14 @@ class Schedule:
         for first in range(start, end, accum * STEPS_PER_CLOSURE):
             last = min(end, first + accum * STEPS_PER_CLOSURE)
             if order is None:
-                fn, args = self._stream_closure((last - first) // accum), (self.iterator,)
+                fn, args = self._stream_closure((last - first) // accum), (self.iterator, self.workers)
             else:
                 groups = tuple(tuple(tf.constant(order[s * batch:(s + 1) * batch]) for s in range(u, u + accum))
                                for u in range(first, last, accum))
-                fn, args = self._closure, (self.iterator, groups)
+                fn, args = self._closure, (self.iterator, self.workers, groups)
             remotes.append(self.coordinator.schedule(fn, args=args))
+            self.closures_scheduled += 1
+            self.updates_scheduled += (last - first) // accum
         return remotes
 
 
