@@ -261,30 +261,83 @@ def make_multi_worker(*, devices: Any, task: Optional[Any], implementation: str 
 
 
 # ------------------------------------------------------------------------------------------ parameter_server
-def _partitioner(value: Any, num_ps: int) -> Any:
-    tf = _tf()
-    partitioners = tf.distribute.experimental.partitioners
-    if value is None or isinstance(value, partitioners.Partitioner) or callable(value):
-        return value
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-        return partitioners.FixedShardsPartitioner(num_shards=value)
+DEFAULT_MIN_SHARD_BYTES = 256 << 10
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"parameter_server: {name} must be an integer >= 1; received {value!r}")
+
+
+def _partitioner_settings(value: Any, num_ps: int, *, min_shard_bytes: Optional[int],
+                          max_shards: Optional[int]) -> Dict[str, Any]:
+    """Validates the partitioner options; returns them at their effective values (defaults filled in)."""
+    partitioners = _tf().distribute.experimental.partitioners
+    custom = value is not None and (isinstance(value, partitioners.Partitioner) or callable(value))
+    if not (value is None or custom or value == "min_size"
+            or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)):
+        raise ConfigError(f"parameter_server: variable_partitioner must be None, a number of shards >= 1, 'min_size' "
+                          f"(shards of at least min_shard_bytes, default 256 KiB, at most max_shards, default one per "
+                          f"ps task) or a tf.distribute.experimental.partitioners.Partitioner; received {value!r}")
+    for name, given in (("min_shard_bytes", min_shard_bytes), ("max_shards", max_shards)):
+        if given is None:
+            continue
+        _positive_int(name, given)
+        if value != "min_size":
+            raise ConfigError(f"parameter_server: {name}={given!r} applies to variable_partitioner='min_size' only; "
+                              f"received variable_partitioner={value!r}. Use variable_partitioner='min_size', or "
+                              f"leave {name} out")
+    if value != "min_size":
+        return {"variable_partitioner": value}
+    return {"variable_partitioner": value,
+            "min_shard_bytes": DEFAULT_MIN_SHARD_BYTES if min_shard_bytes is None else min_shard_bytes,
+            "max_shards": num_ps if max_shards is None else max_shards}
+
+
+def _partitioner(settings: Dict[str, Any]) -> Any:
+    partitioners = _tf().distribute.experimental.partitioners
+    value = settings["variable_partitioner"]
     if value == "min_size":
-        return partitioners.MinSizePartitioner(min_shard_bytes=256 << 10, max_shards=num_ps)
-    raise ConfigError(f"parameter_server: variable_partitioner must be None, a number of shards >= 1, 'min_size' "
-                      f"(shards of at least 256 KiB, at most one per ps task) or a "
-                      f"tf.distribute.experimental.partitioners.Partitioner; received {value!r}")
+        return partitioners.MinSizePartitioner(min_shard_bytes=settings["min_shard_bytes"],
+                                               max_shards=settings["max_shards"])
+    if isinstance(value, int) and not isinstance(value, bool):
+        return partitioners.FixedShardsPartitioner(num_shards=value)
+    return value
 
 
-def parameter_server_request(*, devices: Any, task: Optional[Any], variable_partitioner: Any = None
+def _partitioner_note(settings: Dict[str, Any], num_ps: int) -> str:
+    value = settings["variable_partitioner"]
+    if value == "min_size":
+        what = (f"'min_size': variables of at least 2 x {settings['min_shard_bytes']} bytes split along axis 0 into "
+                f"shards of >= {settings['min_shard_bytes']} bytes, at most {settings['max_shards']}")
+    elif isinstance(value, int):
+        what = f"every variable split along axis 0 into {value} shards"
+    else:
+        what = f"a custom partitioner ({type(value).__name__})"
+    return (f"variable_partitioner {what}, placed round-robin over the {num_ps} ps task(s); Keras 3 trains them "
+            "through tfaccel.compat.keras_sharded (keras-team/keras#18624)")
+
+
+def parameter_server_request(*, devices: Any, task: Optional[Any], variable_partitioner: Any = None,
+                             min_shard_bytes: Optional[int] = None, max_shards: Optional[int] = None
                              ) -> Dict[str, Any]:
-    """The partitioner as given and this task's cluster (the factory validates both)."""
-    return {"variable_partitioner": variable_partitioner, "task": _cluster_key(task)}
+    """The partitioner options at their effective values and this task's cluster."""
+    num_ps = len(training_roles(task).get("ps", ())) if task is not None else 0
+    settings = _partitioner_settings(variable_partitioner, max(num_ps, 1), min_shard_bytes=min_shard_bytes,
+                                     max_shards=max_shards)
+    return {**settings, "task": _cluster_key(task)}
 
 
-def make_parameter_server(*, devices: Any, task: Optional[Any], variable_partitioner: Any = None) -> Backend:
+def make_parameter_server(*, devices: Any, task: Optional[Any], variable_partitioner: Any = None,
+                          min_shard_bytes: Optional[int] = None, max_shards: Optional[int] = None) -> Backend:
     """``ParameterServerStrategy`` + ``ClusterCoordinator``, built on the chief (the coordinator).
 
     Worker and ps tasks do not build a strategy: they run a server (``python -m tfaccel.launch.server``).
+
+    ``variable_partitioner`` splits large variables (embeddings) along axis 0 over the ps tasks: a number of
+    shards (every variable), ``"min_size"`` (``MinSizePartitioner``: shards of at least ``min_shard_bytes``,
+    default 256 KiB, at most ``max_shards``, default one per ps task) or a TensorFlow ``Partitioner``. Keras 3
+    cannot train such variables by itself; ``tfaccel.compat.keras_sharded`` makes it (keras-team/keras#18624).
     """
     tf = _tf()
     if task is None:
@@ -300,7 +353,13 @@ def make_parameter_server(*, devices: Any, task: Optional[Any], variable_partiti
         raise ConfigError(f"parameter_server: this process is task {task.name}; only the chief (the coordinator) "
                           "builds ParameterServerStrategy. Run `python -m tfaccel.launch.server` on worker and ps "
                           "tasks (tfaccel launch does this)")
-    partitioner = _partitioner(variable_partitioner, len(roles["ps"]))
+    settings = _partitioner_settings(variable_partitioner, len(roles["ps"]), min_shard_bytes=min_shard_bytes,
+                                     max_shards=max_shards)
+    partitioner = _partitioner(settings)
+    if partitioner is not None:
+        from tfaccel.compat import keras_sharded
+
+        keras_sharded.apply()
     resolver = _resolver_for(task, devices) or tf.distribute.cluster_resolver.TFConfigClusterResolver()
     try:
         strategy = tf.distribute.experimental.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
@@ -310,7 +369,8 @@ def make_parameter_server(*, devices: Any, task: Optional[Any], variable_partiti
                           "and ps task is running its server and that TF_CONFIG is the same everywhere") from exc
     return Backend(name="parameter_server", strategy=strategy, num_replicas_in_sync=strategy.num_replicas_in_sync,
                    num_workers=len(roles["worker"]), worker_index=0, is_chief=True, uses_keras_fit=False,
-                   coordinator=coordinator, supports_jit=False, jit_note=PS_JIT_NOTE)
+                   coordinator=coordinator, supports_jit=False, jit_note=PS_JIT_NOTE,
+                   notes=(_partitioner_note(settings, len(roles["ps"])),) if partitioner is not None else ())
 
 
 # --------------------------------------------------------------------------------------------------- horovod
@@ -341,7 +401,8 @@ register_strategy("multi_worker", description="MultiWorkerMirroredStrategy: sync
                   request=multi_worker_request, collective=True)
 register_strategy("parameter_server", description="ParameterServerStrategy + ClusterCoordinator: asynchronous "
                   "training with ps tasks, run by tfaccel's coordinator loop (not Keras fit)",
-                  factory=make_parameter_server, options=("variable_partitioner",), request=parameter_server_request)
+                  factory=make_parameter_server, options=("variable_partitioner", "min_shard_bytes", "max_shards"),
+                  request=parameter_server_request)
 register_strategy("tpu", description="TPUStrategy: Cloud TPU, Colab TPU or a TPU VM (TPUClusterResolver)",
                   factory=_tpu.make_tpu, options=_tpu.OPTIONS)
 register_strategy("horovod", description="Horovod all-reduce over ranks started by horovodrun/mpirun (optional "

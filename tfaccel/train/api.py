@@ -402,6 +402,10 @@ def _train(model: Any, loop_name: str, *, data: Any, backend: Any, plan: Any, ep
     examples_per_sec = len(timed) * per_epoch / sum(timed) if timed and sum(timed) > 0 else 0.0
     if outcome is not None:
         details.update(outcome.details)
+    if backend.name == "parameter_server":  # how each large variable was placed over the ps tasks
+        from tfaccel.compat.keras_sharded import placements
+
+        details["variable_placement"] = placements(model.variables)
     if "backup" in named:
         details["backups_written"] = named["backup"].saves
     if "checkpoint" in named:

@@ -7,6 +7,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from tfaccel.compat import keras_sharded
 from tfaccel.errors import ConfigError
 from tfaccel.train.data import FitData
 from tfaccel.train.loops.base import step_data
@@ -143,7 +144,7 @@ class WorkerStep:
         # Metric variables start at zero; the weights are read once here, inside the caller's tape (Keras reads
         # the regularised weights from the scope's mapping).
         mapping = [(v, tf.zeros(v.shape, v.dtype)) for v in self.metric_variables]
-        mapping += [(v, v) for v in model.trainable_variables]
+        mapping += [(v, v) for v in model.trainable_variables if keras_sharded.sharded_value(v) is None]
         with keras.StatelessScope(state_mapping=mapping, collect_losses=True) as scope:
             y_pred = model(x, training=True) if self.call_training else model(x)
             kwargs = {"training": True} if self.loss_training else {}
@@ -168,7 +169,7 @@ class WorkerStep:
         import keras
         import tensorflow as tf
 
-        weights = self.model.trainable_variables
+        weights = keras_sharded.trainable_shards(self.model.trainable_variables)  # one per shard
         grads_sum, totals, examples = None, None, tf.constant(0, tf.int64)
         for batch in batches:
             with tf.GradientTape() as tape:
@@ -293,7 +294,7 @@ def build_on_ps(model: Any, data: FitData, *, backend: Any) -> None:
         model.reset_metrics()
         opt = model.optimizer
         if not opt.built:
-            opt.build(model.trainable_variables)  # inside the scope: slot variables on the ps tasks
+            opt.build(keras_sharded.trainable_shards(model.trainable_variables))  # slots on the ps tasks
     exact_assign_add(opt.iterations)
     if isinstance(opt, keras.optimizers.LossScaleOptimizer):
         exact_assign_add(opt.step_counter)

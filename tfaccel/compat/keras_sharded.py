@@ -1,0 +1,193 @@
+"""Keras 3 variables sharded by ``ParameterServerStrategy``'s ``variable_partitioner``.
+
+Upstream: keras-team/keras#18624 (Keras 3 has no parameter-server support: "stick to tf.keras"). Seen with
+Keras 3.15.1 on TensorFlow 2.21 (checked here). A Keras 3 variable created under a ``ParameterServerStrategy``
+with a ``variable_partitioner`` wraps a ``tf.distribute`` ``ShardedVariable`` (one ``tf.Variable`` per shard, on
+different ps tasks). Keras' TensorFlow variable (``keras/src/backend/tensorflow/core.py``) forwards ``handle`` to
+its value, which a ``ShardedVariable`` does not have, so the first training step fails in ``GradientTape.gradient``
+(and would fail again in the optimizer, which updates one ``tf.Variable`` per model variable)::
+
+    AttributeError: 'ShardedVariable' object has no attribute 'handle'
+
+The fix, in two parts:
+
+* :func:`trainable_shards` hands the training step and the optimizer one Keras variable per *shard* (a Keras
+  variable wrapping the shard's own ``tf.Variable``, no copy) instead of the sharded one. Gradients are taken per
+  shard and the optimizer builds its slots per shard, colocated with it (Keras' TensorFlow optimizer creates
+  slots under ``colocate_vars_with``), so each ps task updates only its own rows.
+* :func:`apply` makes ``keras.layers.Embedding`` look up a sharded table with ``tf.nn.embedding_lookup`` over the
+  shards ("div" partitioning, which is how the strategy splits rows), so only the rows of the batch leave the ps
+  tasks and the gradient of each shard is an ``IndexedSlices`` (a sparse update per shard). Without it Keras'
+  ``ops.take`` first concatenates the whole table (a ``ShardedVariable`` converts to a tensor by ``concat``).
+
+Both are version-guarded (:data:`AFFECTED_VERSIONS`) and can be switched off with
+``TFACCEL_DISABLE_COMPAT=keras_sharded`` (then the upstream failure comes back; the test checks it does).
+"""
+
+import threading
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from tfaccel.compat import is_disabled, major_minor
+from tfaccel.log import get_logger
+
+__all__ = ["NAME", "UPSTREAM_ISSUES", "AFFECTED_VERSIONS", "why_not_needed", "is_needed", "sharded_value",
+           "trainable_shards", "placements", "apply", "remove", "is_applied"]
+
+NAME = "keras_sharded"
+UPSTREAM_ISSUES = ("keras-team/keras#18624",)
+# [first affected, first version not known to be affected): Keras 3.0 .. 3.15.x. Re-check upstream
+# (tests/training/test_sharded_variables.py reproduces the failure with the fix off) before widening it.
+AFFECTED_VERSIONS: Tuple[Tuple[int, int], Tuple[int, int]] = ((3, 0), (3, 16))
+
+_lock = threading.Lock()
+_originals: Dict[str, Any] = {}
+_SHARDS_ATTR = "_tfaccel_shard_variables"
+
+
+def why_not_needed() -> Optional[str]:
+    """Why the fix should not be applied here, or None when it should.
+
+    Returns:
+        A reason (switched off, or Keras outside the affected versions), or None.
+    """
+    import keras
+
+    if is_disabled(NAME):
+        return f"switched off by TFACCEL_DISABLE_COMPAT ({NAME})"
+    low, high = AFFECTED_VERSIONS
+    if not low <= major_minor(keras.__version__) < high:
+        return (f"Keras {keras.__version__} is outside the versions this fix is known to be needed on "
+                f"({low[0]}.{low[1]} up to {high[0]}.{high[1] - 1}.x); not patching. If training a sharded variable "
+                f"fails, see {', '.join(UPSTREAM_ISSUES)}")
+    return None
+
+
+def is_needed() -> bool:
+    """True when the fix applies here (Keras in the affected versions, not switched off)."""
+    return why_not_needed() is None
+
+
+def sharded_value(variable: Any) -> Any:
+    """The ``ShardedVariable`` behind a Keras variable (or the variable itself if it is one), else None."""
+    from tensorflow.python.distribute.sharded_variable import ShardedVariable
+
+    value = getattr(variable, "_value", variable)  # Keras' TF variable keeps its tf.Variable in _value
+    return value if isinstance(value, ShardedVariable) else None
+
+
+def _shard_views(variable: Any, sharded: Any) -> List[Any]:
+    """One Keras variable per shard, wrapping the shard's tf.Variable (made once, kept on the variable)."""
+    import keras
+
+    views = getattr(variable, _SHARDS_ATTR, None)
+    if views is None:
+        name = getattr(variable, "name", "sharded")
+        views = [keras.Variable(shard, trainable=variable.trainable, name=f"{name}_part_{i}")
+                 for i, shard in enumerate(sharded.variables)]
+        object.__setattr__(variable, _SHARDS_ATTR, views)
+    return views
+
+
+def trainable_shards(variables: Sequence[Any]) -> List[Any]:
+    """The variables to differentiate and update: each sharded one replaced by one Keras variable per shard.
+
+    Args:
+        variables: the model's trainable variables.
+
+    Returns:
+        The same list when nothing is sharded or the fix is off; else the list with every sharded variable
+        replaced, in place, by its shards in order (each wraps the shard's ``tf.Variable``: no copy).
+    """
+    if not any(sharded_value(v) is not None for v in variables) or not is_needed():
+        return list(variables)
+    out: List[Any] = []
+    for variable in variables:
+        sharded = sharded_value(variable)
+        out += [variable] if sharded is None else _shard_views(variable, sharded)
+    return out
+
+
+def placements(variables: Sequence[Any], *, min_bytes: int = 256 << 10) -> List[Dict[str, Any]]:
+    """How each large variable is placed: every sharded one, and unsharded ones of at least ``min_bytes``.
+
+    Args:
+        variables: Keras (or tf) variables, e.g. ``model.variables``.
+        min_bytes: the size from which an unsharded variable is listed. Defaults to 256 KiB.
+
+    Returns:
+        One dict per variable: ``name``, ``shape``, ``shards`` (count), ``shard_shapes``, ``devices``.
+    """
+    out = []
+    for variable in variables:
+        sharded = sharded_value(variable)
+        parts = list(sharded.variables) if sharded is not None else [getattr(variable, "_value", variable)]
+        shape = [int(d) for d in (sharded.shape if sharded is not None else variable.shape)]
+        if sharded is None and int(np.prod(shape)) * np.dtype(str(parts[0].dtype.name)).itemsize < min_bytes:
+            continue
+        out.append({"name": getattr(variable, "path", None) or variable.name, "shape": shape, "shards": len(parts),
+                    "shard_shapes": [[int(d) for d in p.shape] for p in parts],
+                    "devices": [getattr(p, "device", "") for p in parts]})
+    return out
+
+
+def _embedding_call(original: Any) -> Any:
+    """``Embedding.call`` that looks rows up shard by shard when the table is sharded."""
+
+    def call(self: Any, inputs: Any) -> Any:
+        import tensorflow as tf
+        from keras.src.backend.common.stateless_scope import get_stateless_scope
+
+        table = getattr(self, "_embeddings", None)
+        sharded = sharded_value(table) if table is not None else None
+        scope = get_stateless_scope()
+        mapped = scope is not None and scope.get_current_value(table) is not None
+        if sharded is None or mapped or getattr(self, "quantization_mode", None) or getattr(self, "lora_enabled", 0):
+            return original(self, inputs)
+        ids = tf.cast(inputs, "int32") if inputs.dtype not in (tf.int32, tf.int64) else inputs
+        outputs = tf.nn.embedding_lookup(list(sharded.variables), ids)  # "div", as the strategy splits
+        return tf.cast(outputs, self.compute_dtype) if outputs.dtype != self.compute_dtype else outputs
+
+    call._tfaccel_fix = NAME  # type: ignore[attr-defined]
+    return call
+
+
+def apply(*, force: bool = False) -> bool:
+    """Patches ``keras.layers.Embedding.call`` (idempotent); :func:`trainable_shards` needs no patch.
+
+    Args:
+        force: apply even when :func:`why_not_needed` gives a reason. Defaults to False.
+
+    Returns:
+        True when the patch is in place after the call.
+    """
+    import keras
+
+    reason = why_not_needed()
+    if reason and not force:
+        get_logger().debug("compat fix %s not applied: %s", NAME, reason)
+        return False
+    with _lock:
+        embedding = keras.layers.Embedding
+        if "Embedding.call" not in _originals:
+            _originals["Embedding.call"] = embedding.__dict__["call"]
+            embedding.call = _embedding_call(_originals["Embedding.call"])
+    return True
+
+
+def remove() -> bool:
+    """Restores Keras' own ``Embedding.call``; returns whether anything was restored."""
+    import keras
+
+    with _lock:
+        original = _originals.pop("Embedding.call", None)
+        if original is None:
+            return False
+        keras.layers.Embedding.call = original
+        return True
+
+
+def is_applied() -> bool:
+    """True while the ``Embedding.call`` patch is in place."""
+    return "Embedding.call" in _originals
