@@ -81,12 +81,15 @@ def test_auto_uses_keras_fit_with_the_reason_when_blocked(clean_tf_config):
 
 
 def test_compiled_loop_refused_where_it_cannot_run(clean_tf_config, cpu_replicas):
+    import tensorflow as tf
+
     x, y = _data()
-    with pytest.raises(ConfigError, match=r"loop='compiled' cannot train this job exactly like Keras fit: strategy "
-                                          r"mirrored with 2 replica\(s\).*Use loop='auto' \(Keras fit then trains "
-                                          r"it\)"):
-        tfaccel.compile_and_fit(_build, (x, y), global_batch_size=16, strategy="mirrored",
-                                loss="sparse_categorical_crossentropy", loop="compiled", verbose=0)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    with pytest.raises(ConfigError, match=r"loop='compiled' cannot train this job exactly like Keras fit under "
+                                          r"mirrored: data is a tf.data.Dataset, not in-memory arrays. Use "
+                                          r"loop='auto' \(Keras fit then trains it\)"):
+        tfaccel.compile_and_fit(_build, ds, strategy="mirrored", loss="sparse_categorical_crossentropy",
+                                loop="compiled", verbose=0)
 
 
 def test_unknown_loop(clean_tf_config):
@@ -117,7 +120,7 @@ def test_multi_worker_steps_per_execution_falls_back_with_a_warning(monkeypatch,
     x, y = _data()
     with tfaccel_records() as records:
         result = tfaccel.compile_and_fit(_build, (x, y), epochs=1, global_batch_size=16, steps_per_execution=8,
-                                         loss="sparse_categorical_crossentropy", verbose=0, seed=0)
+                                         loss="sparse_categorical_crossentropy", verbose=0, seed=0, loop="keras")
     assert result.details["steps_per_execution"] == ("1 (multi_worker: Keras 3.15's multi-step loop fails under "
                                                      "MultiWorkerMirroredStrategy)")
     assert result.model.steps_per_execution == 1

@@ -91,8 +91,29 @@ def _verbose(verbose: Any, chief: bool) -> int:
     return int(verbose) if chief else 0
 
 
+def _choose_multi_step(requested: str, *, backend: Any, model: Any, data: Any, user_callbacks: Sequence[Any],
+                       backup_freq: Optional[int], steps_per_execution: Any, validation_steps: Optional[int]) -> tuple:
+    """mirrored / multi_worker: tfaccel's multi-step loop where it trains exactly like Keras fit and runs more than
+    one step per call ("auto"), or wherever it can (loop="compiled"); Keras fit otherwise."""
+    from tfaccel.train.loops.multi_step import multi_step_blockers
+
+    blockers = multi_step_blockers(model, backend=backend, data=data, validation_steps=validation_steps)
+    if requested == "compiled" and blockers:
+        raise ConfigError(f"loop='compiled' cannot train this job exactly like Keras fit under {backend.name}: " +
+                          "; ".join(blockers) + ". Use loop='auto' (Keras fit then trains it)")
+    if not blockers:
+        spe, reason = _steps_per_execution(steps_per_execution, backend=backend, model=model, loop="multi_step",
+                                           per_batch_callbacks=_needs_every_batch(model, user_callbacks)
+                                           or bool(backup_freq), steps_per_epoch=data.steps_per_epoch)
+        if spe > 1 or requested == "compiled":
+            return "multi_step", (f"tfaccel's multi-step loop: {spe} steps of the model's train_step per call under "
+                                  f"{backend.name}, each replica gathering its part of every batch from in-memory arrays")
+        blockers.append(f"steps_per_execution {reason}")
+    return "keras_fit", "Keras fit (" + "; ".join(blockers) + ")"
+
+
 def _choose_loop(requested: str, *, backend: Any, model: Any, data: Any, user_callbacks: Sequence[Any],
-                 backup_freq: Optional[int], steps_per_execution: Any) -> tuple:
+                 backup_freq: Optional[int], steps_per_execution: Any, validation_steps: Optional[int] = None) -> tuple:
     """(loop name, reason). The compiled loop only where it trains exactly like Keras fit."""
     if not backend.uses_keras_fit:
         if requested != "auto":
@@ -103,6 +124,12 @@ def _choose_loop(requested: str, *, backend: Any, model: Any, data: Any, user_ca
                               "closures scheduled on the workers by tfaccel's ClusterCoordinator loop, not in Keras' "
                               "train function; leave steps_per_execution unset")
         return "coordinator", "parameter_server: tfaccel's ClusterCoordinator loop (keras-team/keras#18624)"
+    from tfaccel.train.loops.multi_step import MULTI_STEP_STRATEGIES
+
+    if backend.name in MULTI_STEP_STRATEGIES and requested != "keras":
+        return _choose_multi_step(requested, backend=backend, model=model, data=data, user_callbacks=user_callbacks,
+                                  backup_freq=backup_freq, steps_per_execution=steps_per_execution,
+                                  validation_steps=validation_steps)
     from tfaccel.train.loops.compiled import compiled_blockers
 
     blockers = []
@@ -134,8 +161,8 @@ def _needs_every_batch(model: Any, user_callbacks: Sequence[Any]) -> bool:
 
 
 def _steps_per_execution(requested: Any, *, backend: Any, model: Any, per_batch_callbacks: bool,
-                         steps_per_epoch: Optional[int]) -> tuple:
-    if backend.name == "multi_worker":
+                         steps_per_epoch: Optional[int], loop: str = "keras_fit") -> tuple:
+    if backend.name == "multi_worker" and loop == "keras_fit":
         # Keras 3.15's multi-step loop fails under MultiWorkerMirroredStrategy: "You must feed a value for
         # placeholder tensor .../while/cond/Placeholder" from the distributed iterator (Keras 3.15.1, TF 2.21.0).
         if requested not in ("auto", 1):
@@ -257,6 +284,14 @@ def _run_loop(name: str, model: Any, *, data: Any, backend: Any, plan: Any, epoc
                             validation=data.validation, validation_batch_size=options["validation_batch_size"],
                             validation_freq=options["validation_freq"], jit_compile=bool(model.jit_compile),
                             callbacks=[cb for cb in callbacks if cb is not named["timer"]], verbose=verbose)
+    if name == "multi_step":
+        from tfaccel.train.loops.multi_step import run_multi_step
+
+        return run_multi_step(model, data=data, epochs=epochs, initial_epoch=initial_epoch, start_step=start_step,
+                              steps_per_execution=model.steps_per_execution,
+                              validation_batch_size=options["validation_batch_size"],
+                              validation_freq=options["validation_freq"],
+                              callbacks=[cb for cb in callbacks if cb is not named["timer"]], verbose=verbose)
     if name == "coordinator":
         from tfaccel.train.loops.coordinator import run_coordinator
 
@@ -290,8 +325,10 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: Optional[int] = No
 
     Args:
         loop: ``"auto"`` (tfaccel's compiled whole-epoch loop where it trains exactly like ``fit``: one replica,
-            array data, epoch-level callbacks; Keras ``fit`` elsewhere, the reason in ``details["loop"]``),
-            ``"keras"`` or ``"compiled"`` (an error where it cannot be exact). Defaults to "auto".
+            array data, epoch-level callbacks; under mirrored / multi_worker, tfaccel's multi-step loop, K steps of
+            the model's ``train_step`` per call, for array data when more than one step per call applies; Keras
+            ``fit`` elsewhere, the reason in ``details["loop"]``), ``"keras"`` or ``"compiled"`` (tfaccel's loop;
+            an error where it cannot be exact). Defaults to "auto".
         seed: the seed of the example order (a function of (seed, epoch)); None draws one and logs it.
         backup_dir, backup_freq: backups a restarted job resumes from (epoch and step); removed when training
             completes. ``backup_freq``: also every this many steps.
@@ -301,8 +338,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: Optional[int] = No
         scale_learning_rate: ``"linear"`` or ``"sqrt"``: scale the compiled rate (or schedule) by the global batch
             over ``base_batch_size`` (defaults to the per-replica batch), with ``warmup_epochs`` of linear warmup.
             Defaults to None (the rate as compiled).
-        steps_per_execution: steps per compiled call on the Keras path; "auto" keeps 1 where per-batch callbacks
-            must see every batch and goes up to 64 otherwise.
+        steps_per_execution: steps per compiled call on the Keras path and in the multi-step loop; "auto" keeps 1
+            where per-batch callbacks must see every batch and goes up to 64 otherwise.
         recompute: recompute the activations of these blocks in the backward pass (less memory, more compute):
             ``"auto"``, ``"all"`` or block names, as ``tfaccel.memory.enable_recompute``, which it calls on the model
             (it stays on after training; ``tfaccel.memory.disable_recompute(model)`` turns it off). Defaults to None.
@@ -333,7 +370,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: Optional[int] = No
                         validation_data=validation_data, batch_size=batch_size, shuffle=shuffle,
                         steps_per_epoch=steps_per_epoch, seed=seed)
     loop_name, loop_reason = _choose_loop(loop, backend=backend, model=model, data=data, user_callbacks=user_callbacks,
-                                          backup_freq=backup_freq, steps_per_execution=steps_per_execution)
+                                          backup_freq=backup_freq, steps_per_execution=steps_per_execution,
+                                          validation_steps=validation_steps)
     from tfaccel.train.loops.keras_fit import uses_stream
 
     if loop_name != "keras_fit" or uses_stream(data, backend=backend, backups=bool(backup_dir)):
@@ -352,10 +390,10 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: Optional[int] = No
                                               backup_freq=backup_freq, checkpoint_dir=checkpoint_dir,
                                               tensorboard_dir=tensorboard_dir, start_step=start_step,
                                               per_batch=per_batch)
-    if loop_name == "keras_fit":
+    if loop_name in ("keras_fit", "multi_step"):
         spe, spe_reason = _steps_per_execution(steps_per_execution, backend=backend, model=model,
                                                per_batch_callbacks=per_batch or bool(backup_freq),
-                                               steps_per_epoch=data.steps_per_epoch)
+                                               steps_per_epoch=data.steps_per_epoch, loop=loop_name)
         if spe != model.steps_per_execution:
             model.steps_per_execution, model.train_function = spe, None
         changes["steps_per_execution"] = f"{spe} ({spe_reason})"

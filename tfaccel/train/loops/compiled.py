@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
-from tfaccel.train.loops.base import LoopResult, python_logs, should_validate, step_data
+from tfaccel.train.loops.base import LoopResult, epoch_order, metrics_or_logs, python_logs, should_validate, step_data
 
 __all__ = ["compiled_blockers", "run_compiled"]
 
@@ -128,25 +128,11 @@ class _Pass:
         return last
 
 
-def _epoch_order(n: int, seed: Optional[int], epoch: int, shuffle: bool) -> np.ndarray:
-    if not shuffle:
-        return np.arange(n, dtype=np.int32)
-    return np.random.default_rng([0 if seed is None else int(seed), int(epoch)]).permutation(n).astype(np.int32)
-
-
-def _metrics_or_logs(model: Any, logs: Any) -> Any:
-    """Keras' ``_get_metrics_result_or_logs``: the model's metrics when the step returned the same keys."""
-    metric_logs = model.get_metrics_result()
-    if isinstance(logs, dict) and set(logs) == set(metric_logs):
-        return metric_logs
-    return logs
-
-
 def _evaluate(model: Any, val_pass: _Pass, cb_list: Any) -> Dict[str, Any]:
     """Keras' ``evaluate`` as ``fit`` calls it: same callbacks, all metrics reset first, ``val_`` prefixes."""
     cb_list.on_test_begin()
     model.reset_metrics()
-    logs = python_logs(_metrics_or_logs(model, val_pass.run(np.arange(val_pass.num_examples, dtype=np.int32))))
+    logs = python_logs(metrics_or_logs(model, val_pass.run(np.arange(val_pass.num_examples, dtype=np.int32))))
     cb_list.on_test_end(logs)
     return {f"val_{name}": value for name, value in logs.items()}
 
@@ -191,9 +177,9 @@ def run_compiled(model: Any, *, x: Any, y: Any, sample_weight: Any, batch_size: 
         model.reset_metrics()
         cb_list.on_epoch_begin(epoch)
         start = time.perf_counter()
-        logs = train.run(_epoch_order(train.num_examples, seed, epoch, shuffle))
+        logs = train.run(epoch_order(train.num_examples, seed, epoch, shuffle))
         seconds.append(time.perf_counter() - start)
-        epoch_logs = dict(_metrics_or_logs(model, logs))
+        epoch_logs = dict(metrics_or_logs(model, logs))
         if val is not None and should_validate(epoch, validation_freq):
             epoch_logs.update(_evaluate(model, val, cb_list))
         cb_list.on_epoch_end(epoch, epoch_logs)

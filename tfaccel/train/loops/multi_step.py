@@ -1,0 +1,270 @@
+"""The multi-step loop: K steps of the model's own ``train_step`` per call under ``mirrored`` and ``multi_worker``.
+
+Keras 3.15's multi-step loop fails under MultiWorkerMirroredStrategy (``You must feed a value for placeholder
+tensor .../while/cond/Placeholder``, from ``get_next_as_optional`` of the distributed iterator inside its
+``tf.while_loop``), so Keras ``fit`` runs one step per call there. This loop follows TF's Orbit instead
+(``for _ in tf.range(n): strategy.run(step, ...)`` in one ``tf.function``) and needs no distributed iterator:
+every worker holds the arrays (as every worker of a ``tfaccel.fit`` job is given them), each replica holds a copy,
+and each step a replica gathers its own contiguous part of the global batch, the part ``tf.distribute`` would
+hand it (replica ``r`` of ``R`` takes examples ``[r*B/R, (r+1)*B/R)`` of a batch of ``B``; a partial last batch
+splits the same way, the first replicas taking one more when it does not split evenly). The order of each
+epoch is a function of (seed, epoch), the same on every worker and the same as ``example_stream`` gives Keras
+``fit``; so K steps per call train exactly what one step per call trains.
+
+Keras semantics: the step is ``model.train_step``/``test_step`` under ``strategy.run``; step outputs are reduced
+with Keras' own ``reduce_per_replica``; epoch logs are the model's metrics read in cross-replica context (a
+cross-replica sum of Keras' on-read metric variables, as ``fit`` reads them); callbacks get Keras' hooks, batch
+hooks once per execution with Keras' (begin, end) step numbers; validation is Keras ``evaluate`` as ``fit``
+calls it, K steps per call too.
+"""
+
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from tfaccel.train.loops.base import LoopResult, epoch_order, metrics_or_logs, python_logs, should_validate, step_data
+
+__all__ = ["MULTI_STEP_STRATEGIES", "multi_step_blockers", "replica_splits", "run_multi_step"]
+
+MULTI_STEP_STRATEGIES = ("mirrored", "multi_worker")
+
+
+def replica_splits(batch: int, replicas: int) -> List[Tuple[int, int]]:
+    """(offset, size) of each replica's part of a batch of ``batch`` examples, as ``tf.distribute`` splits it.
+
+    Example:
+        >>> replica_splits(7, 2)
+        [(0, 4), (4, 3)]
+    """
+    sizes = [batch // replicas + (1 if r < batch % replicas else 0) for r in range(replicas)]
+    return [(sum(sizes[:r]), sizes[r]) for r in range(replicas)]
+
+
+def multi_step_blockers(model: Any, *, backend: Any, data: Any, validation_steps: Optional[int]) -> List[str]:
+    """Why the multi-step loop cannot train this job exactly like Keras ``fit`` (an empty list: it can).
+
+    Args:
+        model: the user's compiled model.
+        backend: the job's ``Backend`` (mirrored or multi_worker).
+        data: the prepared ``FitData``.
+        validation_steps: ``fit``'s argument.
+
+    Returns:
+        One short readable phrase per reason.
+    """
+    replicas = backend.num_replicas_in_sync
+    blockers = []
+    if backend.name not in MULTI_STEP_STRATEGIES:
+        blockers.append(f"strategy {backend.name} (the multi-step loop runs {' and '.join(MULTI_STEP_STRATEGIES)})")
+    if getattr(model, "run_eagerly", False):
+        blockers.append("the model was compiled with run_eagerly=True")
+    if data.kind != "arrays":
+        return blockers + [f"data is {data.note.split(' used')[0]}, not in-memory arrays"]
+    if data.validation is not None and data.validation[1] is None and data.validation[2] is None:
+        blockers.append("validation_data is not arrays")
+    if data.batch_size % replicas:
+        blockers.append(f"the global batch {data.batch_size} does not split evenly over {replicas} replicas")
+    if 0 < data.num_examples % data.batch_size < replicas:
+        blockers.append(f"the last batch ({data.num_examples % data.batch_size} examples) leaves a replica of "
+                        f"{replicas} without examples")
+    if data.steps_per_epoch != -(-data.num_examples // data.batch_size):
+        blockers.append(f"steps_per_epoch={data.steps_per_epoch} is not one pass over the arrays")
+    if validation_steps is not None:
+        blockers.append("validation_steps is given")
+    return blockers
+
+
+class _ReplicatedPass:
+    """Passes over in-memory data with one of the model's step methods under the strategy, K steps per call.
+
+    Every replica holds a copy of the data; each epoch, every replica is given the example indices of its part of
+    every batch (a per-replica value), and a step gathers its batch from them.
+    """
+
+    def __init__(self, model: Any, step: Callable[[Any], Any], data: Any, *, batch_size: int, jit_compile: bool
+                 ) -> None:
+        import tensorflow as tf
+
+        self.strategy = model.distribute_strategy
+        self.replicas = self.strategy.num_replicas_in_sync
+        self.num_examples = int(tf.nest.flatten(data)[0].shape[0])
+        self.batch_size = batch_size
+        self.whole = self.num_examples // batch_size
+        self.num_batches = -(-self.num_examples // batch_size)
+        self.per_replica = batch_size // self.replicas
+        self._partial = self.num_examples % batch_size
+        with self.strategy.scope():
+            self._data = self.strategy.experimental_distribute_values_from_function(
+                lambda ctx: tf.nest.map_structure(tf.constant, data))
+
+        def replica_step(values: Any, indices: Any) -> Any:
+            return step(tf.nest.map_structure(lambda t: tf.gather(t, indices), values))
+
+        self._replica_step = tf.function(replica_step, jit_compile=True) if jit_compile else replica_step
+        self._steps = tf.function(self._run_steps)
+        self._partial_step = tf.function(self._run_partial)
+
+    def _reduce(self, outputs: Any) -> Any:
+        from keras.src.backend.tensorflow import trainer  # Keras' own reduction (the MWMS fix patches it there)
+
+        return trainer.reduce_per_replica(outputs, self.strategy, reduction="auto")
+
+    def _one(self, values: Any, indices: Any, i: Any) -> Any:
+        import tensorflow as tf
+
+        def on_replica(v: Any, idx: Any) -> Any:
+            # tf.slice, not idx[a:b]: Python slicing of a tensor inside a loop ran 100x slower under XLA here.
+            return self._replica_step(v, tf.slice(idx, [i * self.per_replica], [self.per_replica]))
+
+        return self.strategy.run(on_replica, args=(values, indices))
+
+    def _run_steps(self, values: Any, indices: Any, start: Any, count: Any) -> Any:
+        import tensorflow as tf
+
+        for i in tf.range(start, start + count - 1):  # the outputs of all but the last step are not needed
+            self._one(values, indices, i)
+        return self._reduce(self._one(values, indices, start + count - 1))
+
+    def _run_partial(self, values: Any, indices: Any) -> Any:
+        return self._reduce(self.strategy.run(self._replica_step, args=(values, indices)))
+
+    def _per_replica(self, arrays: Sequence[np.ndarray]) -> Any:
+        import tensorflow as tf
+
+        return self.strategy.experimental_distribute_values_from_function(
+            lambda ctx: tf.constant(arrays[ctx.replica_id_in_sync_group]))
+
+    def indices(self, order: np.ndarray) -> Tuple[Any, Any]:
+        """(each replica's indices of the whole batches, of the partial batch or None) for an epoch's order."""
+        split = self.whole * self.batch_size
+        whole = order[:split].reshape(self.whole, self.replicas, self.per_replica)
+        whole_idx = self._per_replica([np.ascontiguousarray(whole[:, r, :]).reshape(-1)
+                                       for r in range(self.replicas)]) if self.whole else None
+        tail = order[split:]
+        partial_idx = self._per_replica([tail[o:o + s] for o, s in replica_splits(len(tail), self.replicas)]) \
+            if self._partial else None
+        return whole_idx, partial_idx
+
+    def run(self, indices: Tuple[Any, Any], begin: int, end: int) -> Any:
+        """Runs batches ``begin..end`` (inclusive) of the epoch; returns the last step's reduced outputs."""
+        import tensorflow as tf
+
+        whole_idx, partial_idx = indices
+        last = None
+        with self.strategy.scope():
+            stop = min(end + 1, self.whole)
+            if begin < stop:
+                last = self._steps(self._data, whole_idx, tf.constant(begin), tf.constant(stop - begin))
+            if end >= self.whole and self._partial:
+                last = self._partial_step(self._data, partial_idx)
+        return last
+
+
+def _executions(first: int, num_batches: int, steps_per_execution: int) -> List[Tuple[int, int]]:
+    """Keras' epoch iterator: (begin, end) batch numbers of each execution."""
+    return [(b, min(b + steps_per_execution, num_batches) - 1) for b in range(first, num_batches, steps_per_execution)]
+
+
+def _wait(logs: Any) -> Any:
+    import tensorflow as tf
+
+    for value in tf.nest.flatten(logs):
+        value.numpy()  # waits for the device, so the epoch's time is the work's time
+    return logs
+
+
+def _evaluate(model: Any, val_pass: _ReplicatedPass, cb_list: Any, steps_per_execution: int) -> Dict[str, Any]:
+    """Keras' ``evaluate`` as ``fit`` calls it: same callbacks, metrics reset first, ``val_`` prefixes."""
+    cb_list.on_test_begin()
+    model.reset_metrics()
+    indices = val_pass.indices(np.arange(val_pass.num_examples, dtype=np.int32))
+    logs = None
+    for begin, end in _executions(0, val_pass.num_batches, steps_per_execution):
+        cb_list.on_test_batch_begin(begin)
+        logs = val_pass.run(indices, begin, end)
+        cb_list.on_test_batch_end(end, logs)
+    logs = python_logs(metrics_or_logs(model, logs))
+    cb_list.on_test_end(logs)
+    return {f"val_{name}": value for name, value in logs.items()}
+
+
+def _train_epoch(model: Any, train: _ReplicatedPass, cb_list: Any, *, order: np.ndarray, first: int,
+                 steps_per_execution: int) -> Tuple[Any, int]:
+    """One epoch from batch ``first``; returns (the last execution's logs, batches run)."""
+    indices = train.indices(order)
+    logs, ran = None, 0
+    for begin, end in _executions(first, train.num_batches, steps_per_execution):
+        cb_list.on_train_batch_begin(begin - first)  # a resumed epoch numbers its batches from 0, as Keras fit does
+        logs = train.run(indices, begin, end)
+        cb_list.on_train_batch_end(end - first, logs)
+        ran += end - begin + 1
+        if model.stop_training:
+            break
+    return _wait(logs), ran
+
+
+def run_multi_step(model: Any, *, data: Any, epochs: int, initial_epoch: int, start_step: int,
+                   steps_per_execution: int, validation_batch_size: Optional[int], validation_freq: Any,
+                   callbacks: List[Any], verbose: Any) -> LoopResult:
+    """Trains ``model`` under its strategy as Keras ``fit`` would, ``steps_per_execution`` steps per call.
+
+    Args:
+        model: the user's model, compiled under a mirrored or multi_worker strategy.
+        data: array ``FitData`` (:func:`multi_step_blockers` returned [] for it); its seed is the job's.
+        epochs, initial_epoch, validation_batch_size, validation_freq, verbose: as in Keras ``fit``.
+        start_step: batches of ``initial_epoch`` already trained (a resumed job).
+        steps_per_execution: steps per call, >= 1.
+        callbacks: the job's callbacks; batch hooks run once per execution, as under Keras.
+
+    Returns:
+        Keras' history, the training seconds of each epoch (validation and callbacks excluded), the steps run.
+    """
+    import keras
+
+    jit = bool(model.jit_compile)
+    train = _ReplicatedPass(model, model.train_step, step_data(data.x, data.y, data.sample_weight),
+                            batch_size=data.batch_size, jit_compile=jit)
+    with model.distribute_strategy.scope():
+        model._symbolic_build(data_batch=step_data(*_first_rows(data, train.per_replica)))  # as Keras fit does
+    val = None if data.validation is None else _ReplicatedPass(
+        model, model.test_step, step_data(*data.validation), batch_size=validation_batch_size or data.batch_size,
+        jit_compile=jit)
+    cb_list = keras.callbacks.CallbackList(callbacks, add_history=True, add_progbar=verbose != 0, model=model,
+                                           verbose=verbose, epochs=epochs, steps=train.num_batches)
+    model.stop_training = False
+    cb_list.on_train_begin()
+    seconds: List[float] = []
+    steps, epoch_logs = 0, None
+    shuffled = bool(data.shuffle) and data.shuffle != "batch"  # as example_stream orders Keras fit's batches
+    first_epoch = getattr(model, "_initial_epoch", None) or initial_epoch  # BackupAndRestore
+    for epoch in range(first_epoch, epochs):
+        model.reset_metrics()
+        cb_list.on_epoch_begin(epoch)
+        start = time.perf_counter()
+        logs, ran = _train_epoch(model, train, cb_list, order=epoch_order(train.num_examples, data.seed, epoch,
+                                                                          shuffled),
+                                 first=start_step if epoch == initial_epoch else 0,
+                                 steps_per_execution=steps_per_execution)
+        seconds.append(time.perf_counter() - start)
+        steps += ran
+        epoch_logs = dict(metrics_or_logs(model, logs))
+        if val is not None and should_validate(epoch, validation_freq):
+            epoch_logs.update(_evaluate(model, val, cb_list, steps_per_execution))
+        cb_list.on_epoch_end(epoch, epoch_logs)
+        if model.stop_training:
+            break
+    if isinstance(model.optimizer, keras.optimizers.Optimizer) and epochs > 0:
+        model.optimizer.finalize_variable_values(model.trainable_weights)
+    cb_list.on_train_end(logs=epoch_logs)
+    return LoopResult(history=dict(model.history.history), epoch_seconds=seconds, steps=steps)
+
+
+def _first_rows(data: Any, rows: int) -> Tuple[Any, Any, Any]:
+    """The first ``rows`` examples of the arrays: a batch with a replica's shapes, for Keras' symbolic build."""
+    import tensorflow as tf
+
+    def head(a: Any) -> Any:
+        return None if a is None else tf.nest.map_structure(lambda v: np.asarray(v)[:rows], a)
+
+    return head(data.x), head(data.y), head(data.sample_weight)
