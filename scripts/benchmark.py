@@ -12,13 +12,14 @@ def define_flags() -> None:
     flags.DEFINE_string("json", "bench_out/bench.json", "JSON report path")
     flags.DEFINE_string("png", "bench_out/bench.png", "bar chart path")
     flags.DEFINE_bool("scaling", True, "measure P4 (multi-process weak scaling)")
+    flags.DEFINE_bool("stream", True, "measure P6 (training from TFRecord files against memory)")
 
 
 def main(argv: list) -> None:
     del argv
     from tfaccel.bench import BenchConfig, format_report, run_bench
 
-    config = dataclasses.replace(BenchConfig.make(FLAGS.quick), scaling=FLAGS.scaling)
+    config = dataclasses.replace(BenchConfig.make(FLAGS.quick), scaling=FLAGS.scaling, stream=FLAGS.stream)
     print(format_report(run_bench(config, json_path=FLAGS.json, png_path=FLAGS.png)))
 
 

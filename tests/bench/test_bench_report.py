@@ -1,5 +1,7 @@
-"""tfaccel bench on tiny sizes: the report has the documented shape, and the figures are real ratios."""
+"""tfaccel bench on tiny sizes: the report's shape and keys, one timing helper for every contender, the random
+order of each round (seeded, recorded, and the order the contenders really ran in), the JSON and the PNG."""
 
+import collections
 import json
 import subprocess
 import sys
@@ -8,35 +10,73 @@ import pytest
 
 import harness
 from tfaccel.bench import TARGETS, BenchConfig, format_report, run_bench
+from tfaccel.bench.scaling import SCALING_CONTENDERS
+from tfaccel.bench.speed import SPEED_CONTENDERS
+from tfaccel.bench.stream import STREAM_CONTENDERS
+
+FIGURE = {"median", "min", "max"}
 
 
-def test_speedups_report_shape_and_files(tmp_path, clean_tf_config):
-    config = BenchConfig(repeats=2, examples=256, epochs=2, models=("mlp",), scaling=False)
+def _is_figure(fig: dict) -> bool:
+    return set(fig) == FIGURE and 0 < fig["min"] <= fig["median"] <= fig["max"]
+
+
+def test_report_keys_one_timer_random_order_and_files(tmp_path):
+    config = BenchConfig(repeats=2, examples=256, epochs=2, models=("mlp",), scaling=False, stream_examples=256,
+                         stream_shards=2)
     report = run_bench(config, json_path=str(tmp_path / "b.json"), png_path=str(tmp_path / "b.png"))
     on_disk = json.loads((tmp_path / "b.json").read_text())
+    mlp = on_disk["per_model"]["mlp"]
     for key in ("p1", "p2", "p3"):
-        fig = on_disk[key]
-        assert set(fig) == {"median", "min", "max"} and fig["min"] <= fig["median"] <= fig["max"] and fig["min"] > 0
-    mlp = report["per_model"]["mlp"]
-    eps = mlp["examples_per_sec"]
-    for contender in ("compile_and_fit", "naive", "hand_tuned", "hand_xla_loop"):
-        assert len(eps[contender]["values"]) == 2 and all(v > 0 for v in eps[contender]["values"])
-    # p1 is computed per round from the same round's numbers, not from medians of different rounds.
-    ratios = [c / n for c, n in zip(eps["compile_and_fit"]["values"], eps["naive"]["values"])]
-    assert sorted(mlp["p1"]["values"]) == pytest.approx(sorted(ratios))
-    assert on_disk["versions"]["tensorflow"] and on_disk["machine"]["cpus"] and on_disk["targets"] == TARGETS
+        assert set(mlp[key]) == FIGURE | {"values"} and len(mlp[key]["values"]) == 2 and mlp[key]["min"] > 0
+    assert _is_figure(on_disk["p6_stream"]) and _is_figure(on_disk["p6_naive_stream"])
+    assert "p4_mwms" not in on_disk  # scaling=False
+    assert set(on_disk["time_to_train"]) == {"mlp", "stream"}
+    assert set(on_disk["time_to_train"]["mlp"]) == set(SPEED_CONTENDERS)
+    assert set(on_disk["time_to_train"]["stream"]) == set(STREAM_CONTENDERS)
+    assert all(_is_figure(f) for part in on_disk["time_to_train"].values() for f in part.values())
+
+    # One helper timed every contender of every round, in the recorded order of each round.
+    orders = mlp["order"] + on_disk["stream"]["order"]
+    assert on_disk["timing"]["helper"] == "tfaccel.bench.timing.Stopwatch.time"
+    assert on_disk["timing"]["timed"] == [name for order in orders for name in order]
+    assert collections.Counter(on_disk["timing"]["timed"]) == collections.Counter(
+        list(SPEED_CONTENDERS) * 2 + list(STREAM_CONTENDERS) * 2)
+    assert sorted(mlp["order"][0]) == sorted(SPEED_CONTENDERS) and mlp["order"][0] != mlp["order"][1]
+
+    # Ratios come from the same round's throughputs; P2 and P3 take the faster of XLA on and off.
+    eps = {c: v["values"] for c, v in mlp["examples_per_sec"].items()}
+    assert mlp["p1"]["values"] == pytest.approx([c / n for c, n in zip(eps["compile_and_fit"], eps["naive"])])
+    assert mlp["p3"]["values"] == pytest.approx(
+        [c / max(a, b) for c, a, b in zip(eps["compile_and_fit"], eps["limit_xla"], eps["limit_noxla"])])
+    stream_eps = {c: v["values"] for c, v in on_disk["stream"]["examples_per_sec"].items()}
+    assert on_disk["stream"]["p6_stream"]["values"] == pytest.approx(
+        [s / m for s, m in zip(stream_eps["streamed"], stream_eps["in_memory"])])
+    assert "compiled" in mlp["details"]["compile_and_fit"]["loop"]
+    assert "Keras fit" in on_disk["stream"]["details"]["streamed"]["loop"]
+    assert on_disk["stream"]["details"]["streamed"]["steps_per_execution"].startswith("64 ")
+    assert on_disk["versions"]["tensorflow"] and on_disk["machine"]["loadavg_before"] and on_disk["targets"] == TARGETS
     assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = format_report(report)
-    assert "P1 compile_and_fit / naive fit:" in text and "target >= 6.0" in text
+    assert "P2 compile_and_fit / best hand-tuned fit [mlp]:" in text and "target >= 2.0" in text
+    assert "P6 TFRecord stream / in memory (same Keras fit loop):" in text and "target >= 0.9" in text
+    assert "stream: time_to_train in_memory" in text
 
 
-def test_scaling_figures_with_real_processes(clean_tf_config):
-    config = BenchConfig(repeats=1, examples=128, epochs=2, models=("mlp",), scaling=True, scaling_examples=256,
-                         scaling_batch=32)
+def test_scaling_figures_with_real_processes():
+    config = BenchConfig(repeats=1, models=(), stream=False, scaling_examples=256, scaling_batch=32)
     report = run_bench(config)
-    assert 0 < report["scaling"]["p4_ceiling"]["median"] < 2.5
-    for key in ("p4_mwms", "p4_horovod"):  # Horovod is built in CI (scripts/install_horovod.sh)
-        assert 0 < report[key]["median"] < 2.5, report.get("scaling")
+    scaling = report["scaling"]
+    assert sorted(scaling["order"][0]) == sorted(SCALING_CONTENDERS)  # Horovod is built in CI
+    for key in ("p4_mwms", "p4_horovod", "p4_ceiling", "p4_mwms_of_ceiling"):
+        assert set(report[key]) == FIGURE and 0 < report[key]["median"] < 2.5, scaling
+    assert report["p4_mwms_of_ceiling"]["median"] == pytest.approx(
+        report["p4_mwms"]["median"] / report["p4_ceiling"]["median"])
+    # Each job's chief timed itself with the same helper; two_independent has two (one per process).
+    assert collections.Counter(report["timing"]["timed"]) == collections.Counter(
+        list(SCALING_CONTENDERS) + ["two_independent"])
+    assert set(report["time_to_train"]["scaling"]) == set(SCALING_CONTENDERS)
+    assert scaling["details"]["mwms_two_workers"]["strategy"] == "multi_worker"
 
 
 def test_cli_rejects_bad_repeats():

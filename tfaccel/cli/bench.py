@@ -10,6 +10,8 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     parser.add_argument("--json", dest="json_path", default=None, help="write the JSON report here")
     parser.add_argument("--png", dest="png_path", default=None, help="write a bar chart here")
     parser.add_argument("--no-scaling", action="store_true", help="skip P4 (multi-process weak scaling)")
+    parser.add_argument("--no-stream", action="store_true", help="skip P6 (training from TFRecord files)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of each round's contender order (default 0)")
     parser.add_argument("--repeats", type=int, default=None, help="rounds per figure (default 3 quick, 5 full)")
     parser.set_defaults(func=run)
 
@@ -27,6 +29,9 @@ def run(args: argparse.Namespace) -> int:
         config = dataclasses.replace(config, repeats=args.repeats)
     if args.no_scaling:
         config = dataclasses.replace(config, scaling=False)
+    if args.no_stream:
+        config = dataclasses.replace(config, stream=False)
+    config = dataclasses.replace(config, seed=args.seed)
     report = run_bench(config, json_path=args.json_path, png_path=args.png_path)
     sys.stdout.write(format_report(report) + "\n")
     return 0

@@ -1,0 +1,80 @@
+"""What ``tfaccel bench`` measures (:class:`BenchConfig`), its targets, and the helpers every part shares."""
+
+import dataclasses
+import statistics
+from typing import Any, Dict, List, Sequence, Tuple
+
+import numpy as np
+
+__all__ = ["BenchConfig", "TARGETS", "TARGET_MODELS", "summary", "round_order", "contender_rows"]
+
+TARGETS: Dict[str, float] = {"p1": 6.0, "p2": 2.0, "p3": 0.95, "p4_mwms_of_ceiling": 0.95, "p6_stream": 0.9}
+"""The figure each key must reach (its median), on an idle machine; never asserted in a timed test."""
+
+TARGET_MODELS: Dict[str, Tuple[str, ...]] = {"p2": ("mlp",)}
+"""Per-model figures whose target holds for these models only (P2: the MLP; the CNN is compute-bound)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    """What to measure. ``quick`` fits in a few minutes on 2 cores.
+
+    Attributes:
+        quick: the small sizes. repeats: rounds per figure. seed: seeds each round's contender order.
+        examples, epochs, batch: P1-P3 data size, epochs per contender (epochs 2..N are timed), global batch.
+        models: reference models for P1-P3 (``tfaccel.models`` names).
+        scaling: measure P4. scaling_examples / scaling_batch: per worker. scaling_timeout: seconds per job.
+        stream: measure P6. stream_model / stream_examples / stream_shards: its model, data size and files.
+    """
+
+    quick: bool = True
+    repeats: int = 3
+    seed: int = 0
+    examples: int = 6144
+    epochs: int = 5
+    batch: int = 32
+    models: Sequence[str] = ("mlp", "mnist_cnn")
+    scaling: bool = True
+    scaling_examples: int = 1024
+    scaling_batch: int = 64
+    scaling_timeout: float = 240.0
+    stream: bool = True
+    stream_model: str = "mlp"
+    stream_examples: int = 6144
+    stream_shards: int = 8
+
+    @staticmethod
+    def make(quick: bool) -> "BenchConfig":
+        """The ``--quick`` sizes, or the full ones."""
+        if quick:
+            return BenchConfig()
+        return BenchConfig(quick=False, repeats=5, examples=32768, epochs=4, scaling_examples=8192,
+                           stream_examples=32768)
+
+
+def summary(values: Sequence[float]) -> Dict[str, Any]:
+    """``{"median", "min", "max", "values"}`` of one figure over the rounds."""
+    return {"median": float(statistics.median(values)), "min": float(min(values)), "max": float(max(values)),
+            "values": [float(v) for v in values]}
+
+
+def round_order(names: Sequence[str], *, seed: int, group: str, round_index: int) -> List[str]:
+    """The contenders of one round in a random order, drawn from (seed, group, round) so a rerun repeats it.
+
+    Args:
+        names: the contenders.
+        seed: the bench's seed.
+        group: what the round measures (a model name, ``"scaling"``, ``"stream"``).
+        round_index: the round, from 0.
+
+    Returns:
+        ``names`` shuffled.
+    """
+    key = [int(seed), sum(ord(c) * 31 ** i for i, c in enumerate(group)) % (2 ** 31), int(round_index)]
+    return [names[i] for i in np.random.default_rng(key).permutation(len(names))]
+
+
+def contender_rows(rounds: Sequence[Dict[str, Any]], field: str) -> Dict[str, Dict[str, Any]]:
+    """``{contender: summary}`` of one field (``examples_per_sec``, ``time_to_train``) over the rounds."""
+    names = rounds[0]["timings"].keys()
+    return {name: summary([r["timings"][name][field] for r in rounds]) for name in names}

@@ -1,0 +1,156 @@
+"""P1-P3: compile_and_fit against Keras' naive fit, the best hand-tuned fit, and a hand-written whole-epoch loop.
+
+Every contender trains a fresh model for ``epochs`` epochs in one call, timed by :class:`tfaccel.bench.timing.
+Stopwatch` (epochs 2..N, plus the whole call as ``time_to_train``), in a random order each round.
+
+* ``compile_and_fit``: tfaccel's defaults on one device (the compiled whole-epoch loop ``tfaccel.fit`` uses,
+  running the model's own ``train_step``, and tfaccel's XLA decision).
+* ``naive``: ``model.fit(x, y)`` with Keras' defaults (batch 32).
+* ``hand_tuned_xla`` / ``hand_tuned_noxla``: cached, prefetched ``tf.data`` at the same batch,
+  ``steps_per_execution=64``, ``jit_compile`` on / off; P2 takes the faster of the two each round.
+* ``limit_xla`` / ``limit_noxla``: a hand-written loop running a whole epoch in one ``tf.function``
+  (``tf.while_loop``, data on the device, plain ``GradientTape`` step, no metrics), with XLA on / off; P3 takes
+  the faster (XLA:CPU runs convolutions several times slower than TensorFlow's kernels).
+"""
+
+from typing import Any, Callable, Dict, List
+
+import numpy as np
+
+from tfaccel.bench.config import BenchConfig, contender_rows, round_order, summary
+from tfaccel.bench.timing import Stopwatch
+from tfaccel.log import get_logger
+
+__all__ = ["SPEED_CONTENDERS", "measure_speedups"]
+
+SPEED_CONTENDERS = ("compile_and_fit", "naive", "hand_tuned_xla", "hand_tuned_noxla", "limit_xla", "limit_noxla")
+
+Train = Callable[[Any], Dict[str, Any]]
+
+
+def model_data(n: int) -> tuple:
+    """MNIST-size inputs with learnable labels (a fixed random linear map)."""
+    rng = np.random.default_rng(0)
+    x = rng.random((n, 28, 28, 1), dtype=np.float32)
+    w = rng.standard_normal((28 * 28, 10)).astype(np.float32)
+    return x, np.argmax(x.reshape(n, -1) @ w, axis=1).astype(np.int32)
+
+
+def builder(model_name: str) -> Callable[[], Any]:
+    """``() -> keras.Model`` for one of ``tfaccel.models``' reference models on 28x28x1 inputs, 10 classes."""
+    from tfaccel.models import get_model_builder
+
+    build = get_model_builder(model_name)
+    return lambda: build(input_shape=(28, 28, 1), num_classes=10)
+
+
+def _compile(model: Any, **options: Any) -> Any:
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"], **options)
+    return model
+
+
+def _compile_and_fit(build: Callable, x: Any, y: Any, epochs: int, batch: int) -> Train:
+    def train(timer: Any) -> Dict[str, Any]:
+        from tfaccel.train.api import compile_and_fit
+
+        result = compile_and_fit(build, (x, y), epochs=epochs, global_batch_size=batch, strategy="default",
+                                 loss="sparse_categorical_crossentropy", metrics=["accuracy"], verbose=0, seed=0,
+                                 callbacks=[timer])
+        return {"plan": result.plan.summary(), **{k: str(v) for k, v in result.details.items() if k != "seed"}}
+
+    return train
+
+
+def _naive(build: Callable, x: Any, y: Any, epochs: int) -> Train:
+    def train(timer: Any) -> Dict[str, Any]:
+        _compile(build()).fit(x, y, epochs=epochs, verbose=0, callbacks=[timer])
+        return {"loop": "Keras fit, Keras defaults (batch 32, steps_per_execution 1)"}
+
+    return train
+
+
+def _hand_tuned(build: Callable, x: Any, y: Any, epochs: int, batch: int, jit: bool) -> Train:
+    def train(timer: Any) -> Dict[str, Any]:
+        import tensorflow as tf
+
+        model = _compile(build(), steps_per_execution=64, jit_compile=jit)
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=0).batch(batch).cache().prefetch(
+            tf.data.AUTOTUNE)
+        model.fit(ds, epochs=epochs, verbose=0, callbacks=[timer], shuffle=False)  # shuffled once, then cached
+        return {"loop": "Keras fit, cached tf.data, steps_per_execution 64", "jit_compile": jit}
+
+    return train
+
+
+def _limit(build: Callable, x: Any, y: Any, epochs: int, batch: int, jit: bool) -> Train:
+    """The hand-written whole-epoch loop (no Keras fit, no metrics): the limit for the model here."""
+
+    def train(timer: Any) -> Dict[str, Any]:
+        import keras
+        import tensorflow as tf
+
+        model, opt, loss_fn = build(), keras.optimizers.Adam(), keras.losses.SparseCategoricalCrossentropy()
+        opt.build(model.trainable_variables)
+        xs, ys, steps = tf.constant(x), tf.constant(y), len(x) // batch
+
+        @tf.function(jit_compile=jit)
+        def epoch(order: Any) -> Any:
+            def body(i: Any, total: Any) -> Any:
+                idx = tf.slice(order, [i * batch], [batch])  # not order[i*b:...]: 100x slower under XLA
+                with tf.GradientTape() as tape:
+                    loss = loss_fn(tf.gather(ys, idx), model(tf.gather(xs, idx), training=True))
+                opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+                return i + 1, total + loss
+
+            return tf.while_loop(lambda i, _: i < steps, body, (tf.constant(0), tf.constant(0.0)))[1]
+
+        rng = np.random.default_rng(0)
+        for e in range(epochs):
+            timer.on_epoch_begin(e)
+            total = epoch(tf.constant(rng.permutation(len(x)).astype(np.int32)))
+            timer.on_epoch_end(e, {"loss": total})
+        return {"loop": "hand-written whole-epoch tf.while_loop", "jit_compile": jit}
+
+    return train
+
+
+def _contenders(build: Callable, x: Any, y: Any, config: BenchConfig) -> Dict[str, Train]:
+    e, b = config.epochs, config.batch
+    return {"compile_and_fit": _compile_and_fit(build, x, y, e, b), "naive": _naive(build, x, y, e),
+            "hand_tuned_xla": _hand_tuned(build, x, y, e, b, True),
+            "hand_tuned_noxla": _hand_tuned(build, x, y, e, b, False),
+            "limit_xla": _limit(build, x, y, e, b, True), "limit_noxla": _limit(build, x, y, e, b, False)}
+
+
+def _ratios(row: Dict[str, float]) -> Dict[str, float]:
+    cf = row["compile_and_fit"]
+    return {"p1": cf / row["naive"], "p2": cf / max(row["hand_tuned_xla"], row["hand_tuned_noxla"]),
+            "p3": cf / max(row["limit_xla"], row["limit_noxla"])}
+
+
+def measure_model(name: str, config: BenchConfig, stopwatch: Stopwatch) -> Dict[str, Any]:
+    """P1-P3 of one model: every contender in every round, in a random order, ratios per round."""
+    x, y = model_data(config.examples)
+    contenders = _contenders(builder(name), x, y, config)
+    rounds: List[Dict[str, Any]] = []
+    for r in range(config.repeats):
+        order = round_order(list(contenders), seed=config.seed, group=name, round_index=r)
+        timings = {c: stopwatch.time(c, contenders[c], examples_per_epoch=len(x), epochs=config.epochs)
+                   for c in order}
+        rounds.append({"order": order, "timings": {c: vars(t) for c, t in timings.items()}})
+        get_logger().info("bench %s round %d: %s", name, r + 1,
+                          ", ".join(f"{c} {timings[c].examples_per_sec:,.0f} ex/s" for c in order))
+    eps = [{c: r["timings"][c]["examples_per_sec"] for c in contenders} for r in rounds]
+    ratios = [_ratios(row) for row in eps]
+    last = rounds[-1]["timings"]
+    return {"p1": summary([q["p1"] for q in ratios]), "p2": summary([q["p2"] for q in ratios]),
+            "p3": summary([q["p3"] for q in ratios]),
+            "examples_per_sec": contender_rows(rounds, "examples_per_sec"),
+            "time_to_train": contender_rows(rounds, "time_to_train"),
+            "order": [r["order"] for r in rounds], "global_batch_size": config.batch,
+            "details": {c: last[c]["details"] for c in contenders}}
+
+
+def measure_speedups(config: BenchConfig, stopwatch: Stopwatch) -> Dict[str, Any]:
+    """P1-P3 for every model of ``config.models``."""
+    return {name: measure_model(name, config, stopwatch) for name in config.models}

@@ -1,0 +1,116 @@
+"""P6: the same model trained from TFRecord files against training from memory.
+
+The bench writes the data as TFRecord shards (``tfaccel.datasets.write_tfrecords``) and trains a fresh model
+with ``tfaccel.compile_and_fit`` from four inputs, every one timed by :class:`tfaccel.bench.timing.Stopwatch`,
+in a random order each round:
+
+* ``in_memory``: the arrays as a cached, prefetched ``tf.data`` dataset (the fastest in-memory input Keras' fit
+  takes);
+* ``streamed``: ``tfaccel.datasets.tfrecord_dataset`` (files listed and shuffled, read interleaved in parallel,
+  parsed a batch at a time in parallel, prefetched, all AUTOTUNE; whole files per worker under FILE sharding);
+* ``naive_stream``: the files read one after another, one record parsed at a time, no prefetch;
+* ``in_memory_compiled``: the arrays themselves, which tfaccel trains with its compiled whole-epoch loop.
+
+The first three go through the same loop (Keras fit, ``steps_per_execution`` 64 given, tfaccel's XLA decision),
+so ``p6_stream = streamed / in_memory`` and ``p6_naive_stream = naive_stream / in_memory`` measure the input
+pipeline alone. A dataset cannot use the compiled loop (it holds the whole epoch's data on the device), so
+``p6_stream_of_compiled = streamed / in_memory_compiled`` says what moving the data to files costs a tfaccel job.
+"""
+
+import os
+import tempfile
+from typing import Any, Callable, Dict, List
+
+from tfaccel.bench.config import BenchConfig, contender_rows, round_order, summary
+from tfaccel.bench.speed import builder, model_data
+from tfaccel.bench.timing import Stopwatch
+from tfaccel.log import get_logger
+
+__all__ = ["STREAM_CONTENDERS", "STREAM_STEPS_PER_EXECUTION", "measure_stream", "naive_tfrecord_dataset"]
+
+STREAM_CONTENDERS = ("in_memory", "streamed", "naive_stream", "in_memory_compiled")
+STREAM_STEPS_PER_EXECUTION = 64
+
+Train = Callable[[Any], Dict[str, Any]]
+
+
+def naive_tfrecord_dataset(files: List[str], *, feature_shape: tuple, batch_size: int) -> Any:
+    """The files read one after another, each record parsed on its own, batched, nothing prefetched."""
+    import tensorflow as tf
+
+    size = 1
+    for d in feature_shape:
+        size *= int(d)
+    spec = {"x": tf.io.FixedLenFeature([size], tf.float32), "y": tf.io.FixedLenFeature([1], tf.int64)}
+
+    def parse(record: Any) -> tuple:
+        parsed = tf.io.parse_single_example(record, spec)
+        return tf.reshape(parsed["x"], feature_shape), tf.cast(parsed["y"][0], tf.int32)
+
+    return tf.data.TFRecordDataset(files).map(parse).batch(batch_size)
+
+
+def _fit(build: Callable, data: Any, config: BenchConfig, *, given_spe: bool) -> Train:
+    def train(timer: Any) -> Dict[str, Any]:
+        from tfaccel.train.api import compile_and_fit
+
+        # Datasets: shuffle=False (the streamed files are shuffled by the pipeline, the cached batches once).
+        options = {"steps_per_execution": STREAM_STEPS_PER_EXECUTION, "shuffle": False} if given_spe else {}
+        train_data = data() if callable(data) else data
+        batch = None if given_spe else config.batch  # datasets come batched
+        result = compile_and_fit(build, train_data, epochs=config.epochs, global_batch_size=batch,
+                                 strategy="default", loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+                                 verbose=0, seed=0, callbacks=[timer], **options)
+        return {k: str(v) for k, v in result.details.items() if k != "seed"}
+
+    return train
+
+
+def _contenders(x: Any, y: Any, pattern: str, files: List[str], config: BenchConfig) -> Dict[str, Train]:
+    import tensorflow as tf
+
+    from tfaccel.datasets import tfrecord_dataset
+
+    build, b = builder(config.stream_model), config.batch
+
+    def in_memory() -> Any:
+        return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=0).batch(b).cache().prefetch(
+            tf.data.AUTOTUNE)
+
+    def streamed() -> Any:
+        return tfrecord_dataset(pattern, feature_shape=x.shape[1:], shuffle_files=True, seed=0, batch_size=b)
+
+    def naive() -> Any:
+        return naive_tfrecord_dataset(files, feature_shape=x.shape[1:], batch_size=b)
+
+    return {"in_memory": _fit(build, in_memory, config, given_spe=True),
+            "streamed": _fit(build, streamed, config, given_spe=True),
+            "naive_stream": _fit(build, naive, config, given_spe=True),
+            "in_memory_compiled": _fit(build, (x, y), config, given_spe=False)}
+
+
+def measure_stream(config: BenchConfig, stopwatch: Stopwatch) -> Dict[str, Any]:
+    """P6 over ``config.repeats`` rounds: ratios per round, the files written once to a temporary folder."""
+    from tfaccel.datasets import write_tfrecords
+
+    x, y = model_data(config.stream_examples)
+    rounds: List[Dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="tfaccel-bench-stream-") as tmp:
+        files = write_tfrecords(x, y, tmp, num_shards=config.stream_shards)
+        contenders = _contenders(x, y, os.path.join(tmp, "*.tfrecord"), files, config)
+        for r in range(config.repeats):
+            order = round_order(list(contenders), seed=config.seed, group="stream", round_index=r)
+            timings = {c: stopwatch.time(c, contenders[c], examples_per_epoch=len(x), epochs=config.epochs)
+                       for c in order}
+            rounds.append({"order": order, "timings": {c: vars(t) for c, t in timings.items()}})
+            get_logger().info("bench stream round %d: %s", r + 1,
+                              ", ".join(f"{c} {timings[c].examples_per_sec:,.0f} ex/s" for c in order))
+    eps = [{c: r["timings"][c]["examples_per_sec"] for c in contenders} for r in rounds]
+    return {"p6_stream": summary([e["streamed"] / e["in_memory"] for e in eps]),
+            "p6_naive_stream": summary([e["naive_stream"] / e["in_memory"] for e in eps]),
+            "p6_stream_of_compiled": summary([e["streamed"] / e["in_memory_compiled"] for e in eps]),
+            "examples_per_sec": contender_rows(rounds, "examples_per_sec"),
+            "time_to_train": contender_rows(rounds, "time_to_train"),
+            "order": [r["order"] for r in rounds], "model": config.stream_model, "shards": config.stream_shards,
+            "global_batch_size": config.batch,
+            "details": {c: rounds[-1]["timings"][c]["details"] for c in contenders}}
