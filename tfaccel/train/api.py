@@ -438,6 +438,8 @@ def _train(model: Any, loop_name: str, *, data: Any, backend: Any, plan: Any, ep
     timed = epoch_seconds[1:] if len(epoch_seconds) > 1 else epoch_seconds
     per_epoch = data.num_examples or (data.batch_size or 0) * (data.steps_per_epoch or 0)
     examples_per_sec = len(timed) * per_epoch / sum(timed) if timed and sum(timed) > 0 else 0.0
+    if outcome is not None and "examples_per_sec" in outcome.details:  # parameter_server: counted on the ps
+        examples_per_sec = outcome.details.pop("examples_per_sec")
     if outcome is not None:
         details.update(outcome.details)
     if backend.name == "parameter_server":  # how each large variable was placed over the ps tasks

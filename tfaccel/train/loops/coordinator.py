@@ -240,6 +240,7 @@ def run_coordinator(model: Any, *, data: FitData, backend: Any, plan: Any, epoch
     test_step = tf.function(model.test_step, reduce_retracing=True)
     counted_at_start, accounted_at_start = int(step.steps.numpy()), step.accounting.read()
     seconds: List[float] = []
+    seen = [sum(accounted_at_start["examples"])]  # examples counted on the ps, after each epoch
     model.stop_training = False
     cb_list.on_train_begin()
     logs = None
@@ -250,6 +251,7 @@ def run_coordinator(model: Any, *, data: FitData, backend: Any, plan: Any, epoch
         t0 = time.perf_counter()
         totals = _train_epoch(sched, epoch, first, backup=backup if backup_dir else None, backup_freq=backup_freq)
         seconds.append(time.perf_counter() - t0)
+        seen.append(sum(step.accounting.read()["examples"]))
         logs = _epoch_logs(model, step, totals, epoch=epoch, data=data, options=options, test_step=test_step,
                            cb_list=cb_list)
         if backup_dir:
@@ -266,6 +268,8 @@ def run_coordinator(model: Any, *, data: FitData, backend: Any, plan: Any, epoch
     details["ps_accounting"] = Accounting.report(accounted_at_start, step.accounting.read(),
                                                  closures=sched.closures_scheduled, updates=sched.updates_scheduled)
     release_from_strategy(model)  # Keras evaluate / predict / save on the coordinator, outside the strategy
+    timed = slice(1, None) if len(seconds) > 1 else slice(None)  # as fit: the first epoch left out when several
+    details["examples_per_sec"] = float(np.sum(np.diff(seen)[timed]) / max(sum(seconds[timed]), 1e-9))
     details.update(optimizer_iterations=int(model.optimizer.iterations.numpy()), steps_counted=counted,
                    data="per-worker arrays on the workers, order from (seed, epoch)" if data.kind == "arrays"
                    else "per-worker datasets built on the workers by the dataset_fn")
