@@ -112,7 +112,7 @@ def test_multi_worker_after_mirrored_is_refused_before_building(clean_tf_config,
         get_strategy("multi_worker")
     assert str(err.value) == (
         f"strategy 'multi_worker': this process already built {MIRRORED_HERE}, and the request multi_worker("
-        "apply_compat=True, heartbeat_timeout_seconds=20.0, implementation='auto', startup_timeout_seconds=60.0, "
+        "apply_compat=True, bytes_per_pack=0, heartbeat_timeout_seconds=20.0, implementation='auto', startup_timeout_seconds=60.0, "
         "task=None, timeout_seconds=600.0) would build a second collective strategy; they differ in the strategy "
         f"('multi_worker' here, 'mirrored' before). {WHY}{FIX}")
 
@@ -216,8 +216,8 @@ def test_two_workers_hold_one_multi_worker_strategy() -> None:
         assert res["same"] == {"auto": True, "get_strategy_auto": True, "get_strategy_named": True,
                                "defaults_spelt_out": True, "plan": True}, res
         task = f"task='worker:{index} of TF_CONFIG cluster (worker "
-        first = ("multi_worker(apply_compat=True, heartbeat_timeout_seconds=20.0, implementation='auto', "
-                 f"startup_timeout_seconds=60.0, {task}")
+        first = ("multi_worker(apply_compat=True, bytes_per_pack=0, heartbeat_timeout_seconds=20.0, "
+                 f"implementation='auto', startup_timeout_seconds=60.0, {task}")
         assert res["other_options"]["type"] == "ConfigError"
         message = res["other_options"]["message"]
         assert message.startswith(f"strategy 'multi_worker': this process already built {first}"), message

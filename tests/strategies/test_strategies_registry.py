@@ -146,6 +146,10 @@ def test_mirrored_fit_over_two_virtual_cpus(clean_tf_config, cpu_replicas) -> No
     ({"implementation": "nccl"}, r"implementation='nccl' needs GPUs and this process sees none"),
     ({"timeout_seconds": -1}, r"timeout_seconds must be a number of seconds >= 0.*received -1"),
     ({"timeout_seconds": "10"}, r"timeout_seconds must be a number.*received '10'"),
+    ({"bytes_per_pack": -1}, r"multi_worker: bytes_per_pack must be a whole number of bytes >= 0 \(0: every "
+                             r"gradient in one all-reduce.*received -1. E.g. bytes_per_pack=4 \* 1024 \* 1024"),
+    ({"bytes_per_pack": 1.5}, r"bytes_per_pack must be a whole number of bytes >= 0.*received 1.5"),
+    ({"bytes_per_pack": True}, r"bytes_per_pack must be a whole number of bytes >= 0.*received True"),
 ])
 def test_multi_worker_option_errors(clean_tf_config, options, message) -> None:
     with pytest.raises(ConfigError, match=message):

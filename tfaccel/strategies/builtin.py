@@ -165,6 +165,15 @@ def _check_timeout(name: str, value: Any) -> Optional[float]:
     return float(value)
 
 
+def _check_bytes_per_pack(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ConfigError(f"multi_worker: bytes_per_pack must be a whole number of bytes >= 0 (0: every gradient in "
+                          f"one all-reduce, TensorFlow's default; N: all-reduces of about N bytes each, which can "
+                          f"start before the whole backward pass ends); received {value!r}. "
+                          f"E.g. bytes_per_pack=4 * 1024 * 1024")
+    return int(value)
+
+
 def _resolver_for(task: Optional[Any], devices: Any) -> Any:
     """TF_CONFIG tasks use TF's own resolver; other sources (SLURM) get one built from the TaskInfo."""
     tf = _tf()
@@ -196,12 +205,13 @@ def _multi_worker_settings(devices: Any, *, implementation: Any, timeout_seconds
 def multi_worker_request(*, devices: Any, task: Optional[Any], implementation: str = "auto",
                          timeout_seconds: Optional[float] = None, apply_compat: bool = True,
                          startup_timeout_seconds: Optional[float] = None,
-                         heartbeat_timeout_seconds: Optional[float] = None) -> Dict[str, Any]:
+                         heartbeat_timeout_seconds: Optional[float] = None, bytes_per_pack: int = 0) -> Dict[str, Any]:
     """Validates the options; returns them at their effective values (timeouts resolved) and the cluster task."""
     implementation, timeouts = _multi_worker_settings(
         devices, implementation=implementation, timeout_seconds=timeout_seconds,
         startup_timeout_seconds=startup_timeout_seconds, heartbeat_timeout_seconds=heartbeat_timeout_seconds)
-    return {"implementation": implementation, "startup_timeout_seconds": timeouts.startup,
+    return {"implementation": implementation, "bytes_per_pack": _check_bytes_per_pack(bytes_per_pack),
+            "startup_timeout_seconds": timeouts.startup,
             "heartbeat_timeout_seconds": timeouts.heartbeat, "timeout_seconds": timeouts.collective,
             "apply_compat": bool(apply_compat), "task": _cluster_key(task)}
 
@@ -209,8 +219,11 @@ def multi_worker_request(*, devices: Any, task: Optional[Any], implementation: s
 def make_multi_worker(*, devices: Any, task: Optional[Any], implementation: str = "auto",
                       timeout_seconds: Optional[float] = None, apply_compat: bool = True,
                       startup_timeout_seconds: Optional[float] = None,
-                      heartbeat_timeout_seconds: Optional[float] = None) -> Backend:
+                      heartbeat_timeout_seconds: Optional[float] = None, bytes_per_pack: int = 0) -> Backend:
     """``MultiWorkerMirroredStrategy`` with the Keras 3 compat fix in place (see ``tfaccel.compat.keras_mwms``).
+
+    ``implementation``, ``bytes_per_pack`` and ``timeout_seconds`` are TensorFlow's ``CommunicationOptions`` of
+    every all-reduce (gradients, metrics): ``bytes_per_pack=0`` concatenates all gradients into one all-reduce.
 
     SIGTERM still ends the worker (``tfaccel.compat.tf_sigterm``). ``apply_compat=False`` leaves both upstream
     behaviours as they are.
@@ -226,6 +239,7 @@ def make_multi_worker(*, devices: Any, task: Optional[Any], implementation: str 
         startup_timeout_seconds=startup_timeout_seconds, heartbeat_timeout_seconds=heartbeat_timeout_seconds)
     impl = getattr(tf.distribute.experimental.CommunicationImplementation, implementation.upper())
     options = tf.distribute.experimental.CommunicationOptions(implementation=impl,
+                                                              bytes_per_pack=_check_bytes_per_pack(bytes_per_pack),
                                                               timeout_seconds=timeouts.collective or None)
     if apply_compat:
         from tfaccel.compat import keras_mwms
@@ -396,8 +410,9 @@ register_strategy("mirrored", description="MirroredStrategy: synchronous data pa
                   request=mirrored_request, collective=True)
 register_strategy("multi_worker", description="MultiWorkerMirroredStrategy: synchronous data parallelism over "
                   "several processes/hosts (TF_CONFIG), with tfaccel's Keras 3 fit fix",
-                  factory=make_multi_worker, options=("implementation", "timeout_seconds", "apply_compat",
-                                                     "startup_timeout_seconds", "heartbeat_timeout_seconds"),
+                  factory=make_multi_worker, options=("implementation", "bytes_per_pack", "timeout_seconds",
+                                                     "apply_compat", "startup_timeout_seconds",
+                                                     "heartbeat_timeout_seconds"),
                   request=multi_worker_request, collective=True)
 register_strategy("parameter_server", description="ParameterServerStrategy + ClusterCoordinator: asynchronous "
                   "training with ps tasks, run by tfaccel's coordinator loop (not Keras fit)",
