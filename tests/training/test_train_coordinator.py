@@ -21,7 +21,7 @@ from tfaccel.errors import ConfigError
 PARITY_JOB = Path(__file__).parent / "scripts" / "ps_parity_job.py"
 
 
-@pytest.mark.parametrize("api", ["fit", "compile_and_fit"])
+@pytest.mark.parametrize("api", ["fit", "compile_and_fit", "dataset_fn"])
 def test_parameter_server_trains_like_keras_fit(api, tmp_path):
     """kernel_regularizer + activity_regularizer (add_loss) + sample_weight + metrics ["accuracy", "mae"] +
     validation_data, 100 examples in batches of 16 (a partial last batch), SGD with momentum, 3 epochs."""

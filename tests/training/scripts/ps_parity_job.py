@@ -3,8 +3,9 @@
 ps/worker tasks run a server (inter_op_parallelism_threads = workers + 1, see VERIFIED.md) until the file named by
 $PS_TEST_DONE exists. The chief trains the same small model twice from the same initial weights: with plain Keras
 ``model.fit`` on this process (the reference), and with ``tfaccel.fit`` (or ``compile_and_fit`` when
-$PARITY_API=compile_and_fit) under strategy="parameter_server" on the cluster. One worker runs the closures one
-after the other, so the coordinator loop is synchronous-equivalent and must match ``fit``. Prints one JSON line.
+$PARITY_API=compile_and_fit, or a dataset_fn of (x, y, sw) batches with $PARITY_API=dataset_fn) under
+strategy="parameter_server" on the cluster. One worker runs the closures one after the other, so the coordinator
+loop is synchronous-equivalent and must match ``fit``. Prints one JSON line.
 """
 
 import json
@@ -90,6 +91,17 @@ def main() -> int:
             result = tfaccel.compile_and_fit(build_compiled, (x, y, sw), strategy="parameter_server",
                                              global_batch_size=16, epochs=3, shuffle=False, validation_data=val,
                                              verbose=0, seed=0)
+        elif os.environ.get("PARITY_API") == "dataset_fn":  # the workers build the pipeline: (x, y, sw) batches
+            import tensorflow as tf
+
+            def dataset_fn(input_context):
+                return tf.data.Dataset.from_tensor_slices((x, y, sw)).batch(16)  # the partial last batch kept
+
+            with tfaccel.scope(strategy="parameter_server"):
+                model = build()
+                model.set_weights(initial)
+                compile_(model)
+            result = tfaccel.fit(model, dataset_fn, steps_per_epoch=7, epochs=3, validation_data=val, verbose=0)
         else:
             with tfaccel.scope(strategy="parameter_server"):
                 model = build()
