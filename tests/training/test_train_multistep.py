@@ -147,3 +147,21 @@ def test_compiled_refused_under_mirrored_with_the_reason(clean_tf_config, cpu_re
         tfaccel.compile_and_fit(_build, (x, y), global_batch_size=16, strategy="mirrored", loop="compiled",
                                 loss="sparse_categorical_crossentropy", verbose=0)
 
+
+
+def test_mirrored_uneven_last_batch_trains_like_keras_fit(clean_tf_config, cpu_replicas):
+    """71 examples, batch 16: the last batch of 7 splits 4 + 3 over the replicas, as tf.distribute splits it."""
+    x, y = _data(71)
+    runs = {}
+    for loop in ("keras", "compiled"):
+        result = tfaccel.compile_and_fit(_build, (x, y), validation_data=(x[:23], y[:23]), epochs=2,
+                                         global_batch_size=16, strategy="mirrored", optimizer="adam",
+                                         learning_rate=0.05, loss="sparse_categorical_crossentropy",
+                                         metrics=["accuracy"], shuffle=False, loop=loop, steps_per_execution=2,
+                                         seed=0, verbose=0)
+        runs[loop] = result
+    assert runs["compiled"].details["loop"].startswith("tfaccel's multi-step loop: 2 steps")
+    for a, b in zip(runs["keras"].model.get_weights(), runs["compiled"].model.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    for key, values in runs["keras"].history.items():
+        np.testing.assert_allclose(runs["compiled"].history[key], values, rtol=1e-5, atol=1e-6, err_msg=key)
