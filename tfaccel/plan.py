@@ -133,14 +133,33 @@ def resolve_plan(*, strategy: str = "auto", precision: str = "auto", jit_compile
         resolve_jit(jit_compile, backend=Backend("default", None), devices=info)  # raises the standard error
     if task is None:
         task = current_task()
+    evaluator_notes: Tuple[str, ...] = ()
+    if task is not None and task.task_type == "evaluator":  # the side-car evaluator is no member of the training
+        evaluator_notes = (_evaluator_note(strategy, strategy_options),)
+        if strategy in CLUSTER_STRATEGIES:
+            strategy, strategy_options = "auto", None
     backend = get_backend(strategy, devices=devices, task=task, **dict(strategy_options or {}))
     jit, jit_reason = resolve_jit(jit_compile, backend=backend, devices=info)
     plan = Plan(strategy=backend.name, strategy_reason=backend.reason,
                 num_replicas=int(backend.num_replicas_in_sync), num_workers=int(backend.num_workers),
                 worker_index=int(backend.worker_index), task=getattr(task, "name", None),
                 is_chief=bool(backend.is_chief), precision=policy, precision_reason=policy_reason,
-                jit_compile=jit, jit_reason=jit_reason, notes=_notes(backend, policy))
+                jit_compile=jit, jit_reason=jit_reason, notes=_notes(backend, policy) + evaluator_notes)
     return plan, backend
+
+
+CLUSTER_STRATEGIES = ("parameter_server", "multi_worker")
+
+
+def _evaluator_note(strategy: str, strategy_options: Optional[Mapping[str, Any]]) -> str:
+    """What the plan says in the evaluator task (tfaccel.train.evaluator)."""
+    note = ("this task is the side-car evaluator: tfaccel.fit evaluates the chief's checkpoints (checkpoint_dir) on "
+            "validation_data and does not train")
+    if strategy in CLUSTER_STRATEGIES:
+        dropped = f" and its options {sorted(strategy_options)}" if strategy_options else ""
+        note += (f"; strategy {strategy!r}{dropped} {'are' if dropped else 'is'} for the training tasks, so this task "
+                 "takes the local rules of 'auto'")
+    return note
 
 
 def _runtime_initialised() -> bool:

@@ -375,6 +375,10 @@ def make_parameter_server(*, devices: Any, task: Optional[Any], variable_partiti
 
         keras_sharded.apply()
     resolver = _resolver_for(task, devices) or tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    if task.spec.roles.get("evaluator"):  # no member of the training cluster: the coordinator would wait for it
+        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+            tf.train.ClusterSpec({role: list(addrs) for role, addrs in roles.items()}), task_type=task.task_type,
+            task_id=task.task_index, rpc_layer="grpc")
     try:
         strategy = tf.distribute.experimental.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
         coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)

@@ -263,6 +263,9 @@ def _tfaccel_callbacks(*, backend: Any, data: Any, backup_dir: Optional[str], ba
         named["checkpoint"] = ChiefCheckpoint(checkpoint_dir, is_chief=chief,
                                               every_worker_saves=backend.name == "multi_worker")
     after = (list(backend.batch_sync_callbacks()) if per_batch else []) + list(named.values())
+    from tfaccel.train.evaluator import evaluator_callbacks
+
+    after += evaluator_callbacks(checkpoint_dir=checkpoint_dir, checkpoints=named.get("checkpoint"), is_chief=chief)
     if tensorboard_dir and chief:
         after.append(keras.callbacks.TensorBoard(tensorboard_dir))
     from tfaccel.launch.ray import report_callbacks
@@ -361,6 +364,12 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: Optional[int] = No
     _validate(epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch, backup_freq=backup_freq,
               verbose=verbose, loop=loop, callbacks=callbacks, gradient_accumulation_steps=gradient_accumulation_steps,
               steps_per_execution=steps_per_execution, warmup_epochs=warmup_epochs)
+    from tfaccel.train.evaluator import is_evaluator_task, run_evaluator
+
+    if is_evaluator_task():  # the side-car evaluator of a cluster: evaluate the chief's checkpoints, do not train
+        return run_evaluator(model, validation_data=validation_data, checkpoint_dir=checkpoint_dir,
+                             backup_dir=backup_dir, tensorboard_dir=tensorboard_dir,
+                             batch_size=validation_batch_size or batch_size, validation_steps=validation_steps)
     from tfaccel.train.data import agree_on_seed, prepare_data
     from tfaccel.train.scope import plan_for_model
 
