@@ -26,6 +26,12 @@ def test_json_breakdown_of_a_reference_model():
     assert out["recompute_blocks"][0] == "stage1_block1" and out["activation_bytes_recompute"] < out["activation_bytes"]
     assert out["total_bytes"] == (out["parameter_bytes"] + out["gradient_bytes"] + out["optimizer_bytes"]
                                   + out["activation_bytes"])
+    # both peaks: the device (allocator) one, and the CPU process's (measured at batch 1 + the traced batch part)
+    assert out["device_peak_bytes"] == out["total_bytes"]
+    assert out["process_peak_bytes"] == (out["process_base_bytes"] + out["activation_bytes"]
+                                         - out["activation_bytes_base"])
+    assert out["process_base_bytes"] > 200 * 2 ** 20  # at least the interpreter and the TensorFlow runtime
+    assert 0 < out["activation_bytes_base"] < out["activation_bytes"]
 
 
 def test_table_under_parameter_server_without_recompute():
@@ -37,6 +43,7 @@ def test_table_under_parameter_server_without_recompute():
     names = [line.split("  ")[1].strip() for line in lines[1:]]
     assert names[:5] == ["parameters", "gradients", "optimizer slots", "activations", "total per replica"]
     assert any(line.strip().startswith("ps:1") for line in lines) and "recompute" not in proc.stdout
+    assert "process peak" not in proc.stdout  # "auto": a PS worker's process is not estimated
 
 
 @pytest.mark.parametrize("args, message", [
@@ -45,6 +52,7 @@ def test_table_under_parameter_server_without_recompute():
     (["--strategy", "nccl"], "--strategy: unknown value 'nccl'; valid values are: 'auto', 'default'"),
     (["--optimizer", "adamm"], "--optimizer: unknown value 'adamm'; valid values are: 'adam'"),
     (["--recompute", "yes"], "--recompute: unknown value 'yes'; valid values are: 'auto', 'all', 'none'"),
+    (["--process-peak", "on"], "--process-peak: unknown value 'on'; valid values are: 'auto', 'yes', 'no'"),
     (["--batch-size", "0"], "--batch-size: must be a positive integer; received '0'"),
     (["--batch-size", "8.5"], "--batch-size: must be a positive integer; received '8.5'"),
     (["--replicas", "x"], "--replicas: must be a positive integer; received 'x'"),
@@ -78,3 +86,14 @@ def test_table_shows_measured_peaks():
               "activation_bytes_recompute": None, "ps_shard_bytes": [], "measured": {"GPU:0": 3 * 2 ** 20}}
     text = format_table(report)
     assert "measured peak GPU:0" in text and "3.0 MiB" in text and "activations, recompute" not in text
+    assert "process peak" not in text
+    report.update(process_peak_bytes=700 * 2 ** 20, process_base_bytes=690 * 2 ** 20)
+    line = next(line for line in format_table(report).splitlines() if "process peak (CPU)" in line)
+    assert "700.0 MiB" in line and "measured at batch 1 (690 MiB) + traced activations" in line
+
+
+def test_process_peak_yes_under_mirrored_names_the_option():
+    proc = _cli("--model", "mlp", "--batch-size", "8", "--strategy", "mirrored", "--replicas", "2",
+                "--process-peak", "yes", "--recompute", "none")
+    assert proc.returncode == 2 and "process_peak: estimated for one replica per process" in proc.stderr
+    assert "received strategy='mirrored', replicas=2. Pass process_peak=False" in proc.stderr

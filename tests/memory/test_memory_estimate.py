@@ -130,3 +130,65 @@ def test_graph_peak_counts_a_reshape_as_the_same_buffer():
     peaks = graph_activation_peak(graph)
     # x and relu's output (50x100 float32 each) are read by the backward pass; the reshape adds nothing.
     assert 2 * 50 * 100 * 4 <= peaks["saved_bytes"] <= 2 * 50 * 100 * 4 + 64
+
+
+def test_process_peak_arithmetic_and_both_peaks_in_the_dict():
+    from tfaccel.memory import MemoryEstimate
+
+    mib = 2 ** 20
+    est = MemoryEstimate(model="m", batch_size=8, per_replica_batch=8, replicas=1, precision="float32",
+                         strategy="default", optimizer="adam", parameters=1, parameter_bytes=10 * mib,
+                         gradient_bytes=10 * mib, optimizer_bytes=20 * mib, activation_bytes=80 * mib,
+                         saved_activation_bytes=40 * mib, process_base_bytes=700 * mib,
+                         activation_bytes_base=10 * mib)
+    assert est.total_bytes == 120 * mib and est.process_peak_bytes == 770 * mib  # 700 + 80 - 10
+    out = est.to_dict()
+    assert out["device_peak_bytes"] == 120 * mib and out["process_peak_bytes"] == 770 * mib
+    unasked = MemoryEstimate(**{**dataclasses_fields(est), "process_base_bytes": None})
+    assert unasked.process_peak_bytes is None and unasked.to_dict()["process_peak_bytes"] is None
+
+
+def dataclasses_fields(est):
+    import dataclasses
+
+    return {f.name: getattr(est, f.name) for f in dataclasses.fields(est)}
+
+
+DENSE_FILE = """import keras
+def build(input_shape, num_classes):
+    inputs = keras.Input(tuple(input_shape))
+    x = keras.layers.Dense(%d, activation="relu", name="wide")(inputs)
+    x = keras.layers.Dense(num_classes, name="logits")(x)
+    return keras.Model(inputs, keras.layers.Activation("softmax", dtype="float32", name="probs")(x), name="dense")
+""" % H
+
+
+def test_process_peak_adds_the_traced_batch_part_to_the_measured_batch_1_peak(tmp_path):
+    path = tmp_path / "dense_net.py"
+    path.write_text(DENSE_FILE)
+    est = estimate_memory(f"{path}:build", batch_size=B, input_shape=(D,), num_classes=C, recompute=False,
+                          process_peak=True)
+    assert est.parameter_bytes == PARAM_BYTES
+    # at batch 1 the traced peak is not an activation but the optimizer's update of the wide kernel: two
+    # temporaries of its D x H float32 size live at once (they are in the measured batch-1 peak too, so they cancel)
+    assert est.activation_bytes_base == 2 * 4 * D * H
+    assert est.activation_bytes - est.activation_bytes_base >= 4 * (B - 1) * (D + H + C)
+    assert est.process_peak_bytes == est.process_base_bytes + est.activation_bytes - est.activation_bytes_base
+    # the measured batch-1 process holds the interpreter and the TF runtime besides the model's 4 x 0.6 MiB
+    assert est.process_base_bytes > 200 * 2 ** 20 + 4 * PARAM_BYTES
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"model_or_name": _dense}, r"process_peak: the process peak is measured in a fresh process, which must build "
+                                r"the model itself; received a function\. Pass a built-in name or "
+                                r"'path/to/file\.py:build_model' \(or process_peak=False\)"),
+    ({"strategy": "mirrored", "replicas": 2}, r"process_peak: estimated for one replica per process \(auto, "
+                                              r"default, one_device, multi_worker, horovod; replicas > 1 only under "
+                                              r"multi_worker or horovod\); received strategy='mirrored', "
+                                              r"replicas=2\. Pass process_peak=False"),
+])
+def test_process_peak_errors_name_the_option(options, message):
+    kwargs = {"model_or_name": "mlp", "batch_size": 8, "recompute": False, "process_peak": True,
+              "input_shape": (D,), "num_classes": C, **options}
+    with pytest.raises(ConfigError, match=message):
+        estimate_memory(kwargs.pop("model_or_name"), **kwargs)

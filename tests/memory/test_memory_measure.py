@@ -41,6 +41,7 @@ def test_cpu_step_in_a_child_process():
     out = measure_cpu_step("mlp", batch_size=32, steps=1, timeout_s=240)
     assert out["baseline"] > 0 and out["peak"] >= out["rest"] > out["baseline"]
     assert out["process_peak"] == out["peak"] - out["baseline"] and len(out["step_seconds"]) == 1
+    assert out["process_hwm"] >= out["peak"]  # the whole life of the child, warm-up included
     assert out["allocator_peak"] > 4 * 101770 * 4  # at least the MLP's weights, gradients and Adam slots
     assert out["device_peaks"] == {}
 
@@ -60,13 +61,13 @@ def test_bench_tables():
                                     "process_peak": {"auto": 0.25, "all": 0.5}},
            "step_seconds": {"plain": 2.0, "auto": 2.5, "all": 3.0}, "step_time_increase": {"auto": 0.25, "all": 0.5}}
     rows = [{"model": "mlp", "input_shape": [8], "batch_size": 4, "estimate_bytes": 110 * mib,
-             "allocator_peak_bytes": 100 * mib, "process_peak_bytes": 200 * mib, "error_allocator": 0.1,
-             "error_process": -0.45}]
+             "allocator_peak_bytes": 100 * mib, "process_base_bytes": 700 * mib, "process_estimate_bytes": 790 * mib,
+             "process_peak_bytes": 800 * mib, "error_allocator": 0.1, "error_process": -0.0125}]
     text = format_bench(rec, rows)
     assert "| activations, TF allocator (MiB) | 1000 | 500 (-50%) | 400 (-60%) |" in text
     assert "| activations, process RSS (MiB) | 2000 | 1500 (-25%) | 1000 (-50%) |" in text
     assert "| step time (s) | 2.00 | 2.50 (+25%) | 3.00 (+50%) |" in text
-    assert "| mlp | (8,) | 4 | 110 | 100 | +10% | 200 | -45% |" in text
+    assert "| mlp | (8,) | 4 | 110 | 100 | +10% | 700 | 790 | 800 | -1% |" in text
 
 
 def test_side_by_side_timing_runs_each_setting_the_same_number_of_steps():

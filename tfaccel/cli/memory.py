@@ -1,8 +1,10 @@
 """``tfaccel memory --model resnet50 --batch-size 64 [--precision mixed_float16] [--json]``: what a step needs.
 
 Prints the per-replica breakdown (parameters, gradients, optimizer slots, activations; with recomputation when the
-model can be split) as a table, or as JSON with ``--json``. ``--measure`` also runs one step in a child process
-(CPU: peak RSS) or on the GPU (allocator peak) and shows the measured peak beside the estimate.
+model can be split) as a table, or as JSON with ``--json``, with two peaks: the device (allocator) peak and, for
+one replica per process, the CPU process's peak (``--process-peak no`` skips it: it runs the model at batch 1 in a
+child process). ``--measure`` also runs the step in a child process and shows the measured peaks beside the
+estimate: TensorFlow's allocator peak and the process's VmHWM on the CPU, each GPU's allocator peak.
 """
 
 import argparse
@@ -12,6 +14,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 _MIB = 2.0 ** 20
 RECOMPUTE_CHOICES = ("auto", "all", "none")
+PROCESS_PEAK_CHOICES = ("auto", "yes", "no")
 
 
 def register(subparsers: "argparse._SubParsersAction") -> None:
@@ -28,6 +31,8 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     parser.add_argument("--replicas", default="1", help="replicas in sync (workers under parameter_server)")
     parser.add_argument("--num-ps", default="1", help="parameter server tasks (parameter_server)")
     parser.add_argument("--input-shape", default=None, help="one example's shape, e.g. 224,224,3")
+    parser.add_argument("--process-peak", default="auto",
+                        help="estimate the CPU process's peak too: auto (when each process holds one replica), yes, no")
     parser.add_argument("--measure", action="store_true", help="also measure one step here (child process on CPU)")
     parser.add_argument("--json", action="store_true", help="print the breakdown as JSON")
     parser.set_defaults(func=run)
@@ -60,6 +65,8 @@ def parse_options(args: argparse.Namespace) -> Dict[str, Any]:
         raise invalid_choice("--optimizer", args.optimizer, OPTIMIZER_NAMES)
     if args.recompute not in RECOMPUTE_CHOICES:
         raise invalid_choice("--recompute", args.recompute, RECOMPUTE_CHOICES)
+    if args.process_peak not in PROCESS_PEAK_CHOICES:
+        raise invalid_choice("--process-peak", args.process_peak, PROCESS_PEAK_CHOICES)
     shape: Optional[Tuple[int, ...]] = None
     if args.input_shape:
         try:
@@ -79,11 +86,21 @@ def parse_options(args: argparse.Namespace) -> Dict[str, Any]:
 
         if model not in MODEL_NAMES:
             raise invalid_choice("--model", model, MODEL_NAMES, hint="Or give path/to/file.py:build_model")
+    replicas = _positive_int("--replicas", args.replicas)
     return {"model_or_name": model, "batch_size": _positive_int("--batch-size", args.batch_size),
             "precision": args.precision, "strategy": args.strategy, "optimizer": args.optimizer.lower(),
             "recompute": {"auto": None, "all": "all", "none": False}[args.recompute],
-            "replicas": _positive_int("--replicas", args.replicas), "num_ps": _positive_int("--num-ps", args.num_ps),
-            "input_shape": shape}
+            "replicas": replicas, "num_ps": _positive_int("--num-ps", args.num_ps), "input_shape": shape,
+            "process_peak": _process_peak(args.process_peak, args.strategy, replicas)}
+
+
+def _process_peak(choice: str, strategy: str, replicas: int) -> bool:
+    """``auto``: the process peak where each process holds one replica (the library says why elsewhere)."""
+    from tfaccel.memory.estimate import PROCESS_STRATEGIES
+
+    if choice != "auto":
+        return choice == "yes"
+    return strategy in PROCESS_STRATEGIES and (replicas == 1 or strategy in ("multi_worker", "horovod"))
 
 
 def format_table(report: Dict[str, Any]) -> str:
@@ -95,8 +112,11 @@ def format_table(report: Dict[str, Any]) -> str:
          f"{report['optimizer']}" + (" (on the ps shards)" if report["strategy"] == "parameter_server" else "")),
         ("activations", f"{report['activation_bytes'] / _MIB:,.1f}",
          f"traced peak at batch {report['per_replica_batch']} per replica"),
-        ("total per replica", f"{report['total_bytes'] / _MIB:,.1f}", ""),
+        ("total per replica", f"{report['total_bytes'] / _MIB:,.1f}", "device (allocator) peak"),
     ]
+    if report.get("process_peak_bytes") is not None:
+        rows.append(("process peak (CPU)", f"{report['process_peak_bytes'] / _MIB:,.1f}",
+                     f"measured at batch 1 ({report['process_base_bytes'] / _MIB:,.0f} MiB) + traced activations"))
     if report["activation_bytes_recompute"] is not None:
         rows += [("activations, recompute", f"{report['activation_bytes_recompute'] / _MIB:,.1f}",
                   f"{len(report['recompute_blocks'])} blocks recomputed"),
@@ -116,8 +136,10 @@ def _measure(options: Dict[str, Any]) -> Dict[str, int]:
     from tfaccel.memory.measure import measure_cpu_step
 
     result = measure_cpu_step(options["model_or_name"], batch_size=options["batch_size"] // options["replicas"],
-                              precision=options["precision"], input_shape=options["input_shape"])
-    return {"cpu_process": int(result["process_peak"]), **result["device_peaks"]}
+                              precision=options["precision"], input_shape=options["input_shape"],
+                              optimizer=options["optimizer"], mmap_threshold=None)
+    return {"CPU allocator": int(result["allocator_peak"]), "CPU process": int(result["process_hwm"]),
+            **result["device_peaks"]}
 
 
 def run(args: argparse.Namespace) -> int:

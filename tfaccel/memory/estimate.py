@@ -1,9 +1,20 @@
 """``estimate_memory``: what one replica needs for a training step, before the job starts.
 
-Parameters, gradients and optimizer slots are counted from the real variables (the model is built, the optimizer
-built on its trainable variables); activations come from the traced graph of the model's own ``train_step`` at the
-per-replica batch (:mod:`tfaccel.memory.graph`), with and without recomputation. Nothing runs a step: a ResNet-50
-estimate takes seconds and no device memory beyond the variables.
+Two peaks are estimated, and they answer different questions:
+
+* the **device (allocator) peak**, ``total_bytes``: parameters, gradients and optimizer slots counted from the real
+  variables (the model is built, the optimizer built on its trainable variables), plus the activations from the
+  traced graph of the model's own ``train_step`` at the per-replica batch (:mod:`tfaccel.memory.graph`), with and
+  without recomputation. It is what a device allocator hands out (a GPU's ``get_memory_info`` peak, TensorFlow's
+  CPU allocator peak). Nothing runs a step.
+* the **process peak on the CPU**, ``process_peak_bytes`` (``process_peak=True``): what the whole process's
+  resident memory reaches (VmHWM) when it trains the model on the CPU. Besides the tensors it holds the
+  interpreter and the TensorFlow runtime (~650 MiB here), the model's Python objects, the traced and optimized
+  graphs, the kernels and oneDNN's primitives and their JIT code, none of which an allocator sees. These do not
+  depend on the batch, so they are *measured*: a fresh child process trains the same model, precision and
+  optimizer with ONE example per step (``process_base_bytes``, its VmHWM). What grows with the batch is taken
+  from the trace: ``process_peak_bytes = process_base_bytes + activation_bytes - activation_bytes_base``, where
+  ``activation_bytes_base`` is the traced activation peak at batch 1. No constant is fitted to any measurement.
 """
 
 import dataclasses
@@ -11,7 +22,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 from tfaccel.errors import ConfigError, invalid_choice
 
-__all__ = ["MemoryEstimate", "estimate_memory", "REPLICATED_STRATEGIES", "DEFAULT_SHAPES"]
+__all__ = ["MemoryEstimate", "estimate_memory", "REPLICATED_STRATEGIES", "DEFAULT_SHAPES", "PROCESS_STRATEGIES"]
 
 # Built-in model name -> (input shape, number of classes) used when the caller gives none.
 DEFAULT_SHAPES: Dict[str, Tuple[Tuple[int, ...], int]] = {
@@ -20,6 +31,8 @@ DEFAULT_SHAPES: Dict[str, Tuple[Tuple[int, ...], int]] = {
 }
 # Strategies that keep a full copy of the variables and optimizer slots on every replica.
 REPLICATED_STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu", "horovod")
+# Strategies whose processes hold one replica each on a CPU host: the process peak is estimated for these.
+PROCESS_STRATEGIES = ("auto", "default", "one_device", "multi_worker", "horovod")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +41,10 @@ class MemoryEstimate:
 
     ``activation_bytes`` is the traced peak of live batch-dependent buffers (activations, their gradients and the
     backward pass's temporaries); ``*_recompute`` are the same with the blocks in ``recompute_blocks`` recomputed.
-    ``total_bytes`` = parameters + gradients + optimizer slots + activations, on one replica.
+    ``total_bytes`` = parameters + gradients + optimizer slots + activations, on one replica: the device
+    (allocator) peak. ``process_peak_bytes`` = ``process_base_bytes`` (the measured peak of a fresh process that
+    trains the model with one example per step) + ``activation_bytes`` - ``activation_bytes_base`` (the traced
+    activation peak at that batch of 1): the process peak on the CPU, None unless asked for.
     """
 
     model: str
@@ -47,11 +63,20 @@ class MemoryEstimate:
     recompute_blocks: Tuple[str, ...] = ()
     activation_bytes_recompute: Optional[int] = None
     ps_shard_bytes: Tuple[int, ...] = ()
+    process_base_bytes: Optional[int] = None
+    activation_bytes_base: Optional[int] = None
     measured: Optional[Dict[str, Any]] = None
 
     @property
     def total_bytes(self) -> int:
         return self.state_bytes + self.activation_bytes
+
+    @property
+    def process_peak_bytes(self) -> Optional[int]:
+        """The CPU process's peak: its measured peak at batch 1 plus what the trace says the batch adds."""
+        if self.process_base_bytes is None or self.activation_bytes_base is None:
+            return None
+        return self.process_base_bytes + self.activation_bytes - self.activation_bytes_base
 
     @property
     def total_bytes_recompute(self) -> Optional[int]:
@@ -72,6 +97,8 @@ class MemoryEstimate:
         out["ps_shard_bytes"] = list(self.ps_shard_bytes)
         out["total_bytes"] = self.total_bytes
         out["total_bytes_recompute"] = self.total_bytes_recompute
+        out["device_peak_bytes"] = self.total_bytes
+        out["process_peak_bytes"] = self.process_peak_bytes
         return out
 
 
@@ -167,15 +194,40 @@ def _specs(model: Any, batch: int) -> Tuple[Any, Any]:
 
 def _trace_step(model: Any, optimizer: Union[str, Any], batch: int) -> Tuple[Dict[str, int], Any]:
     """Compiles ``model`` (sparse categorical cross-entropy), builds the optimizer and traces one train_step."""
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
+    model.optimizer.build(model.trainable_variables)
+    return _trace_peaks(model, batch), model.optimizer
+
+
+def _trace_peaks(model: Any, batch: int) -> Dict[str, int]:
+    """Traces the compiled model's train_step at ``batch`` and plays the graph (nothing runs)."""
     import tensorflow as tf
 
     from tfaccel.memory.graph import graph_activation_peak
 
-    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
-    model.optimizer.build(model.trainable_variables)
     x_spec, y_spec = _specs(model, batch)
-    graph = tf.function(model.train_step).get_concrete_function((x_spec, y_spec)).graph
-    return graph_activation_peak(graph), model.optimizer
+    return graph_activation_peak(tf.function(model.train_step).get_concrete_function((x_spec, y_spec)).graph)
+
+
+def _process_base(model_or_name: Any, model: Any, *, strategy: str, replicas: int, precision: str, optimizer: str,
+                  input_shape: Optional[Sequence[int]], num_classes: Optional[int]) -> Tuple[int, int]:
+    """(the measured VmHWM of a fresh process training the model at batch 1, the traced activations at batch 1)."""
+    from tfaccel.memory.measure import measure_cpu_step
+
+    if not isinstance(model_or_name, str):
+        raise ConfigError(f"process_peak: the process peak is measured in a fresh process, which must build the "
+                          f"model itself; received a {type(model_or_name).__name__}. Pass a built-in name or "
+                          "'path/to/file.py:build_model' (or process_peak=False)")
+    if strategy not in PROCESS_STRATEGIES or (replicas > 1 and strategy not in ("multi_worker", "horovod")):
+        raise ConfigError(f"process_peak: estimated for one replica per process ({', '.join(PROCESS_STRATEGIES)}; "
+                          f"replicas > 1 only under multi_worker or horovod); received strategy={strategy!r}, "
+                          f"replicas={replicas}. Pass process_peak=False")
+    shape, classes = DEFAULT_SHAPES.get(model_or_name, (None, 10))
+    measured = measure_cpu_step(model_or_name, batch_size=1, precision=precision, optimizer=optimizer, steps=1,
+                                mmap_threshold=None,
+                                input_shape=tuple(input_shape or shape or ()) or None,
+                                num_classes=num_classes or classes)
+    return int(measured["process_hwm"]), _trace_peaks(model, 1)["peak_bytes"]
 
 
 def _recompute_peak(model_or_name: Any, recompute: Any, *, precision: Optional[str], input_shape: Any,
@@ -201,8 +253,8 @@ def _fresh_optimizer(optimizer: Union[str, Any]) -> Union[str, Any]:
 def estimate_memory(model_or_name: Union[str, Callable[..., Any], Any], *, batch_size: int,
                     precision: Optional[str] = None, strategy: str = "default", optimizer: Union[str, Any] = "adam",
                     recompute: Union[None, bool, str, Sequence[Any]] = None, replicas: int = 1, num_ps: int = 1,
-                    input_shape: Optional[Sequence[int]] = None, num_classes: Optional[int] = None
-                    ) -> MemoryEstimate:
+                    input_shape: Optional[Sequence[int]] = None, num_classes: Optional[int] = None,
+                    process_peak: bool = False) -> MemoryEstimate:
     """Estimates the memory one replica needs to train a model, by tracing one training step.
 
     Args:
@@ -222,6 +274,9 @@ def estimate_memory(model_or_name: Union[str, Callable[..., Any], Any], *, batch
         num_ps: parameter server tasks (parameter_server only). Defaults to 1.
         input_shape: one example's shape; defaults to the built-in model's usual input (``DEFAULT_SHAPES``).
         num_classes: number of classes; defaults to the built-in model's usual head.
+        process_peak: also estimate the CPU process's peak (``process_peak_bytes``): runs the model for one step
+            at batch 1 in a fresh child process (seconds to a minute) and adds what the trace says the batch
+            adds. Needs a name or a file spec and one replica per process. Defaults to False.
 
     The step traced is the model's own ``train_step`` compiled with sparse categorical cross-entropy on integer
     labels (the reference models' loss; a different loss changes the activations by a few output-sized tensors).
@@ -245,14 +300,19 @@ def estimate_memory(model_or_name: Union[str, Callable[..., Any], Any], *, batch
     batch = batch_size // replicas
     model, name, policy = _build(model_or_name, precision, input_shape, num_classes)
     peaks, opt = _trace_step(model, _fresh_optimizer(optimizer), batch)
+    opt_name = optimizer if isinstance(optimizer, str) else type(optimizer).__name__.lower()
+    base: Tuple[Optional[int], Optional[int]] = (None, None)
+    if process_peak:
+        base = _process_base(model_or_name, model, strategy=strategy, replicas=replicas, precision=policy,
+                             optimizer=opt_name, input_shape=input_shape, num_classes=num_classes)
     blocks, recompute_peak = _recompute_peak(model_or_name, recompute, precision=precision, input_shape=input_shape,
                                              num_classes=num_classes, optimizer=optimizer, batch=batch)
     return MemoryEstimate(
         model=name, batch_size=batch_size, per_replica_batch=batch, replicas=replicas, precision=policy,
-        strategy=strategy, optimizer=optimizer if isinstance(optimizer, str) else type(optimizer).__name__.lower(),
+        strategy=strategy, optimizer=opt_name,
         parameters=int(sum(int(v.numpy().size) for v in model.variables)),
         parameter_bytes=_nbytes(model.variables), gradient_bytes=_nbytes(model.trainable_variables),
         optimizer_bytes=_nbytes(opt.variables), activation_bytes=peaks["peak_bytes"],
         saved_activation_bytes=peaks["saved_bytes"], recompute_blocks=blocks,
-        activation_bytes_recompute=recompute_peak,
+        activation_bytes_recompute=recompute_peak, process_base_bytes=base[0], activation_bytes_base=base[1],
         ps_shard_bytes=_ps_shards(model, opt, num_ps) if strategy == "parameter_server" else ())

@@ -75,31 +75,41 @@ def measure_device_peak(run_step: Callable[[], Any], *, devices: Optional[Sequen
 
 
 def measure_cpu_step(model: str, *, batch_size: int, precision: str = "float32", recompute: Optional[Any] = None,
-                     input_shape: Optional[Sequence[int]] = None, steps: int = 2, timeout_s: float = 900.0
-                     ) -> Dict[str, Any]:
+                     input_shape: Optional[Sequence[int]] = None, num_classes: Optional[int] = None,
+                     optimizer: str = "adam", steps: int = 2, timeout_s: float = 900.0,
+                     mmap_threshold: Optional[int] = MMAP_THRESHOLD) -> Dict[str, Any]:
     """Measures one model's training step in a fresh child process on the CPU.
 
     Args:
-        model: a built-in model name.
+        model: a built-in model name or ``"path/to/file.py:build_model"``.
         batch_size: the batch of each step.
         precision: the dtype policy. Defaults to ``"float32"``.
         recompute: blocks for :func:`tfaccel.memory.enable_recompute`, or None for none. Defaults to None.
         input_shape: one example's shape. Defaults to the model's usual input.
+        num_classes: number of classes. Defaults to the model's usual head (10 for a file).
+        optimizer: a Keras optimizer name. Defaults to ``"adam"``.
         steps: timed steps after two warm-up steps. Defaults to 2.
         timeout_s: the child's time limit. Defaults to 900.
+        mmap_threshold: ``MALLOC_MMAP_THRESHOLD_`` of the child (freed large buffers go back to the system), or
+            None for glibc's defaults, as in a user's process. Defaults to ``MMAP_THRESHOLD`` (1 MiB).
 
     Returns:
-        ``{"baseline": ..., "rest": ..., "peak": ..., "allocator_peak": ..., "step_seconds": [...],
-        "step_peak": peak - rest, "process_peak": peak - baseline,
-        "device_peaks": {"GPU:0": allocator peak, ...}}`` (bytes, seconds;
-        ``device_peaks`` is empty without a GPU).
+        ``{"baseline": ..., "rest": ..., "peak": ..., "process_hwm": ..., "allocator_peak": ...,
+        "step_seconds": [...], "step_peak": peak - rest, "process_peak": peak - baseline,
+        "device_peaks": {"GPU:0": allocator peak, ...}}`` (bytes, seconds; ``device_peaks`` is empty without a
+        GPU). ``process_hwm`` is the child's VmHWM over its whole life (import, build, warm-up and timed steps):
+        the process peak on the CPU.
 
     Raises:
         ConfigError: the child failed (its last output lines are in the message).
     """
     request = {"model": model, "batch_size": batch_size, "precision": precision, "recompute": recompute,
-               "input_shape": list(input_shape) if input_shape else None, "steps": steps}
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD), TF_CPP_MIN_LOG_LEVEL="2")
+               "input_shape": list(input_shape) if input_shape else None, "num_classes": num_classes,
+               "optimizer": optimizer, "steps": steps}
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("MALLOC_MMAP_THRESHOLD_", None)
+    if mmap_threshold is not None:
+        env["MALLOC_MMAP_THRESHOLD_"] = str(mmap_threshold)
     proc = subprocess.run([sys.executable, "-m", "tfaccel.memory.measure", json.dumps(request)], env=env,
                           capture_output=True, text=True, timeout=timeout_s, check=False)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -149,13 +159,15 @@ def _prepare(request: Dict[str, Any], recompute: Optional[Any]) -> Any:
     from tfaccel.memory.recompute import enable_recompute
     from tfaccel.models import build_model
 
-    shape, classes = DEFAULT_SHAPES[request["model"]]
+    shape, classes = DEFAULT_SHAPES.get(request["model"], (None, 10))
     shape = tuple(request["input_shape"] or shape)
+    classes = request.get("num_classes") or classes
     keras.config.set_dtype_policy(request["precision"])
     model = build_model(request["model"], input_shape=shape, num_classes=classes)
     if recompute is not None:
         enable_recompute(model, recompute)
-    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", jit_compile=False)
+    model.compile(optimizer=request.get("optimizer", "adam"), loss="sparse_categorical_crossentropy",
+                  jit_compile=False)
     rng = np.random.default_rng(0)
     batch = request["batch_size"]
     if model.inputs[0].dtype.startswith("int"):
@@ -185,6 +197,7 @@ def _child(request: Dict[str, Any]) -> Dict[str, Any]:
     tf.constant(1.0) + 1.0  # start the runtime before the baseline
     baseline = read_proc_status()["VmRSS"]
     step = _prepare(request, request["recompute"])
+    warm_peak = read_proc_status()["VmHWM"]  # the whole life so far: import, build, tracing, two warm-up steps
     _reset_high_water_mark()
     tf.config.experimental.reset_memory_stats("CPU:0")
     rest = read_proc_status()["VmRSS"]
@@ -197,7 +210,8 @@ def _child(request: Dict[str, Any]) -> Dict[str, Any]:
     allocator_peak = int(tf.config.experimental.get_memory_info("CPU:0")["peak"])
     gpus = tf.config.list_logical_devices("GPU")
     device_peaks = measure_device_peak(step) if gpus else {}
-    return {"baseline": baseline, "rest": rest, "peak": peak, "allocator_peak": allocator_peak,
+    return {"baseline": baseline, "rest": rest, "peak": peak, "process_hwm": max(warm_peak, peak),
+            "allocator_peak": allocator_peak,
             "step_seconds": times, "device_peaks": device_peaks}
 
 
