@@ -171,3 +171,24 @@ def test_plan_note_in_the_evaluator() -> None:
                     "(checkpoint_dir) on validation_data and does not train; strategy 'parameter_server' and its "
                     "options ['variable_partitioner'] are for the training tasks, so this task takes the local rules "
                     "of 'auto'")
+
+
+def test_compile_and_fit_in_the_evaluator_task_evaluates(tmp_path, monkeypatch) -> None:
+    import tensorflow as tf
+
+    import tfaccel
+
+    job_module = _job_module()
+    x, y, (vx, vy) = job_module.data()
+    reference = job_module.build()  # stands for the chief's model at its first checkpoint
+    path = tf.train.Checkpoint(model=reference).write(str(tmp_path / "ckpt-1"))
+    (tmp_path / evaluator.PROGRESS_FILE).write_text(json.dumps({"chief": "localhost:4000", "checkpoints": [path],
+                                                                 "done": True}))
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": _task().spec.roles,
+                                                "task": {"type": "evaluator", "index": 0}}))
+    result = tfaccel.compile_and_fit(job_module.build, (x, y), validation_data=(vx, vy), strategy="default",
+                                     checkpoint_dir=str(tmp_path), epochs=2, global_batch_size=32)
+    expected = reference.evaluate(vx, vy, verbose=0, return_dict=True)
+    assert result.steps == 0 and [e["epoch"] for e in result.details["evaluations"]] == [1]
+    np.testing.assert_allclose(result.history["val_loss"], [expected["loss"]], rtol=1e-6)
+    assert result.plan.notes[-1].startswith("this task is the side-car evaluator")
