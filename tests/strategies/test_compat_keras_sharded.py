@@ -91,7 +91,6 @@ def test_version_guard_idempotent_and_reversible(monkeypatch) -> None:
     import keras
 
     monkeypatch.delenv("TFACCEL_DISABLE_COMPAT", raising=False)
-    original = keras.layers.Embedding.__dict__["call"]
     was = keras_sharded.is_applied()
     keras_sharded.remove()
     try:
@@ -118,7 +117,8 @@ def test_version_guard_idempotent_and_reversible(monkeypatch) -> None:
      r"max_shards=3 applies to variable_partitioner='min_size' only; received variable_partitioner=2"),
     ({"variable_partitioner": None, "min_shard_bytes": 1024},
      r"min_shard_bytes=1024 applies to variable_partitioner='min_size' only; received variable_partitioner=None"),
-    ({"variable_partitioner": "min_size", "min_shard_bytes": 0}, r"min_shard_bytes must be an integer >= 1; received 0"),
+    ({"variable_partitioner": "min_size", "min_shard_bytes": 0},
+     r"min_shard_bytes must be an integer >= 1; received 0"),
     ({"variable_partitioner": "min_size", "max_shards": 1.5}, r"max_shards must be an integer >= 1; received 1.5"),
 ])
 def test_partitioner_option_errors(options, message) -> None:
