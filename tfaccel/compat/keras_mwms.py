@@ -18,6 +18,12 @@ only changing behaviour under a multi-worker collective strategy:
 
 The fix is applied by the ``multi_worker`` strategy factory, is idempotent and reversible
 (:func:`remove`), and can be switched off with ``TFACCEL_DISABLE_COMPAT=keras_mwms``.
+
+Not patched: Keras' multi-step loop (``steps_per_execution`` > 1), which still fails under the strategy with
+``You must feed a value for placeholder tensor .../while/cond/Placeholder`` (it iterates the distributed dataset
+with ``get_next_as_optional`` inside its ``tf.while_loop``). Rewriting that private loop would copy most of it;
+tfaccel runs several steps per call with its own loop instead (``tfaccel.train.loops.multi_step``, Orbit's
+``strategy.run`` in ``tf.range``, no distributed iterator), and Keras ``fit`` here runs one step per call.
 """
 
 import threading

@@ -1,8 +1,9 @@
 """The Keras ``fit`` loop: the user's compiled model trained by ``model.fit`` itself.
 
-Used for mirrored, multi_worker (with the keras-team/keras#20585 fix in tfaccel.compat), tpu, horovod (the
-optimizer wrapped in place, weights broadcast and metrics averaged by the backend's callbacks), and on one
-device whenever the compiled loop cannot train exactly like ``fit`` (per-batch callbacks, datasets, ...).
+Used for tpu, horovod (the optimizer wrapped in place, weights broadcast and metrics averaged by the backend's
+callbacks), mirrored and multi_worker (with the keras-team/keras#20585 fix in tfaccel.compat) whenever the
+multi-step loop does not apply (one step per execution for per-batch callbacks, datasets, ...), and on one
+device whenever the compiled loop cannot train exactly like ``fit``.
 
 Arrays go to ``fit`` unchanged on one process, so Keras' own batching, shuffling and weighting apply. Where
 several processes must agree on the order of the examples, or a job resumes in the middle of an epoch, they
