@@ -3,7 +3,8 @@
 One real job (chief + 1 worker + 2 ps processes on loopback). The chief shows three things: with the fix off
 the upstream failure still happens (tfaccel.compat.keras_sharded is still needed); with it on each ps holds one
 shard of the table and the optimizer slots of that shard; and the result equals plain Keras fit of the same
-unsharded model from the same weights (one worker and shuffle=False keep the coordinator in fit's order).
+unsharded model from the same weights (one worker and shuffle=False keep the coordinator in fit's order), and its
+checkpoint restores into the unsharded model.
 """
 
 import json
@@ -29,3 +30,4 @@ def test_sharded_embedding_over_two_ps() -> None:
     assert out["steps"] == 8 and out["history"]["loss"] == out["expected"]["loss"]
     assert out["history"]["accuracy"] == out["expected"]["accuracy"]
     assert out["max_weight_diff"] <= 1e-6
+    assert out["restored_diff"] == 0.0  # the sharded checkpoint restores into the unsharded model

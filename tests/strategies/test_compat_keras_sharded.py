@@ -73,7 +73,23 @@ def test_optimizer_updates_each_shard(patched) -> None:
                        "shard_shapes": [[5, 3], [5, 3]], "devices": [s.device for s in shards]}]
 
 
-def test_without_the_fix_the_upstream_failure_remains(monkeypatch) -> None:
+def test_checkpoint_of_a_sharded_table_restores_sharded_and_whole(patched, tmp_path) -> None:
+    import keras
+    import tensorflow as tf
+
+    layer, full, shards = _sharded_embedding()
+    path = tf.train.Checkpoint(layer=layer).write(str(tmp_path / "ckpt"))
+    whole = keras.layers.Embedding(10, 3)
+    whole.build((None, 2))
+    tf.train.Checkpoint(layer=whole).read(path).assert_existing_objects_matched()
+    np.testing.assert_array_equal(whole.embeddings.numpy(), full)  # one variable from the two slices
+    for shard in shards:
+        shard.assign(tf.zeros_like(shard))
+    tf.train.Checkpoint(layer=layer).read(path).assert_existing_objects_matched()
+    np.testing.assert_array_equal(np.concatenate([s.numpy() for s in shards]), full)  # each shard its slice
+
+
+def test_without_the_fix_the_upstream_failure_remains(monkeypatch, tmp_path) -> None:
     import tensorflow as tf
 
     layer, _, _ = _sharded_embedding()
@@ -85,6 +101,14 @@ def test_without_the_fix_the_upstream_failure_remains(monkeypatch) -> None:
         loss = tf.reduce_sum(layer(tf.constant([[0, 9]])))
     with pytest.raises(AttributeError, match="'ShardedVariable' object has no attribute 'handle'"):
         tape.gradient(loss, variables)
+    was = keras_sharded.is_applied()
+    keras_sharded.remove()
+    try:
+        with pytest.raises(AttributeError, match="'ShardedVariable' object has no attribute 'device'"):
+            tf.train.Checkpoint(layer=layer).write(str(tmp_path / "ckpt"))
+    finally:
+        if was:
+            keras_sharded.apply(force=True)
 
 
 def test_version_guard_idempotent_and_reversible(monkeypatch) -> None:
@@ -94,11 +118,17 @@ def test_version_guard_idempotent_and_reversible(monkeypatch) -> None:
     was = keras_sharded.is_applied()
     keras_sharded.remove()
     try:
+        from keras.src.backend.tensorflow.core import Variable
+
         original = keras.layers.Embedding.__dict__["call"]
+        original_save = Variable.__dict__["_serialize_to_tensors"]
         assert keras_sharded.apply() and keras_sharded.apply()
         assert keras.layers.Embedding.call._tfaccel_fix == "keras_sharded"
+        assert Variable._serialize_to_tensors._tfaccel_fix == Variable._restore_from_tensors._tfaccel_fix
+        assert Variable._serialize_to_tensors.__closure__[0].cell_contents is original_save  # wrapped once
         assert keras_sharded.remove() and not keras_sharded.remove()
         assert keras.layers.Embedding.__dict__["call"] is original
+        assert Variable.__dict__["_serialize_to_tensors"] is original_save
         monkeypatch.setattr(keras, "__version__", "3.16.0")
         with tfaccel_records() as records:
             assert not keras_sharded.apply() and not keras_sharded.is_applied()

@@ -9,7 +9,7 @@ its value, which a ``ShardedVariable`` does not have, so the first training step
 
     AttributeError: 'ShardedVariable' object has no attribute 'handle'
 
-The fix, in two parts:
+The fix, in three parts:
 
 * :func:`trainable_shards` hands the training step and the optimizer one Keras variable per *shard* (a Keras
   variable wrapping the shard's own ``tf.Variable``, no copy) instead of the sharded one. Gradients are taken per
@@ -19,8 +19,13 @@ The fix, in two parts:
   shards ("div" partitioning, which is how the strategy splits rows), so only the rows of the batch leave the ps
   tasks and the gradient of each shard is an ``IndexedSlices`` (a sparse update per shard). Without it Keras'
   ``ops.take`` first concatenates the whole table (a ``ShardedVariable`` converts to a tensor by ``concat``).
+* Checkpoints (also :func:`apply`): Keras' TF variable saves its value's own tensors, which a ``ShardedVariable`` does not give
+  (``AttributeError: 'ShardedVariable' object has no attribute 'device'`` in ``tf.train.Checkpoint.write``). A
+  sharded variable is saved as one whole tensor under the usual key, so the checkpoint restores into any number
+  of shards, or into the same model built without the strategy (the side-car evaluator); each shard restores its
+  rows. The saving process reads the whole table (25.6 MB for 200k x 32 float32).
 
-Both are version-guarded (:data:`AFFECTED_VERSIONS`) and can be switched off with
+All are version-guarded (:data:`AFFECTED_VERSIONS`) and can be switched off with
 ``TFACCEL_DISABLE_COMPAT=keras_sharded`` (then the upstream failure comes back; the test checks it does).
 """
 
@@ -153,8 +158,50 @@ def _embedding_call(original: Any) -> Any:
     return call
 
 
+def _serialize(original: Any) -> Any:
+    """Keras' ``Variable._serialize_to_tensors`` that saves a sharded value as one whole tensor."""
+
+    def _serialize_to_tensors(self: Any) -> Any:
+        sharded = sharded_value(self)
+        if sharded is None:
+            return original(self)
+        import tensorflow as tf
+
+        # The whole table, read on the saving process: the checkpoint then restores into any number of shards
+        # (one, in a model built without the strategy) and reads like an unsharded variable's.
+        return {"VARIABLE_VALUE": tf.convert_to_tensor(sharded)}
+
+    _serialize_to_tensors._tfaccel_fix = NAME  # type: ignore[attr-defined]
+    return _serialize_to_tensors
+
+
+def _restore(original: Any) -> Any:
+    """Keras' ``Variable._restore_from_tensors`` that gives each shard its rows of the saved tensor."""
+
+    def _restore_from_tensors(self: Any, restored_tensors: Any) -> Any:
+        sharded = sharded_value(self)
+        if sharded is None:
+            return original(self, restored_tensors)
+        return sharded.assign(restored_tensors["VARIABLE_VALUE"])  # ShardedVariable.assign slices per shard
+
+    _restore_from_tensors._tfaccel_fix = NAME  # type: ignore[attr-defined]
+    return _restore_from_tensors
+
+
+def _patches() -> Dict[str, Tuple[Any, str, Any]]:
+    """name -> (class, attribute, wrapper factory) of every patch."""
+    import keras
+    from keras.src.backend.tensorflow.core import Variable
+
+    return {"Embedding.call": (keras.layers.Embedding, "call", _embedding_call),
+            "Variable._serialize_to_tensors": (Variable, "_serialize_to_tensors", _serialize),
+            "Variable._restore_from_tensors": (Variable, "_restore_from_tensors", _restore)}
+
+
 def apply(*, force: bool = False) -> bool:
-    """Patches ``keras.layers.Embedding.call`` (idempotent); :func:`trainable_shards` needs no patch.
+    """Patches ``keras.layers.Embedding.call`` and the checkpointing of Keras' TF variable (idempotent).
+
+    :func:`trainable_shards` needs no patch.
 
     Args:
         force: apply even when :func:`why_not_needed` gives a reason. Defaults to False.
@@ -162,32 +209,30 @@ def apply(*, force: bool = False) -> bool:
     Returns:
         True when the patch is in place after the call.
     """
-    import keras
-
     reason = why_not_needed()
     if reason and not force:
         get_logger().debug("compat fix %s not applied: %s", NAME, reason)
         return False
     with _lock:
-        embedding = keras.layers.Embedding
-        if "Embedding.call" not in _originals:
-            _originals["Embedding.call"] = embedding.__dict__["call"]
-            embedding.call = _embedding_call(_originals["Embedding.call"])
+        for name, (owner, attr, wrap) in _patches().items():
+            if name not in _originals:
+                _originals[name] = owner.__dict__[attr]
+                setattr(owner, attr, wrap(_originals[name]))
     return True
 
 
 def remove() -> bool:
-    """Restores Keras' own ``Embedding.call``; returns whether anything was restored."""
-    import keras
-
+    """Restores Keras' own methods; returns whether anything was restored."""
     with _lock:
-        original = _originals.pop("Embedding.call", None)
-        if original is None:
-            return False
-        keras.layers.Embedding.call = original
-        return True
+        restored = False
+        for name, (owner, attr, _) in _patches().items():
+            original = _originals.pop(name, None)
+            if original is not None:
+                setattr(owner, attr, original)
+                restored = True
+        return restored
 
 
 def is_applied() -> bool:
-    """True while the ``Embedding.call`` patch is in place."""
-    return "Embedding.call" in _originals
+    """True while the patches are in place."""
+    return bool(_originals)

@@ -5,11 +5,14 @@ The chief trains the same model three ways from the same initial weights and pri
 2. under parameter_server with ``variable_partitioner=$SHARDS`` (tfaccel.compat.keras_sharded on),
 3. with plain Keras ``model.fit`` on this process (the reference; one worker and shuffle=False make the
    coordinator loop synchronous and in fit's order, so the weights must agree).
+The sharded run writes checkpoints (checkpoint_dir); the last one is restored into an unsharded model.
 """
 
 import json
 import os
+import shutil
 import sys
+import tempfile
 
 
 def build(rows: int, dim: int):
@@ -24,6 +27,7 @@ def build(rows: int, dim: int):
 def main() -> int:
     import keras
     import numpy as np
+    import tensorflow as tf
 
     import tfaccel
     from tfaccel.compat import keras_sharded
@@ -51,7 +55,15 @@ def main() -> int:
         keras.utils.set_random_seed(1)
         model = build(rows, dim)
     initial = model.get_weights()
-    result = tfaccel.fit(model, x, y, batch_size=64, epochs=2, shuffle=False, verbose=0)
+    ckpt_dir = tempfile.mkdtemp(prefix="tfaccel-sharded-")
+    try:
+        result = tfaccel.fit(model, x, y, batch_size=64, epochs=2, shuffle=False, verbose=0, checkpoint_dir=ckpt_dir)
+        restored = build(rows, dim)  # unsharded, outside any strategy: the checkpoint holds whole tables
+        tf.train.Checkpoint(model=restored).read(result.details["checkpoints"][-1]).expect_partial()
+        out["restored_diff"] = max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(),
+                                                                                restored.get_weights()))
+    finally:
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
     reference = build(rows, dim)
     reference.set_weights(initial)
     expected = reference.fit(x, y, batch_size=64, epochs=2, shuffle=False, verbose=0).history
