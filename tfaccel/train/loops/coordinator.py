@@ -7,6 +7,13 @@ user's optimizer (schedule, clipping, loss scaling). The example order is a func
 is chosen by the coordinator: every closure gets the indices of its batches and gathers them from the arrays
 held on its worker (a per-worker dataset built on the worker), so each epoch sees every example once, the
 partial last batch included, whichever worker runs which batch. With one worker this is ``fit``'s own order.
+A ``dataset_fn(input_context)`` is called for each worker with ``InputContext(num_workers, worker index)``
+(``tfaccel.train.loops.ps_input``), so every worker streams its own files and no example passes through the
+coordinator; an epoch is ``steps_per_epoch`` batches taken from whichever workers run the closures.
+
+Step accounting: ClusterCoordinator runs a closure again when its worker is lost, and the updates it had already
+applied stay. Every update is counted on the ps right after it is applied, per worker, with its examples;
+``details["ps_accounting"]`` reports them against what was scheduled (``ps_step.Accounting``).
 
 Pitfalls handled here (measured on TF 2.21 / Keras 3.15 with real ps/worker processes, see VERIFIED.md):
 
@@ -196,6 +203,15 @@ def _epoch_logs(model: Any, step: WorkerStep, totals: List[np.ndarray], *, epoch
     return logs
 
 
+def _counted(step: WorkerStep, sched: Schedule, at_start: Dict[str, Any], *, seconds: List[float],
+             seen: List[int]) -> Dict[str, Any]:
+    """``ps_accounting`` (what the ps counted against what was scheduled) and examples/s from the ps' counts."""
+    timed = slice(1, None) if len(seconds) > 1 else slice(None)  # as fit: the first epoch left out when several
+    return {"ps_accounting": Accounting.report(at_start, step.accounting.read(), closures=sched.closures_scheduled,
+                                               updates=sched.updates_scheduled),
+            "examples_per_sec": float(np.sum(np.diff(seen)[timed]) / max(sum(seconds[timed]), 1e-9))}
+
+
 def run_coordinator(model: Any, *, data: FitData, backend: Any, plan: Any, epochs: int, initial_epoch: int,
                     start_step: int, callbacks: List[Any], verbose: int, options: Dict[str, Any]) -> LoopResult:
     """Trains the user's compiled model under ParameterServerStrategy as Keras ``fit`` would; see the module doc.
@@ -211,7 +227,10 @@ def run_coordinator(model: Any, *, data: FitData, backend: Any, plan: Any, epoch
             ``backup_freq``, ``gradient_accumulation_steps`` (``checkpoint_dir`` is written by tfaccel's callback).
 
     Returns:
-        LoopResult with Keras' history; ``details``: optimizer iterations, steps counted, backups, the resume.
+        LoopResult with Keras' history; ``details``: optimizer iterations, steps counted, backups, the resume,
+        ``ps_accounting`` (updates applied and examples seen per worker, closures re-run after a lost worker) and
+        ``examples_per_sec`` (from the examples counted on the ps). The model comes back usable by Keras
+        ``evaluate``/``predict``/``save`` on the coordinator (``tfaccel.compat.keras_ps_model``).
 
     Raises:
         ConfigError: what this loop cannot train exactly like ``fit`` (custom train_step, metrics other than mean
@@ -263,14 +282,11 @@ def run_coordinator(model: Any, *, data: FitData, backend: Any, plan: Any, epoch
             break
     if isinstance(model.optimizer, keras.optimizers.Optimizer):
         model.optimizer.finalize_variable_values(model.trainable_weights)
+    release_from_strategy(model)  # Keras evaluate / predict / save on the coordinator (on_train_end callbacks too)
     cb_list.on_train_end(logs=logs)
     counted = int(step.steps.numpy())
-    details["ps_accounting"] = Accounting.report(accounted_at_start, step.accounting.read(),
-                                                 closures=sched.closures_scheduled, updates=sched.updates_scheduled)
-    release_from_strategy(model)  # Keras evaluate / predict / save on the coordinator, outside the strategy
-    timed = slice(1, None) if len(seconds) > 1 else slice(None)  # as fit: the first epoch left out when several
-    details["examples_per_sec"] = float(np.sum(np.diff(seen)[timed]) / max(sum(seconds[timed]), 1e-9))
-    details.update(optimizer_iterations=int(model.optimizer.iterations.numpy()), steps_counted=counted,
+    details.update(_counted(step, sched, accounted_at_start, seconds=seconds, seen=seen),
+                   optimizer_iterations=int(model.optimizer.iterations.numpy()), steps_counted=counted,
                    data="per-worker arrays on the workers, order from (seed, epoch)" if data.kind == "arrays"
                    else "per-worker datasets built on the workers by the dataset_fn")
     return LoopResult(history=dict(model.history.history), epoch_seconds=seconds, steps=counted - counted_at_start,
