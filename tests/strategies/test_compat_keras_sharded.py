@@ -87,6 +87,7 @@ def test_checkpoint_of_a_sharded_table_restores_sharded_and_whole(patched, tmp_p
         shard.assign(tf.zeros_like(shard))
     tf.train.Checkpoint(layer=layer).read(path).assert_existing_objects_matched()
     np.testing.assert_array_equal(np.concatenate([s.numpy() for s in shards]), full)  # each shard its slice
+    np.testing.assert_array_equal(np.asarray(layer._embeddings), full)  # what .keras saving reads
 
 
 def test_without_the_fix_the_upstream_failure_remains(monkeypatch, tmp_path) -> None:
@@ -106,6 +107,8 @@ def test_without_the_fix_the_upstream_failure_remains(monkeypatch, tmp_path) -> 
     try:
         with pytest.raises(AttributeError, match="'ShardedVariable' object has no attribute 'device'"):
             tf.train.Checkpoint(layer=layer).write(str(tmp_path / "ckpt"))
+        with pytest.raises(AttributeError, match="'ShardedVariable' object has no attribute '__array__'"):
+            np.asarray(layer._embeddings)
     finally:
         if was:
             keras_sharded.apply(force=True)
@@ -129,6 +132,7 @@ def test_version_guard_idempotent_and_reversible(monkeypatch) -> None:
         assert keras_sharded.remove() and not keras_sharded.remove()
         assert keras.layers.Embedding.__dict__["call"] is original
         assert Variable.__dict__["_serialize_to_tensors"] is original_save
+        assert "__array__" not in Variable.__dict__  # inherited from KerasVariable again
         monkeypatch.setattr(keras, "__version__", "3.16.0")
         with tfaccel_records() as records:
             assert not keras_sharded.apply() and not keras_sharded.is_applied()

@@ -23,7 +23,8 @@ The fix, in three parts:
   (``AttributeError: 'ShardedVariable' object has no attribute 'device'`` in ``tf.train.Checkpoint.write``). A
   sharded variable is saved as one whole tensor under the usual key, so the checkpoint restores into any number
   of shards, or into the same model built without the strategy (the side-car evaluator); each shard restores its
-  rows. The saving process reads the whole table (25.6 MB for 200k x 32 float32).
+  rows. The saving process reads the whole table (25.6 MB for 200k x 32 float32). ``np.asarray`` of the variable
+  (what ``model.save("x.keras")`` reads) fails the same way (no ``__array__``) and reads the whole table too.
 
 All are version-guarded (:data:`AFFECTED_VERSIONS`) and can be switched off with
 ``TFACCEL_DISABLE_COMPAT=keras_sharded`` (then the upstream failure comes back; the test checks it does).
@@ -188,6 +189,21 @@ def _restore(original: Any) -> Any:
     return _restore_from_tensors
 
 
+def _array(original: Any) -> Any:
+    """Keras' ``Variable.__array__`` (``.keras`` saving, ``np.asarray``) that reads a sharded value whole."""
+
+    def __array__(self: Any, dtype: Any = None, *args: Any, **kwargs: Any) -> Any:
+        sharded = sharded_value(self)
+        if sharded is None:
+            return original(self, dtype, *args, **kwargs)
+        import tensorflow as tf
+
+        return np.asarray(tf.convert_to_tensor(sharded).numpy(), dtype=dtype)
+
+    __array__._tfaccel_fix = NAME  # type: ignore[attr-defined]
+    return __array__
+
+
 def _patches() -> Dict[str, Tuple[Any, str, Any]]:
     """name -> (class, attribute, wrapper factory) of every patch."""
     import keras
@@ -195,7 +211,8 @@ def _patches() -> Dict[str, Tuple[Any, str, Any]]:
 
     return {"Embedding.call": (keras.layers.Embedding, "call", _embedding_call),
             "Variable._serialize_to_tensors": (Variable, "_serialize_to_tensors", _serialize),
-            "Variable._restore_from_tensors": (Variable, "_restore_from_tensors", _restore)}
+            "Variable._restore_from_tensors": (Variable, "_restore_from_tensors", _restore),
+            "Variable.__array__": (Variable, "__array__", _array)}
 
 
 def apply(*, force: bool = False) -> bool:
@@ -215,9 +232,9 @@ def apply(*, force: bool = False) -> bool:
         return False
     with _lock:
         for name, (owner, attr, wrap) in _patches().items():
-            if name not in _originals:
-                _originals[name] = owner.__dict__[attr]
-                setattr(owner, attr, wrap(_originals[name]))
+            if name not in _originals:  # (own attribute or None: inherited, e.g. __array__ from KerasVariable)
+                _originals[name] = (owner.__dict__.get(attr), getattr(owner, attr))
+                setattr(owner, attr, wrap(_originals[name][1]))
     return True
 
 
@@ -226,10 +243,14 @@ def remove() -> bool:
     with _lock:
         restored = False
         for name, (owner, attr, _) in _patches().items():
-            original = _originals.pop(name, None)
-            if original is not None:
-                setattr(owner, attr, original)
-                restored = True
+            if name not in _originals:
+                continue
+            own, _ = _originals.pop(name)
+            if own is None:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, own)
+            restored = True
         return restored
 
 
