@@ -60,7 +60,10 @@ def test_report_keys_one_timer_random_order_and_files(tmp_path):
     text = format_report(report)
     assert "P2 compile_and_fit / best hand-tuned fit [mlp]:" in text and "target >= 2.0" in text
     assert "P6 TFRecord stream / in memory (same Keras fit loop):" in text and "target >= 0.9" in text
-    assert "stream: time_to_train in_memory" in text
+    assert "stream: time_to_train in_memory" in text and "stream: one epoch of the input alone" in text
+    assert set(on_disk["stream"]["input_alone"]) == {"in_memory", "streamed", "naive_stream"}
+    assert set(on_disk["stream"]["cpu_per_wall"]) == set(STREAM_CONTENDERS)
+    assert all(v["median"] > 0 for v in mlp["cpu_per_wall"].values())
 
 
 def test_scaling_figures_with_real_processes():

@@ -33,6 +33,7 @@ def test_stopwatch_window_is_epochs_2_to_n_and_whole_call_apart():
     t = stopwatch.time("a", train, examples_per_epoch=100, epochs=3)
     assert 1000 < t.examples_per_sec <= 2000  # 200 examples in ~0.1 s
     assert t.time_to_train >= 0.45 and len(t.epoch_seconds) == 3 and t.details == {"loop": "sleep"}
+    assert 0 <= t.cpu_per_wall < 0.5  # sleeping is not computing
     stopwatch.time("b", _sleeper(2, 0.01, 2), examples_per_epoch=10, epochs=2)
     assert stopwatch.timed == ["a", "b"]
 

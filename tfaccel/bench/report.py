@@ -50,6 +50,13 @@ def format_report(report: Dict[str, Any]) -> str:
         ttt = ", ".join(f"{k} {v['median']:.1f}s" for k, v in part["time_to_train"].items())
         lines.append(f"  {group}: examples/s {eps}")
         lines.append(f"  {group}: time_to_train {ttt}")
+        if "cpu_per_wall" in part:
+            cpu = ", ".join(f"{k} {v['median']:.2f}" for k, v in part["cpu_per_wall"].items())
+            lines.append(f"  {group}: CPU s per wall s (epochs 2..N) {cpu}")
+    if "input_alone" in report.get("stream", {}):
+        alone = ", ".join(f"{k} {v['wall_ms']:.0f} ms ({v['cpu_ms']:.0f} ms CPU)"
+                          for k, v in report["stream"]["input_alone"].items())
+        lines.append(f"  stream: one epoch of the input alone, no training: {alone}")
     lines.append(f"  took {report['seconds']}s; load average before/after: {report['machine'].get('loadavg_before')}"
                  f" / {report['machine'].get('loadavg_after')}")
     return "\n".join(lines)
@@ -85,9 +92,11 @@ def plot(report: Dict[str, Any], path: str) -> None:
 
     fig, axes = plt.subplots(2, 3, figsize=(14, 8))
     models = list(report.get("per_model", {}))
+    titles = {"p1": "P1 compile_and_fit / naive fit", "p2": "P2 compile_and_fit / best hand-tuned fit",
+              "p3": "P3 compile_and_fit / hand-written loop"}
     for ax, key in zip(axes[0], ("p1", "p2", "p3")):
         _bars(ax, models, [report["per_model"][m][key] for m in models], [target_for(key, m) for m in models],
-              FIGURE_NAMES[key])
+              titles[key])
     p4 = [k for k in ("p4_mwms", "p4_horovod", "p4_ceiling", "p4_mwms_of_ceiling") if k in report]
     _bars(axes[1][0], p4, [report[k] for k in p4], [target_for(k) for k in p4], "P4 weak scaling (2 workers)")
     p6 = [k for k in ("p6_stream", "p6_naive_stream") if k in report]

@@ -147,6 +147,7 @@ def measure_model(name: str, config: BenchConfig, stopwatch: Stopwatch) -> Dict[
             "p3": summary([q["p3"] for q in ratios]),
             "examples_per_sec": contender_rows(rounds, "examples_per_sec"),
             "time_to_train": contender_rows(rounds, "time_to_train"),
+            "cpu_per_wall": contender_rows(rounds, "cpu_per_wall"),
             "order": [r["order"] for r in rounds], "global_batch_size": config.batch,
             "details": {c: last[c]["details"] for c in contenders}}
 

@@ -66,7 +66,8 @@ def _fit(build: Callable, data: Any, config: BenchConfig, *, given_spe: bool) ->
     return train
 
 
-def _contenders(x: Any, y: Any, pattern: str, files: List[str], config: BenchConfig) -> Dict[str, Train]:
+def _contenders(x: Any, y: Any, pattern: str, files: List[str], config: BenchConfig) -> tuple:
+    """({contender: train}, {input name: () -> dataset}) of P6."""
     import tensorflow as tf
 
     from tfaccel.datasets import tfrecord_dataset
@@ -83,10 +84,25 @@ def _contenders(x: Any, y: Any, pattern: str, files: List[str], config: BenchCon
     def naive() -> Any:
         return naive_tfrecord_dataset(files, feature_shape=x.shape[1:], batch_size=b)
 
-    return {"in_memory": _fit(build, in_memory, config, given_spe=True),
-            "streamed": _fit(build, streamed, config, given_spe=True),
-            "naive_stream": _fit(build, naive, config, given_spe=True),
-            "in_memory_compiled": _fit(build, (x, y), config, given_spe=False)}
+    inputs = {"in_memory": in_memory, "streamed": streamed, "naive_stream": naive}
+    trains = {name: _fit(build, make, config, given_spe=True) for name, make in inputs.items()}
+    return {**trains, "in_memory_compiled": _fit(build, (x, y), config, given_spe=False)}, inputs
+
+
+def _input_alone(make: Callable[[], Any]) -> Dict[str, float]:
+    """One epoch of an input pipeline with no training: wall and process-CPU milliseconds (after a warm-up pass).
+
+    Iterating from Python adds the same per-batch cost to every input; compare the inputs with each other.
+    """
+    import time
+
+    ds = make()
+    for _ in ds:
+        pass
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in ds:
+        pass
+    return {"wall_ms": 1000 * (time.perf_counter() - wall), "cpu_ms": 1000 * (time.process_time() - cpu)}
 
 
 def measure_stream(config: BenchConfig, stopwatch: Stopwatch) -> Dict[str, Any]:
@@ -97,7 +113,7 @@ def measure_stream(config: BenchConfig, stopwatch: Stopwatch) -> Dict[str, Any]:
     rounds: List[Dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="tfaccel-bench-stream-") as tmp:
         files = write_tfrecords(x, y, tmp, num_shards=config.stream_shards)
-        contenders = _contenders(x, y, os.path.join(tmp, "*.tfrecord"), files, config)
+        contenders, inputs = _contenders(x, y, os.path.join(tmp, "*.tfrecord"), files, config)
         for r in range(config.repeats):
             order = round_order(list(contenders), seed=config.seed, group="stream", round_index=r)
             timings = {c: stopwatch.time(c, contenders[c], examples_per_epoch=len(x), epochs=config.epochs)
@@ -105,12 +121,14 @@ def measure_stream(config: BenchConfig, stopwatch: Stopwatch) -> Dict[str, Any]:
             rounds.append({"order": order, "timings": {c: vars(t) for c, t in timings.items()}})
             get_logger().info("bench stream round %d: %s", r + 1,
                               ", ".join(f"{c} {timings[c].examples_per_sec:,.0f} ex/s" for c in order))
+        inputs_alone = {name: _input_alone(make) for name, make in inputs.items()}
     eps = [{c: r["timings"][c]["examples_per_sec"] for c in contenders} for r in rounds]
     return {"p6_stream": summary([e["streamed"] / e["in_memory"] for e in eps]),
             "p6_naive_stream": summary([e["naive_stream"] / e["in_memory"] for e in eps]),
             "p6_stream_of_compiled": summary([e["streamed"] / e["in_memory_compiled"] for e in eps]),
             "examples_per_sec": contender_rows(rounds, "examples_per_sec"),
             "time_to_train": contender_rows(rounds, "time_to_train"),
+            "cpu_per_wall": contender_rows(rounds, "cpu_per_wall"), "input_alone": inputs_alone,
             "order": [r["order"] for r in rounds], "model": config.stream_model, "shards": config.stream_shards,
             "global_batch_size": config.batch,
             "details": {c: rounds[-1]["timings"][c]["details"] for c in contenders}}

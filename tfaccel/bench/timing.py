@@ -32,14 +32,17 @@ def _epoch_timer_class() -> type:
             super().__init__()
             self.begins: List[float] = []
             self.ends: List[float] = []
+            self.cpu: List[float] = []  # this process's CPU seconds at each epoch begin and end
 
         def on_epoch_begin(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+            self.cpu.append(time.process_time())
             self.begins.append(time.perf_counter())
 
         def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
             for value in (logs or {}).values():
                 float(value)  # waits for the device: the epoch's work is done when it ends
             self.ends.append(time.perf_counter())
+            self.cpu.append(time.process_time())
 
     return _EpochTimer
 
@@ -57,6 +60,8 @@ class Timing:
         name: the contender's name.
         examples_per_sec: examples of epochs 2..N / (end of epoch N - beginning of epoch 2).
         time_to_train: seconds of the whole call (build, tracing, compilation, every epoch).
+        cpu_per_wall: CPU seconds of this process over wall seconds in the window (epochs 2..N): 2.0 means two
+            cores busy the whole time; well below the cores there are means waiting (input, other processes).
         epoch_seconds: each epoch's own seconds, the first one included.
         details: what the contender returned (e.g. the loop tfaccel chose).
     """
@@ -64,6 +69,7 @@ class Timing:
     name: str
     examples_per_sec: float
     time_to_train: float
+    cpu_per_wall: float
     epoch_seconds: List[float]
     details: Dict[str, Any]
 
@@ -103,5 +109,7 @@ class Stopwatch:
                               "(or call its on_epoch_begin/on_epoch_end around every epoch)")
         window = timer.ends[-1] - timer.begins[1]
         self.timed.append(name)
+        cpu = timer.cpu[-1] - timer.cpu[2]  # [begin 1, end 1, begin 2, ...]: from the beginning of epoch 2
         return Timing(name=name, examples_per_sec=(epochs - 1) * examples_per_epoch / window, time_to_train=total,
+                      cpu_per_wall=cpu / window,
                       epoch_seconds=[e - b for b, e in zip(timer.begins, timer.ends)], details=dict(details))
