@@ -98,8 +98,13 @@ def test_evaluator_needs_checkpoint_dir_and_validation_data(tiny_model) -> None:
                                           r"followed: backups are removed when training ends\)"):
         evaluator.run_evaluator(tiny_model, validation_data=([0], [0]), checkpoint_dir=None, backup_dir="/b",
                                 task=_task())
+    with pytest.raises(ConfigError, match=r"checkpoint_dir is required; received checkpoint_dir=''\. The side-car"):
+        evaluator.run_evaluator(tiny_model, validation_data=([0], [0]), checkpoint_dir="", task=_task())
     with pytest.raises(ConfigError, match=r"validation_data is required; received None"):
         evaluator.run_evaluator(tiny_model, validation_data=None, checkpoint_dir="/c", task=_task())
+    with pytest.raises(ConfigError, match=r"validation_data must be \(x, y\) or \(x, y, sample_weight\) or a "
+                                          r"dataset; received a list of length 1"):
+        evaluator.run_evaluator(tiny_model, validation_data=[[0]], checkpoint_dir="/c", task=_task())
 
 
 def test_evaluator_waits_are_bounded(tiny_model, tmp_path, monkeypatch) -> None:
@@ -114,6 +119,10 @@ def test_evaluator_waits_are_bounded(tiny_model, tmp_path, monkeypatch) -> None:
                                                                  "done": True}))
     with pytest.raises(evaluator.EvaluatorTimeout, match=r"evaluator: no progress from the chief in .* for 1 s "
                                                          r"\(chief localhost:4000\).*Set TFACCEL_EVALUATOR_TIMEOUT"):
+        evaluator.run_evaluator(tiny_model, validation_data=val, checkpoint_dir=str(tmp_path), task=_task())
+    (tmp_path / evaluator.PROGRESS_FILE).write_text(json.dumps({"chief": "localhost:4000", "checkpoints": [],
+                                                                 "done": False}))
+    with pytest.raises(evaluator.EvaluatorTimeout, match=r"evaluator: no new checkpoint from the chief in .* for 1 s"):
         evaluator.run_evaluator(tiny_model, validation_data=val, checkpoint_dir=str(tmp_path), task=_task())
 
 

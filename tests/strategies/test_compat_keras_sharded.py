@@ -182,3 +182,6 @@ def test_partitioner_settings_and_note() -> None:
     note = builtin._partitioner_note(settings, 2)
     assert note.startswith("variable_partitioner 'min_size': variables of at least 2 x 262144 bytes")
     assert "keras-team/keras#18624" in note
+    assert builtin._partitioner_note({"variable_partitioner": partitioner}, 2).startswith(
+        "variable_partitioner a custom partitioner (MinSizePartitioner), placed round-robin over the 2 ps task(s)")
+    assert builtin._partitioner({"variable_partitioner": partitioner}) is partitioner  # given: used as is
