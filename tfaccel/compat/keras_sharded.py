@@ -19,8 +19,8 @@ The fix, in three parts:
   shards ("div" partitioning, which is how the strategy splits rows), so only the rows of the batch leave the ps
   tasks and the gradient of each shard is an ``IndexedSlices`` (a sparse update per shard). Without it Keras'
   ``ops.take`` first concatenates the whole table (a ``ShardedVariable`` converts to a tensor by ``concat``).
-* Checkpoints (also :func:`apply`): Keras' TF variable saves its value's own tensors, which a ``ShardedVariable`` does not give
-  (``AttributeError: 'ShardedVariable' object has no attribute 'device'`` in ``tf.train.Checkpoint.write``). A
+* Checkpoints (also :func:`apply`): Keras' TF variable saves its value's own tensors, which a ``ShardedVariable``
+  does not give (``AttributeError: 'ShardedVariable' object has no attribute 'device'`` in ``tf.train.Checkpoint.write``). A
   sharded variable is saved as one whole tensor under the usual key, so the checkpoint restores into any number
   of shards, or into the same model built without the strategy (the side-car evaluator); each shard restores its
   rows. The saving process reads the whole table (25.6 MB for 200k x 32 float32). ``np.asarray`` of the variable
