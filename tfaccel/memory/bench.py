@@ -79,6 +79,7 @@ def estimate_benchmark(cases: Sequence[Tuple[str, Optional[Sequence[int]], int]]
                      "activation_bytes_base": est.activation_bytes_base, "process_base_bytes": est.process_base_bytes,
                      "process_estimate_bytes": est.process_peak_bytes,
                      "allocator_peak_bytes": meas["allocator_peak"], "process_peak_bytes": meas["process_hwm"],
+                     "runtime_bytes": meas["baseline"],
                      "error_allocator": est.total_bytes / meas["allocator_peak"] - 1.0,
                      "error_process": est.process_peak_bytes / meas["process_hwm"] - 1.0})
         get_logger().info("memory bench: estimate %s", rows[-1])
