@@ -4,7 +4,7 @@ Run by ``tfaccel.launch.run_local(..., workers=W, ps=2, chief=True)`` (the ps an
 ``tfaccel.launch.server``). Environment: ``REC_FILES`` (glob of the shards written by the test), ``REC_STEPS``
 (steps per epoch), ``REC_EPOCHS``, ``REC_REFERENCE=1`` to also train the same model with plain Keras ``fit`` on the
 same data after the parameter-server run (RSS is read before it), ``REC_VERBOSE`` (fit's verbose),
-``REC_PARTITIONS`` (``variable_partitioner``, 2 by default).
+``REC_PARTITIONS`` (``variable_partitioner``, 2 by default), ``REC_OPTIMIZER=sgd`` (SGD instead of Adam).
 Prints one JSON line.
 """
 
@@ -35,7 +35,8 @@ def build():
 def compile_(model):
     import keras
 
-    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="binary_crossentropy", metrics=["binary_accuracy"])
+    optimizer = keras.optimizers.SGD(0.5) if os.environ.get("REC_OPTIMIZER") == "sgd" else keras.optimizers.Adam(1e-2)
+    model.compile(optimizer=optimizer, loss="binary_crossentropy", metrics=["binary_accuracy"])
 
 
 def dataset_fn(input_context):
