@@ -63,6 +63,9 @@ class _Model:
     ({"n": 65}, "mirrored", "the last batch (1 examples) leaves a replica of 2 without examples"),
     ({"steps_per_epoch": 2}, "mirrored", "steps_per_epoch=2 is not one pass over the arrays"),
     ({"validation_steps": 1}, "mirrored", "validation_steps is given"),
+    ({"validation_batch_size": 9}, "mirrored", "the global validation batch 9 does not split evenly over 2 replicas"),
+    ({"validation_data": 17}, "mirrored", "the last validation batch (1 examples) leaves a replica of 2 without "
+                                          "examples"),
     ({"validation_data": "dataset"}, "mirrored", "validation_data is not arrays"),
     ({"x": "dataset"}, "multi_worker", "data is a tf.data.Dataset, not in-memory arrays"),
     ({"run_eagerly": True}, "mirrored", "the model was compiled with run_eagerly=True"),
@@ -76,14 +79,20 @@ def test_each_reason_the_loop_cannot_run(kwargs, backend, expected):
     model = _Model()
     model.run_eagerly = kwargs.pop("run_eagerly", False)
     validation_steps = kwargs.pop("validation_steps", None)
+    validation_batch_size = kwargs.pop("validation_batch_size", None)
+    if validation_batch_size:
+        kwargs["validation_data"] = (x[:18], y[:18])
     if kwargs.get("validation_data") == "dataset":
         kwargs["validation_data"] = ds
+    elif isinstance(kwargs.get("validation_data"), int):
+        kwargs["validation_data"] = (x[:kwargs["validation_data"]], y[:kwargs["validation_data"]])
     if kwargs.pop("x", None) == "dataset":
         data = prepare_data(ds, **kwargs)
     else:
         data = prepare_data(x, y, **{"batch_size": 16, **kwargs})
     blockers = multi_step_blockers(model, backend=Backend(name=backend, strategy=None, num_replicas_in_sync=2),
-                                   data=data, validation_steps=validation_steps)
+                                   data=data, validation_steps=validation_steps,
+                                   validation_batch_size=validation_batch_size)
     assert blockers == [expected]
 
 

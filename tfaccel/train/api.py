@@ -92,12 +92,14 @@ def _verbose(verbose: Any, chief: bool) -> int:
 
 
 def _choose_multi_step(requested: str, *, backend: Any, model: Any, data: Any, user_callbacks: Sequence[Any],
-                       backup_freq: Optional[int], steps_per_execution: Any, validation_steps: Optional[int]) -> tuple:
+                       backup_freq: Optional[int], steps_per_execution: Any, validation_steps: Optional[int],
+                       validation_batch_size: Optional[int]) -> tuple:
     """mirrored / multi_worker: tfaccel's multi-step loop where it trains exactly like Keras fit and runs more than
     one step per call ("auto"), or wherever it can (loop="compiled"); Keras fit otherwise."""
     from tfaccel.train.loops.multi_step import multi_step_blockers
 
-    blockers = multi_step_blockers(model, backend=backend, data=data, validation_steps=validation_steps)
+    blockers = multi_step_blockers(model, backend=backend, data=data, validation_steps=validation_steps,
+                                   validation_batch_size=validation_batch_size)
     if requested == "compiled" and blockers:
         raise ConfigError(f"loop='compiled' cannot train this job exactly like Keras fit under {backend.name}: " +
                           "; ".join(blockers) + ". Use loop='auto' (Keras fit then trains it)")
@@ -113,7 +115,8 @@ def _choose_multi_step(requested: str, *, backend: Any, model: Any, data: Any, u
 
 
 def _choose_loop(requested: str, *, backend: Any, model: Any, data: Any, user_callbacks: Sequence[Any],
-                 backup_freq: Optional[int], steps_per_execution: Any, validation_steps: Optional[int] = None) -> tuple:
+                 backup_freq: Optional[int], steps_per_execution: Any, validation_steps: Optional[int] = None,
+                 validation_batch_size: Optional[int] = None) -> tuple:
     """(loop name, reason). The compiled loop only where it trains exactly like Keras fit."""
     if not backend.uses_keras_fit:
         if requested != "auto":
@@ -129,7 +132,7 @@ def _choose_loop(requested: str, *, backend: Any, model: Any, data: Any, user_ca
     if backend.name in MULTI_STEP_STRATEGIES and requested != "keras":
         return _choose_multi_step(requested, backend=backend, model=model, data=data, user_callbacks=user_callbacks,
                                   backup_freq=backup_freq, steps_per_execution=steps_per_execution,
-                                  validation_steps=validation_steps)
+                                  validation_steps=validation_steps, validation_batch_size=validation_batch_size)
     from tfaccel.train.loops.compiled import compiled_blockers
 
     blockers = []
@@ -380,7 +383,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: Optional[int] = No
                         steps_per_epoch=steps_per_epoch, seed=seed)
     loop_name, loop_reason = _choose_loop(loop, backend=backend, model=model, data=data, user_callbacks=user_callbacks,
                                           backup_freq=backup_freq, steps_per_execution=steps_per_execution,
-                                          validation_steps=validation_steps)
+                                          validation_steps=validation_steps,
+                                          validation_batch_size=validation_batch_size)
     from tfaccel.train.loops.keras_fit import uses_stream
 
     if loop_name != "keras_fit" or uses_stream(data, backend=backend, backups=bool(backup_dir)):

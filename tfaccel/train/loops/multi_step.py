@@ -41,14 +41,15 @@ def replica_splits(batch: int, replicas: int) -> List[Tuple[int, int]]:
     return [(sum(sizes[:r]), sizes[r]) for r in range(replicas)]
 
 
-def multi_step_blockers(model: Any, *, backend: Any, data: Any, validation_steps: Optional[int]) -> List[str]:
+def multi_step_blockers(model: Any, *, backend: Any, data: Any, validation_steps: Optional[int],
+                        validation_batch_size: Optional[int] = None) -> List[str]:
     """Why the multi-step loop cannot train this job exactly like Keras ``fit`` (an empty list: it can).
 
     Args:
         model: the user's compiled model.
         backend: the job's ``Backend`` (mirrored or multi_worker).
         data: the prepared ``FitData``.
-        validation_steps: ``fit``'s argument.
+        validation_steps, validation_batch_size: ``fit``'s arguments.
 
     Returns:
         One short readable phrase per reason.
@@ -63,11 +64,32 @@ def multi_step_blockers(model: Any, *, backend: Any, data: Any, validation_steps
         return blockers + [f"data is {data.note.split(' used')[0]}, not in-memory arrays"]
     if data.validation is not None and data.validation[1] is None and data.validation[2] is None:
         blockers.append("validation_data is not arrays")
-    if data.batch_size % replicas:
-        blockers.append(f"the global batch {data.batch_size} does not split evenly over {replicas} replicas")
-    if 0 < data.num_examples % data.batch_size < replicas:
-        blockers.append(f"the last batch ({data.num_examples % data.batch_size} examples) leaves a replica of "
-                        f"{replicas} without examples")
+    elif data.validation is not None:
+        blockers += _batch_blockers("validation ", _num_examples(data.validation[0]),
+                                    validation_batch_size or data.batch_size, replicas)
+    return blockers + _batch_blockers("", data.num_examples, data.batch_size, replicas) \
+        + _pass_blockers(data, validation_steps)
+
+
+def _num_examples(x: Any) -> int:
+    import tensorflow as tf
+
+    return int(len(tf.nest.flatten(x)[0]))
+
+
+def _batch_blockers(what: str, num_examples: int, batch: int, replicas: int) -> List[str]:
+    """Every replica must get an equal part of every whole batch, and some of the last one."""
+    found = []
+    if batch % replicas:
+        found.append(f"the global {what}batch {batch} does not split evenly over {replicas} replicas")
+    if 0 < num_examples % batch < replicas:
+        found.append(f"the last {what}batch ({num_examples % batch} examples) leaves a replica of {replicas} "
+                     "without examples")
+    return found
+
+
+def _pass_blockers(data: Any, validation_steps: Optional[int]) -> List[str]:
+    blockers = []
     if data.steps_per_epoch != -(-data.num_examples // data.batch_size):
         blockers.append(f"steps_per_epoch={data.steps_per_epoch} is not one pass over the arrays")
     if validation_steps is not None:
