@@ -2,7 +2,9 @@
 
 Each path runs all cases in its own process(es) (parity_program.py), once per session: one device (the
 compiled loop and Keras fit), mirrored over 2 virtual CPUs, multi_worker with 2 real worker processes on
-loopback, horovod with 2 real ranks over Gloo, parameter_server with a real chief + worker + ps. The reference is plain Keras: one device, or the same
+loopback (both tf.distribute paths train array cases with tfaccel's multi-step loop, several steps of
+``train_step`` per call, and the others with Keras fit), horovod with 2 real ranks over Gloo, parameter_server with
+a real chief + worker + ps. The reference is plain Keras: one device, or the same
 number of replicas where per-replica semantics (BatchNorm statistics, Dropout streams) are Keras' own; the
 clipping cases compare tf.distribute paths with one device, since Keras 3.15's per-replica clipping is
 the bug tfaccel fixes there; Horovod ranks (one replica each, gradients averaged, metric states summed) are

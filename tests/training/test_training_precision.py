@@ -75,7 +75,7 @@ def _fit(build, *, epochs, n=128, **kwargs):
 @pytest.mark.parametrize("precision, strategy, loop, replicas", [
     ("mixed_float16", "default", "auto", 1),    # tfaccel's compiled whole-epoch loop
     ("mixed_float16", "default", "keras", 1),   # Keras fit
-    ("mixed_float16", "mirrored", "auto", 2),   # Keras fit under MirroredStrategy (2 virtual CPUs)
+    ("mixed_float16", "mirrored", "auto", 2),   # tfaccel's multi-step loop under MirroredStrategy (2 virtual CPUs)
     ("mixed_bfloat16", "default", "auto", 1),   # compiled loop, no loss scaling
 ])
 def test_precision_on_each_training_path(precision, strategy, loop, replicas, clean_tf_config, cpu_replicas):
@@ -86,7 +86,8 @@ def test_precision_on_each_training_path(precision, strategy, loop, replicas, cl
     assert result.plan.precision == precision and result.plan.num_replicas == replicas
     assert result.plan.jit_compile is (replicas == 1)  # "auto": XLA on one CPU device, off under mirrored
     assert model.jit_compile is result.plan.jit_compile  # what Keras fit (and the compiled loop) got
-    assert result.details["loop"].startswith("compiled" if (loop, strategy) == ("auto", "default") else "Keras fit")
+    expected_loop = {("auto", "default"): "compiled", ("auto", "mirrored"): "tfaccel's multi-step"}
+    assert result.details["loop"].startswith(expected_loop.get((loop, strategy), "Keras fit"))
     assert model.dtype_policy.name == precision and model.layers[0].compute_dtype == precision[6:]
     assert warnings == [CPU_WARNING.format(precision)]
     steps = 3 * 4  # 3 epochs x 128/32 steps

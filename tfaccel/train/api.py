@@ -109,7 +109,8 @@ def _choose_multi_step(requested: str, *, backend: Any, model: Any, data: Any, u
                                            or bool(backup_freq), steps_per_epoch=data.steps_per_epoch)
         if spe > 1 or requested == "compiled":
             return "multi_step", (f"tfaccel's multi-step loop: {spe} steps of the model's train_step per call under "
-                                  f"{backend.name}, each replica gathering its part of every batch from in-memory arrays")
+                                  f"{backend.name}, each replica gathering its part of every batch from in-memory "
+                                  "arrays")
         blockers.append(f"steps_per_execution {reason}")
     return "keras_fit", "Keras fit (" + "; ".join(blockers) + ")"
 
