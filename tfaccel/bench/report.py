@@ -108,9 +108,9 @@ def plot(report: Dict[str, Any], path: str) -> None:
     axes[1][2].set_yticklabels(names, fontsize=6)
     axes[1][2].invert_yaxis()
     axes[1][2].set_title("time_to_train, seconds (median; whole call)", fontsize=9)
+    load = report["machine"].get("loadavg_before")
     fig.suptitle(f"tfaccel bench on {report['machine']['cpus']} CPUs, TF {report['versions']['tensorflow']} "
-                 f"(green: meets target, orange: below, red dashes: target; load {report['machine'].get('loadavg_before')})",
-                 fontsize=10)
+                 f"(green: meets target, orange: below, red dashes: target; load {load})", fontsize=10)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=100)
