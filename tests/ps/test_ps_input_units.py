@@ -44,8 +44,8 @@ def test_accounting_report_counts_reruns_and_per_worker_work():
 
     before = {"started": 4, "updates": [10, 10], "examples": [640, 640]}
     after = {"started": 4 + 12, "updates": [10 + 60, 10 + 40], "examples": [640 + 60 * 64, 640 + 40 * 64 - 16]}
-    report = Accounting.report(before, after, closures=11, updates=88)
-    assert report == {"updates_scheduled": 88, "updates_applied": 100,
-                      "updates_applied_per_worker": {"worker:0": 60, "worker:1": 40},
+    report = Accounting.report(before, after, closures=11, updates=88, applied=101)
+    assert report == {"updates_scheduled": 88, "updates_applied": 101,
+                      "updates_counted_per_worker": {"worker:0": 60, "worker:1": 40}, "updates_not_counted": 1,
                       "examples_seen": {"worker:0": 3840, "worker:1": 2544}, "examples_seen_total": 6384,
                       "closures_scheduled": 11, "closures_started": 12, "closures_rerun": 1}

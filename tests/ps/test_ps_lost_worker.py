@@ -1,8 +1,8 @@
 """Step accounting after a lost worker: chief + 2 workers + 1 ps as real processes; worker:1 is SIGKILLed while
 closures are in flight. ClusterCoordinator re-runs its closure on worker:0 (at-least-once) and the job completes;
-``details["ps_accounting"]`` must say exactly what happened: the updates applied (the same count as the optimizer's
-own ``iterations``, an independent counter on the ps), per worker, the examples each worker's updates used, and how
-many closures ran again.
+``details["ps_accounting"]`` must say what happened: the updates applied (the optimizer's own ``iterations``), the
+updates counted per worker (all of them but at most the one the lost worker applied and had no time to count), the
+examples each worker's counted updates used, and how many closures ran again.
 """
 
 import json
@@ -72,9 +72,10 @@ def test_lost_worker_is_accounted_exactly(tmp_path):
     print("measured:", json.dumps(accounting), "optimizer iterations", out["optimizer_iterations"])
     scheduled = STEPS * EPOCHS
     assert accounting["updates_scheduled"] == scheduled and accounting["closures_scheduled"] == scheduled // 8
-    per_worker = accounting["updates_applied_per_worker"]
-    assert accounting["updates_applied"] == sum(per_worker.values()) == out["optimizer_iterations"]
-    assert accounting["updates_applied"] >= scheduled and per_worker["worker:0"] > per_worker["worker:1"] > 0
+    per_worker = accounting["updates_counted_per_worker"]
+    assert accounting["updates_applied"] == out["optimizer_iterations"] >= scheduled
+    assert accounting["updates_not_counted"] == accounting["updates_applied"] - sum(per_worker.values()) in (0, 1)
+    assert per_worker["worker:0"] > per_worker["worker:1"] > 0
     # 4096 examples in 4 files of 1024: whole batches of 64 only, so every update used 64 examples
     assert accounting["examples_seen"] == {k: BATCH * n for k, n in per_worker.items()}
     assert accounting["closures_started"] == accounting["closures_scheduled"] + accounting["closures_rerun"]

@@ -58,6 +58,7 @@ def test_recommender_on_two_ps_from_worker_shards(tmp_path):
     for run in (one, four):
         accounting = run["accounting"]
         assert accounting["updates_applied"] == accounting["updates_scheduled"] == STEPS * EPOCHS
+        assert accounting["updates_not_counted"] == 0 and sum(accounting["updates_counted_per_worker"].values()) == 16
         assert accounting["closures_rerun"] == 0 and sorted(accounting["examples_seen"]) == ["worker:0", "worker:1"]
         assert accounting["examples_seen_total"] == STEPS * EPOCHS * BATCH  # 2 * 2 files of 1024 (4096): no remainder
         assert run["examples_per_sec"] > 0
@@ -66,5 +67,6 @@ def test_recommender_on_two_ps_from_worker_shards(tmp_path):
         np.testing.assert_allclose(value, one["history"][f"val_{key}"][-1], rtol=1e-5, err_msg=key)
     # Close to the same model trained by plain Keras fit on the same data (asynchronous updates differ a little).
     reference = one["reference"]
-    assert abs(one["history"]["val_binary_accuracy"][-1] - reference["val_binary_accuracy"]) <= 0.15, (one, reference)
-    assert abs(one["history"]["val_loss"][-1] - reference["val_loss"]) <= 0.15, (one, reference)
+    # (Losses, not accuracies: 512 validation examples near chance after 16 steps flip accuracy by 0.15 run to run.)
+    for key in ("loss", "val_loss"):
+        assert abs(one["history"][key][-1] - reference[key]) <= 0.15 * reference[key], (key, one, reference)

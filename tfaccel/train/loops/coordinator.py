@@ -207,8 +207,9 @@ def _counted(step: WorkerStep, sched: Schedule, at_start: Dict[str, Any], *, sec
              seen: List[int]) -> Dict[str, Any]:
     """``ps_accounting`` (what the ps counted against what was scheduled) and examples/s from the ps' counts."""
     timed = slice(1, None) if len(seconds) > 1 else slice(None)  # as fit: the first epoch left out when several
+    applied = int(step.optimizer.iterations.numpy()) - at_start["iterations"]
     return {"ps_accounting": Accounting.report(at_start, step.accounting.read(), closures=sched.closures_scheduled,
-                                               updates=sched.updates_scheduled),
+                                               updates=sched.updates_scheduled, applied=applied),
             "examples_per_sec": float(np.sum(np.diff(seen)[timed]) / max(sum(seconds[timed]), 1e-9))}
 
 
@@ -258,6 +259,7 @@ def run_coordinator(model: Any, *, data: FitData, backend: Any, plan: Any, epoch
                                            verbose=verbose, epochs=epochs, steps=data.steps_per_epoch)
     test_step = tf.function(model.test_step, reduce_retracing=True)
     counted_at_start, accounted_at_start = int(step.steps.numpy()), step.accounting.read()
+    accounted_at_start["iterations"] = int(step.optimizer.iterations.numpy())
     seconds: List[float] = []
     seen = [sum(accounted_at_start["examples"])]  # examples counted on the ps, after each epoch
     model.stop_training = False

@@ -67,8 +67,9 @@ class Accounting:
 
     A closure that was running on a lost worker is run again in full elsewhere, and the updates it had already
     applied stay applied: ClusterCoordinator is at-least-once. So the loop counts instead of assuming: every update
-    adds 1 and its examples to the counters of the worker that applied it, right after applying it, and every
-    closure adds 1 to ``started`` when it begins.
+    adds 1 and its examples to the counters of the worker that applied it once the update has run, and every
+    closure adds 1 to ``started`` before its first update. The count is not atomic with the update: a worker
+    killed between the two leaves one update applied (``optimizer.iterations`` has it) but not counted.
     """
 
     def __init__(self, num_workers: int) -> None:
@@ -82,8 +83,9 @@ class Accounting:
         self.updates = [counter(f"tfaccel_updates_worker_{k}") for k in range(num_workers)]
         self.examples = [counter(f"tfaccel_examples_worker_{k}") for k in range(num_workers)]
 
-    def count(self, worker: Any, examples: Any) -> None:
-        """One update of ``examples`` examples applied by worker ``worker`` (inside a scheduled function)."""
+    def count(self, worker: Any, examples: Any) -> Any:
+        """One update of ``examples`` examples applied by worker ``worker`` (inside a scheduled function); returns
+        a tensor that exists once both counters are written."""
         import tensorflow as tf
 
         def on(k: int) -> Callable[[], Any]:
@@ -93,7 +95,7 @@ class Accounting:
                 return tf.constant(0)
             return add
 
-        tf.switch_case(worker, [on(k) for k in range(self.num_workers)])
+        return tf.switch_case(worker, [on(k) for k in range(self.num_workers)])
 
     def read(self) -> Dict[str, Any]:
         """The counters now (read on the coordinator)."""
@@ -101,13 +103,16 @@ class Accounting:
                 "examples": [int(v.numpy()) for v in self.examples]}
 
     @staticmethod
-    def report(before: Dict[str, Any], after: Dict[str, Any], *, closures: int, updates: int) -> Dict[str, Any]:
-        """``details["ps_accounting"]`` of one run: what was scheduled, what was applied and seen, per worker."""
+    def report(before: Dict[str, Any], after: Dict[str, Any], *, closures: int, updates: int,
+               applied: int) -> Dict[str, Any]:
+        """``details["ps_accounting"]`` of one run: what was scheduled, applied (``applied``: the optimizer's own
+        count) and counted per worker with its examples; a worker lost between applying an update and counting it
+        leaves that update in ``updates_not_counted`` (at most one per lost worker)."""
         per_worker = {f"worker:{k}": a - b for k, (a, b) in enumerate(zip(after["updates"], before["updates"]))}
         seen = {f"worker:{k}": a - b for k, (a, b) in enumerate(zip(after["examples"], before["examples"]))}
         started = after["started"] - before["started"]
-        return {"updates_scheduled": updates, "updates_applied": sum(per_worker.values()),
-                "updates_applied_per_worker": per_worker, "examples_seen": seen,
+        return {"updates_scheduled": updates, "updates_applied": applied, "updates_counted_per_worker": per_worker,
+                "updates_not_counted": applied - sum(per_worker.values()), "examples_seen": seen,
                 "examples_seen_total": sum(seen.values()), "closures_scheduled": closures,
                 "closures_started": started, "closures_rerun": max(0, started - closures)}
 
@@ -186,15 +191,26 @@ class WorkerStep:
 
     def run_updates(self, groups: Sequence[Callable[[], Sequence[Any]]], worker: Any) -> List[Any]:
         """Inside a function scheduled on worker ``worker`` (int32 tensor): the updates, each from its batches and
-        counted on the ps right after it is applied (a tf.function runs stateful ops in program order); returns
-        the summed metric totals."""
-        self.accounting.started.assign_add(1)
+        counted on the ps once every op of it has run; returns the summed metric totals.
+
+        A tf.function orders stateful ops only per resource, so the order is explicit: update k's counts wait for
+        every op of update k, and update k + 1 waits for them. Without it the counts lagged behind the updates (a
+        worker SIGKILLed mid-closure had applied 8 updates that ``optimizer.iterations`` had and the per-worker
+        counters had not); with it at most the update in flight when a worker dies is applied but not counted.
+        """
+        import tensorflow as tf
+
+        graph = tf.compat.v1.get_default_graph()
+        counted = [self.accounting.started.assign_add(1)]  # no update before its closure is counted as started
         totals = None
         for batches in groups:
-            out = self.strategy.run(self.update, args=(batches(),))
+            first_op = len(graph.get_operations())
+            with tf.control_dependencies(counted):
+                out = self.strategy.run(self.update, args=(batches(),))
+            update_ops = graph.get_operations()[first_op:]  # the update: forward pass, gradients, every ps write
             *out, examples = [self.strategy.reduce("SUM", v, axis=None) for v in out]
-            self.steps.assign_add(self.accum)
-            self.accounting.count(worker, examples)
+            with tf.control_dependencies(update_ops):
+                counted = [self.steps.assign_add(self.accum), self.accounting.count(worker, examples)]
             totals = out if totals is None else [a + b for a, b in zip(totals, out)]
         return totals
 
