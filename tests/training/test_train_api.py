@@ -175,3 +175,36 @@ def test_recompute_option_trains_the_same_model(clean_tf_config):
     assert all(np.allclose(a, b, atol=1e-5) for a, b in zip(w_plain, w_rec))
     with pytest.raises(ConfigError, match="recompute"):
         tfaccel.fit(_scoped(), X, Y, verbose=0, recompute="all")  # a Sequential model cannot be cut
+
+
+
+def test_a_dataset_of_known_length_runs_many_steps_per_call_and_trains_like_keras_fit(clean_tf_config):
+    """"auto" gives a finite dataset min(batches, 64) steps per call (the last batch partial): the same history and
+    weights as plain model.fit at one step per call, and the steps counted exactly."""
+    def dataset():  # 40 examples in 6 batches of 7 + 5
+        return tf.data.Dataset.from_tensor_slices((X, Y)).batch(7)
+
+    reference = _model()
+    initial = reference.get_weights()
+    expected = reference.fit(dataset(), epochs=3, verbose=0).history
+    model = _scoped()
+    model.set_weights(initial)
+    result = tfaccel.fit(model, dataset(), epochs=3, verbose=0)
+    assert result.details["steps_per_execution"] == "6 (auto: min(steps/epoch=6, 64))", result.details
+    assert result.steps == 18
+    assert result.history.keys() == expected.keys()
+    for key, values in expected.items():
+        np.testing.assert_allclose(result.history[key], values, rtol=1e-6, err_msg=key)
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, atol=1e-6)
+    unknown = dataset().filter(lambda x, y: True)
+    assert tfaccel.fit(_scoped(), unknown, verbose=0).details["steps_per_execution"] == "1 (1: epoch length unknown)"
+
+
+def test_steps_are_counted_exactly_when_the_last_call_of_an_epoch_is_short(clean_tf_config):
+    """70 batches at 64 steps per call: Keras numbers the second call's batches up to 127; 70 steps ran."""
+    x = np.repeat(X, 7, axis=0)[:280]
+    y = np.repeat(Y, 7, axis=0)[:280]
+    result = tfaccel.fit(_scoped(), x, y, batch_size=4, epochs=2, verbose=0, loop="keras")
+    assert result.details["steps_per_execution"].startswith("64 "), result.details
+    assert result.steps == 140

@@ -178,6 +178,8 @@ def _steps_per_execution(requested: Any, *, backend: Any, model: Any, per_batch_
     if model.steps_per_execution != 1:
         return model.steps_per_execution, "as compiled"
     if per_batch_callbacks or not steps_per_epoch:
+        # A dataset of unknown length: Keras would end its last call where the data ends, but reports the batch
+        # numbers of a full call, so the steps run could not be counted.
         return 1, "1: per-batch callbacks must see every batch" if per_batch_callbacks else "1: epoch length unknown"
     spe = min(steps_per_epoch, STEPS_PER_EXECUTION_AUTO_MAX)
     return spe, f"auto: min(steps/epoch={steps_per_epoch}, {STEPS_PER_EXECUTION_AUTO_MAX})"
@@ -374,7 +376,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: Optional[int] = No
         return run_evaluator(model, validation_data=validation_data, checkpoint_dir=checkpoint_dir,
                              backup_dir=backup_dir, tensorboard_dir=tensorboard_dir,
                              batch_size=validation_batch_size or batch_size, validation_steps=validation_steps)
-    from tfaccel.train.data import agree_on_seed, prepare_data
+    from tfaccel.train.data import agree_on_seed, batches_per_epoch, prepare_data
     from tfaccel.train.scope import plan_for_model
 
     plan, backend, requested_jit = plan_for_model(model)
@@ -407,7 +409,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: Optional[int] = No
     if loop_name in ("keras_fit", "multi_step"):
         spe, spe_reason = _steps_per_execution(steps_per_execution, backend=backend, model=model,
                                                per_batch_callbacks=per_batch or bool(backup_freq),
-                                               steps_per_epoch=data.steps_per_epoch, loop=loop_name)
+                                               steps_per_epoch=batches_per_epoch(data), loop=loop_name)
         if spe != model.steps_per_execution:
             model.steps_per_execution, model.train_function = spe, None
         changes["steps_per_execution"] = f"{spe} ({spe_reason})"

@@ -222,7 +222,8 @@ class Throughput:
                 self._steps = 0
 
             def on_train_batch_end(self, batch: int, logs: Optional[Dict] = None) -> None:
-                self._steps = batch + 1
+                # Keras numbers a call of several steps by its last step, also where the epoch ends inside it
+                self._steps = min(batch + 1, self.params.get("steps") or batch + 1)
 
             def on_epoch_end(self, epoch: int, logs: Optional[Dict] = None) -> None:
                 self.epoch_seconds.append(time.perf_counter() - self._t0)

@@ -18,7 +18,7 @@ import numpy as np
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
 
-__all__ = ["FitData", "prepare_data", "example_stream", "is_batched", "check_seed", "agree_on_seed",
+__all__ = ["FitData", "batches_per_epoch", "prepare_data", "example_stream", "is_batched", "check_seed", "agree_on_seed",
            "DEFAULT_BATCH_SIZE"]
 
 DEFAULT_BATCH_SIZE = 32  # Keras' own default for arrays
@@ -241,6 +241,19 @@ def _not_arrays(kind: str, x: Any, y: Any, sample_weight: Any, validation_split:
                              "either); shuffle inside your pipeline (dataset.shuffle(...)) if you want it")
     return FitData(kind, x, None, None, validation, None, None, steps_per_epoch, shuffle, seed, class_weight,
                    f"{what} used as given")
+
+
+def batches_per_epoch(data: FitData) -> Optional[int]:
+    """The batches of one epoch where known before training: ``steps_per_epoch``, the arrays' batches, a finite
+    ``tf.data.Dataset``'s cardinality or a ``PyDataset``'s ``num_batches``; None when only the data's end tells."""
+    if data.steps_per_epoch:
+        return data.steps_per_epoch
+    if data.kind == "dataset":
+        cardinality = int(data.x.cardinality().numpy())
+        return cardinality if cardinality > 0 else None  # -1 infinite, -2 unknown
+    if data.kind == "py_dataset":
+        return getattr(data.x, "num_batches", None)
+    return None
 
 
 def example_stream(data: FitData, *, epochs: int, initial_epoch: int, start_step: int = 0,
