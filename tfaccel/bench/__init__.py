@@ -12,6 +12,8 @@ compilation. In every round all contenders of a figure run one after another, in
 * ``p4_mwms``, ``p4_horovod``, ``p4_ceiling``, ``p4_mwms_of_ceiling``: weak scaling of 2 worker processes --
   :mod:`tfaccel.bench.scaling`;
 * ``p6_stream``, ``p6_naive_stream``: training from TFRecord files / from memory -- :mod:`tfaccel.bench.stream`;
+* ``p5_precision_xla``: precision and XLA "auto" / float32 without XLA, ResNet-50 on a GPU (``null`` with
+  ``p5_skipped`` where not measured) -- :mod:`tfaccel.bench.precision`;
 * ``time_to_train``: seconds per contender, by group.
 
 Example:
@@ -52,10 +54,12 @@ def _machine() -> Dict[str, Any]:
 
 
 def _measure(config: BenchConfig, stopwatch: Stopwatch) -> Dict[str, Any]:
+    from tfaccel.bench.precision import check_p5_mode
     from tfaccel.bench.scaling import measure_scaling
     from tfaccel.bench.speed import measure_speedups
     from tfaccel.bench.stream import measure_stream
 
+    check_p5_mode(config.p5)  # before the long parts, not after them
     report: Dict[str, Any] = {"per_model": measure_speedups(config, stopwatch)}
     report["time_to_train"] = {m: part["time_to_train"] for m, part in report["per_model"].items()}
     for name, enabled, measure, keys in (
@@ -66,10 +70,29 @@ def _measure(config: BenchConfig, stopwatch: Stopwatch) -> Dict[str, Any]:
             report[name] = part
             report["time_to_train"][name] = part["time_to_train"]
             report.update({k: {f: part[k][f] for f in _FIGURE_KEYS} for k in keys if k in part})
+    _measure_p5(config, stopwatch, report)
     for part in report["time_to_train"].values():
         for contender, fig in part.items():
             part[contender] = {f: fig[f] for f in _FIGURE_KEYS}
     return report
+
+
+def _measure_p5(config: BenchConfig, stopwatch: Stopwatch, report: Dict[str, Any]) -> None:
+    """P5 into ``report``: ``precision`` and ``p5_precision_xla``, or ``p5_precision_xla: None`` and ``p5_skipped``."""
+    import tensorflow as tf
+
+    from tfaccel.bench.precision import measure_precision, p5_skip_reason
+
+    skipped = p5_skip_reason(config.p5, [d.name for d in tf.config.list_physical_devices("GPU")])
+    if skipped:
+        report.update({"p5_precision_xla": None, "p5_skipped": skipped})
+        return
+    part = measure_precision(config, stopwatch)
+    report["precision"] = part
+    report["time_to_train"]["precision"] = part["time_to_train"]
+    report["p5_precision_xla"] = {f: part["p5_precision_xla"][f] for f in _FIGURE_KEYS}
+    if "p5_note" in part:
+        report["p5_note"] = part["p5_note"]
 
 
 def run_bench(config: BenchConfig, *, json_path: Optional[str] = None, png_path: Optional[str] = None
@@ -83,9 +106,9 @@ def run_bench(config: BenchConfig, *, json_path: Optional[str] = None, png_path:
 
     Returns:
         The report: ``per_model`` (``p1``, ``p2``, ``p3``, examples/s, order, details per model), the top-level
-        ``p4_*`` and ``p6_*`` figures, ``time_to_train`` (group -> contender -> figure), ``timing`` (the helper
-        and every contender it timed), ``machine`` (with the load average before and after), ``versions``,
-        ``config``, ``targets``, ``seconds``.
+        ``p4_*``, ``p5_precision_xla`` and ``p6_*`` figures, ``time_to_train`` (group -> contender -> figure),
+        ``timing`` (the helper and every contender it timed), ``machine`` (with the load average before and
+        after), ``versions``, ``config``, ``targets``, ``seconds``.
     """
     import keras
     import tensorflow as tf

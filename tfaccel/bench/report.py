@@ -17,6 +17,7 @@ FIGURE_NAMES: Dict[str, str] = {
     "p4_mwms_of_ceiling": "P4 MultiWorkerMirrored / ceiling",
     "p6_stream": "P6 TFRecord stream / in memory (same Keras fit loop)",
     "p6_naive_stream": "P6 naive TFRecord stream / in memory",
+    "p5_precision_xla": "P5 precision+XLA auto / float32 no XLA (GPU only)",
 }
 
 
@@ -43,6 +44,7 @@ def format_report(report: Dict[str, Any]) -> str:
     for key in ("p4_mwms", "p4_horovod", "p4_ceiling", "p4_mwms_of_ceiling", "p6_stream", "p6_naive_stream"):
         if key in report:
             lines.append(_line(FIGURE_NAMES[key], report[key], target_for(key)))
+    lines += _p5_lines(report)
     if "p4_horovod_note" in report.get("scaling", {}):
         lines.append(f"P4 Horovod: {report['scaling']['p4_horovod_note']}")
     for group, part in _groups(report):
@@ -62,9 +64,28 @@ def format_report(report: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _p5_lines(report: Dict[str, Any]) -> List[str]:
+    """P5's line: its figure and target, or why it was not measured; with the devices and what each got."""
+    name, target = FIGURE_NAMES["p5_precision_xla"], target_for("p5_precision_xla")
+    if "p5_precision_xla" not in report:
+        return []
+    if report["p5_precision_xla"] is None:
+        return [f"{name}: not measured ({report.get('p5_skipped')}); target >= {target} (GPU only)"]
+    lines = [_line(name, report["p5_precision_xla"], target)]
+    part = report.get("precision", {})
+    got = "; ".join(f"{c}: {d.get('dtype_policy')}, jit_compile {d.get('jit_compile')}"
+                    for c, d in part.get("details", {}).items())
+    gpus = ", ".join(g["name"] for g in part.get("devices", {}).get("gpus", [])) or "no GPU (CPU)"
+    lines.append(f"  P5 {part.get('model')} {tuple(part.get('input_shape', ()))} batch {part.get('global_batch_size')}"
+                 f" on {gpus}: {got}")
+    if report.get("p5_note"):
+        lines.append(f"  P5: {report['p5_note']}")
+    return lines
+
+
 def _groups(report: Dict[str, Any]) -> List[Tuple[str, Dict[str, Any]]]:
     groups = list(report.get("per_model", {}).items())
-    groups += [(name, report[name]) for name in ("scaling", "stream") if name in report]
+    groups += [(name, report[name]) for name in ("scaling", "stream", "precision") if name in report]
     return groups
 
 
@@ -99,8 +120,12 @@ def plot(report: Dict[str, Any], path: str) -> None:
               titles[key])
     p4 = [k for k in ("p4_mwms", "p4_horovod", "p4_ceiling", "p4_mwms_of_ceiling") if k in report]
     _bars(axes[1][0], p4, [report[k] for k in p4], [target_for(k) for k in p4], "P4 weak scaling (2 workers)")
-    p6 = [k for k in ("p6_stream", "p6_naive_stream") if k in report]
-    _bars(axes[1][1], p6, [report[k] for k in p6], [target_for(k) for k in p6], "P6 streaming input / in memory")
+    p6 = [k for k in ("p6_stream", "p6_naive_stream", "p5_precision_xla") if report.get(k) is not None]
+    _bars(axes[1][1], p6, [report[k] for k in p6], [target_for(k) for k in p6],
+          "P6 streaming input / in memory; P5 precision+XLA auto / float32 (GPU only)")
+    if "p5_precision_xla" in report and report["p5_precision_xla"] is None:
+        axes[1][1].text(0.02, 0.95, f"p5_precision_xla: not measured (target {target_for('p5_precision_xla')}, "
+                        "GPU only)", transform=axes[1][1].transAxes, fontsize=7, va="top")
     names = [f"{g}:{c}" for g, part in report.get("time_to_train", {}).items() for c in part]
     values = [v["median"] for part in report.get("time_to_train", {}).values() for v in part.values()]
     axes[1][2].barh(range(len(names)), values, color="tab:blue")

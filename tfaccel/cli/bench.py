@@ -1,4 +1,4 @@
-"""``tfaccel bench [--quick] [--json FILE] [--png FILE]``: measure the speed-ups side by side."""
+"""``tfaccel bench [--quick] [--json FILE] [--png FILE] [--p5 auto|on|off]``: measure the speed-ups side by side."""
 
 import argparse
 import sys
@@ -13,6 +13,9 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     parser.add_argument("--no-stream", action="store_true", help="skip P6 (training from TFRecord files)")
     parser.add_argument("--seed", type=int, default=0, help="seed of each round's contender order (default 0)")
     parser.add_argument("--repeats", type=int, default=None, help="rounds per figure (default 3 quick, 5 full)")
+    parser.add_argument("--p5", default="auto", metavar="auto|on|off",
+                        help="P5, ResNet-50 with precision and XLA 'auto' / float32 without XLA: 'auto' (default) "
+                             "only where a GPU is present, 'on' run anyway (on CPU the ratio is ~1), 'off' skip")
     parser.set_defaults(func=run)
 
 
@@ -31,7 +34,9 @@ def run(args: argparse.Namespace) -> int:
         config = dataclasses.replace(config, scaling=False)
     if args.no_stream:
         config = dataclasses.replace(config, stream=False)
-    config = dataclasses.replace(config, seed=args.seed)
+    from tfaccel.bench.precision import check_p5_mode
+
+    config = dataclasses.replace(config, seed=args.seed, p5=check_p5_mode(args.p5, option="--p5"))
     report = run_bench(config, json_path=args.json_path, png_path=args.png_path)
     sys.stdout.write(format_report(report) + "\n")
     return 0
