@@ -1,13 +1,15 @@
 """What the training loops share: their result, and Keras' own conventions for step data, logs and validation."""
 
 import dataclasses
-from typing import Any, Dict, List, Optional
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from tfaccel.errors import ConfigError
 
-__all__ = ["LoopResult", "step_data", "python_logs", "should_validate", "epoch_order", "metrics_or_logs"]
+__all__ = ["LoopResult", "step_data", "python_logs", "should_validate", "epoch_order", "metrics_or_logs",
+           "run_epochs"]
 
 
 @dataclasses.dataclass
@@ -88,3 +90,48 @@ def metrics_or_logs(model: Any, logs: Any) -> Any:
     if isinstance(logs, dict) and set(logs) == set(metric_logs):
         return metric_logs
     return logs
+
+
+def run_epochs(model: Any, *, callbacks: List[Any], verbose: Any, epochs: int, initial_epoch: int,
+               steps_per_epoch: int, train_epoch: Callable[[int, Any], Tuple[Any, int]],
+               validate: Optional[Callable[[Any], Dict[str, Any]]], validation_freq: Any) -> LoopResult:
+    """Keras ``fit``'s epoch driver for tfaccel's own loops: callbacks and History, epoch timing, validation,
+    ``stop_training`` and the optimizer's final values, as ``fit`` runs them.
+
+    Args:
+        model: the user's compiled model.
+        callbacks, verbose, epochs: as in Keras ``fit``; callbacks get Keras' ``CallbackList`` (History, progress bar).
+        initial_epoch: the first epoch (or ``BackupAndRestore``'s, as Keras reads it).
+        steps_per_epoch: the batches of an epoch, for the progress bar and callbacks' ``params["steps"]``.
+        train_epoch: ``(epoch, callback list) -> (logs, steps run)``: trains one epoch.
+        validate: ``callback list -> validation logs`` (``val_`` keys), or None without validation data.
+        validation_freq: Keras' ``validation_freq``.
+
+    Returns:
+        Keras' history, the training seconds of each epoch (validation and callbacks excluded), the steps run.
+    """
+    import keras
+
+    cb_list = keras.callbacks.CallbackList(callbacks, add_history=True, add_progbar=verbose != 0, model=model,
+                                           verbose=verbose, epochs=epochs, steps=steps_per_epoch)
+    model.stop_training = False
+    cb_list.on_train_begin()
+    seconds: List[float] = []
+    steps, epoch_logs = 0, None
+    for epoch in range(getattr(model, "_initial_epoch", None) or initial_epoch, epochs):  # BackupAndRestore
+        model.reset_metrics()
+        cb_list.on_epoch_begin(epoch)
+        start = time.perf_counter()
+        logs, ran = train_epoch(epoch, cb_list)
+        seconds.append(time.perf_counter() - start)
+        steps += ran
+        epoch_logs = dict(metrics_or_logs(model, logs))
+        if validate is not None and should_validate(epoch, validation_freq):
+            epoch_logs.update(validate(cb_list))
+        cb_list.on_epoch_end(epoch, epoch_logs)
+        if model.stop_training:
+            break
+    if isinstance(model.optimizer, keras.optimizers.Optimizer) and epochs > 0:
+        model.optimizer.finalize_variable_values(model.trainable_weights)
+    cb_list.on_train_end(logs=epoch_logs)
+    return LoopResult(history=dict(model.history.history), epoch_seconds=seconds, steps=steps)

@@ -6,12 +6,11 @@ runs every whole batch, and the partial last batch runs as its own step (no padd
 ``fit``/``evaluate`` (keras/src/backend/tensorflow/trainer.py). What it cannot mirror: :func:`compiled_blockers`.
 """
 
-import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
-from tfaccel.train.loops.base import LoopResult, epoch_order, metrics_or_logs, python_logs, should_validate, step_data
+from tfaccel.train.loops.base import LoopResult, epoch_order, metrics_or_logs, python_logs, run_epochs, step_data
 
 __all__ = ["compiled_blockers", "run_compiled"]
 
@@ -157,8 +156,6 @@ def run_compiled(model: Any, *, x: Any, y: Any, sample_weight: Any, batch_size: 
     Raises:
         ValueError: the model is not compiled, the data is empty, or validation_freq is not an int or a list.
     """
-    import keras
-
     if not getattr(model, "compiled", False):
         raise ValueError("compiled loop: the model is not compiled; call model.compile(optimizer=..., loss=...) "
                          "before training it")
@@ -167,26 +164,9 @@ def run_compiled(model: Any, *, x: Any, y: Any, sample_weight: Any, batch_size: 
     val = None if validation is None else _Pass(
         model, model.test_step, step_data(*(tuple(validation) + (None,))[:3], constants=True),  # (x, y) or (x, y, sw)
         batch_size=validation_batch_size or batch_size, jit_compile=jit_compile)
-    cb_list = keras.callbacks.CallbackList(callbacks, add_history=True, add_progbar=verbose != 0, model=model,
-                                           verbose=verbose, epochs=epochs, steps=train.num_batches)
-    model.stop_training = False
-    cb_list.on_train_begin()
-    seconds: List[float] = []
-    epoch_logs = None
-    for epoch in range(getattr(model, "_initial_epoch", None) or initial_epoch, epochs):  # BackupAndRestore
-        model.reset_metrics()
-        cb_list.on_epoch_begin(epoch)
-        start = time.perf_counter()
-        logs = train.run(epoch_order(train.num_examples, seed, epoch, shuffle))
-        seconds.append(time.perf_counter() - start)
-        epoch_logs = dict(metrics_or_logs(model, logs))
-        if val is not None and should_validate(epoch, validation_freq):
-            epoch_logs.update(_evaluate(model, val, cb_list))
-        cb_list.on_epoch_end(epoch, epoch_logs)
-        if model.stop_training:
-            break
-    if isinstance(model.optimizer, keras.optimizers.Optimizer) and epochs > 0:
-        model.optimizer.finalize_variable_values(model.trainable_weights)
-    cb_list.on_train_end(logs=epoch_logs)
-    return LoopResult(history=dict(model.history.history), epoch_seconds=seconds,
-                      steps=len(seconds) * train.num_batches)
+    return run_epochs(model, callbacks=callbacks, verbose=verbose, epochs=epochs, initial_epoch=initial_epoch,
+                      steps_per_epoch=train.num_batches,
+                      train_epoch=lambda epoch, _: (train.run(epoch_order(train.num_examples, seed, epoch, shuffle)),
+                                                    train.num_batches),
+                      validate=None if val is None else lambda cb_list: _evaluate(model, val, cb_list),
+                      validation_freq=validation_freq)

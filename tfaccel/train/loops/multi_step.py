@@ -18,12 +18,11 @@ hooks once per execution with Keras' (begin, end) step numbers; validation is Ke
 calls it, K steps per call too.
 """
 
-import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tfaccel.train.loops.base import LoopResult, epoch_order, metrics_or_logs, python_logs, should_validate, step_data
+from tfaccel.train.loops.base import LoopResult, epoch_order, metrics_or_logs, python_logs, run_epochs, step_data
 
 __all__ = ["MULTI_STEP_STRATEGIES", "multi_step_blockers", "replica_splits", "run_multi_step"]
 
@@ -242,8 +241,6 @@ def run_multi_step(model: Any, *, data: Any, epochs: int, initial_epoch: int, st
     Returns:
         Keras' history, the training seconds of each epoch (validation and callbacks excluded), the steps run.
     """
-    import keras
-
     jit = bool(model.jit_compile)
     train = _ReplicatedPass(model, model.train_step, step_data(data.x, data.y, data.sample_weight),
                             batch_size=data.batch_size, jit_compile=jit)
@@ -252,34 +249,18 @@ def run_multi_step(model: Any, *, data: Any, epochs: int, initial_epoch: int, st
     val = None if data.validation is None else _ReplicatedPass(
         model, model.test_step, step_data(*data.validation), batch_size=validation_batch_size or data.batch_size,
         jit_compile=jit)
-    cb_list = keras.callbacks.CallbackList(callbacks, add_history=True, add_progbar=verbose != 0, model=model,
-                                           verbose=verbose, epochs=epochs, steps=train.num_batches)
-    model.stop_training = False
-    cb_list.on_train_begin()
-    seconds: List[float] = []
-    steps, epoch_logs = 0, None
     shuffled = bool(data.shuffle) and data.shuffle != "batch"  # as example_stream orders Keras fit's batches
-    first_epoch = getattr(model, "_initial_epoch", None) or initial_epoch  # BackupAndRestore
-    for epoch in range(first_epoch, epochs):
-        model.reset_metrics()
-        cb_list.on_epoch_begin(epoch)
-        start = time.perf_counter()
-        logs, ran = _train_epoch(model, train, cb_list, order=epoch_order(train.num_examples, data.seed, epoch,
-                                                                          shuffled),
-                                 first=start_step if epoch == initial_epoch else 0,
-                                 steps_per_execution=steps_per_execution)
-        seconds.append(time.perf_counter() - start)
-        steps += ran
-        epoch_logs = dict(metrics_or_logs(model, logs))
-        if val is not None and should_validate(epoch, validation_freq):
-            epoch_logs.update(_evaluate(model, val, cb_list, steps_per_execution))
-        cb_list.on_epoch_end(epoch, epoch_logs)
-        if model.stop_training:
-            break
-    if isinstance(model.optimizer, keras.optimizers.Optimizer) and epochs > 0:
-        model.optimizer.finalize_variable_values(model.trainable_weights)
-    cb_list.on_train_end(logs=epoch_logs)
-    return LoopResult(history=dict(model.history.history), epoch_seconds=seconds, steps=steps)
+
+    def train_epoch(epoch: int, cb_list: Any) -> Tuple[Any, int]:
+        return _train_epoch(model, train, cb_list, order=epoch_order(train.num_examples, data.seed, epoch, shuffled),
+                            first=start_step if epoch == initial_epoch else 0,
+                            steps_per_execution=steps_per_execution)
+
+    return run_epochs(model, callbacks=callbacks, verbose=verbose, epochs=epochs, initial_epoch=initial_epoch,
+                      steps_per_epoch=train.num_batches, train_epoch=train_epoch,
+                      validate=None if val is None else lambda cb_list: _evaluate(model, val, cb_list,
+                                                                                   steps_per_execution),
+                      validation_freq=validation_freq)
 
 
 def _first_rows(data: Any, rows: int) -> Tuple[Any, Any, Any]:
