@@ -13,13 +13,15 @@ def define_flags() -> None:
     flags.DEFINE_string("png", "bench_out/bench.png", "bar chart path")
     flags.DEFINE_bool("scaling", True, "measure P4 (multi-process weak scaling)")
     flags.DEFINE_bool("stream", True, "measure P6 (training from TFRecord files against memory)")
+    flags.DEFINE_enum("p5", "auto", ["auto", "on", "off"], "P5 (precision and XLA 'auto' vs float32): auto = with a GPU")
 
 
 def main(argv: list) -> None:
     del argv
     from tfaccel.bench import BenchConfig, format_report, run_bench
 
-    config = dataclasses.replace(BenchConfig.make(FLAGS.quick), scaling=FLAGS.scaling, stream=FLAGS.stream)
+    config = dataclasses.replace(BenchConfig.make(FLAGS.quick), scaling=FLAGS.scaling, stream=FLAGS.stream,
+                                 p5=FLAGS.p5)
     print(format_report(run_bench(config, json_path=FLAGS.json, png_path=FLAGS.png)))
 
 
