@@ -281,22 +281,49 @@ def load_dataset(name: str, *, split: str = "train", num_examples: Optional[int]
     return x, y
 
 
+def _list_feature(values: np.ndarray, tf: Any) -> Any:
+    """A float list, or an int64 list when ``values`` are integers."""
+    if np.issubdtype(values.dtype, np.integer):
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=values.astype(np.int64)))
+    return tf.train.Feature(float_list=tf.train.FloatList(value=values.astype(np.float32)))
+
+
 def _example(x: np.ndarray, y: int, tf: Any) -> bytes:
-    flat = x.reshape(-1)
-    if np.issubdtype(flat.dtype, np.integer):
-        feature_x = tf.train.Feature(int64_list=tf.train.Int64List(value=flat.astype(np.int64)))
-    else:
-        feature_x = tf.train.Feature(float_list=tf.train.FloatList(value=flat.astype(np.float32)))
     feature_y = tf.train.Feature(int64_list=tf.train.Int64List(value=[int(y)]))
-    return tf.train.Example(features=tf.train.Features(feature={"x": feature_x, "y": feature_y})).SerializeToString()
+    return tf.train.Example(features=tf.train.Features(
+        feature={"x": _list_feature(x.reshape(-1), tf), "y": feature_y})).SerializeToString()
+
+
+def _block(x: np.ndarray, y: np.ndarray, k: int, tf: Any) -> bytes:
+    """One record of up to ``k`` examples: ``x`` and ``y`` zero-padded to ``k`` rows, ``n`` the real count."""
+    n = len(x)
+    xs = np.zeros((k,) + x.shape[1:], x.dtype)
+    xs[:n] = x
+    ys = np.zeros(k, np.int64)
+    ys[:n] = y
+    feature = {"x": _list_feature(xs.reshape(-1), tf),
+               "y": tf.train.Feature(int64_list=tf.train.Int64List(value=ys)),
+               "n": tf.train.Feature(int64_list=tf.train.Int64List(value=[n]))}
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def _check_examples_per_record(where: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ConfigError(f"{where}: examples_per_record must be a positive integer (1: one example per record, "
+                          f"k > 1: blocks of k examples, e.g. 64); received examples_per_record={value!r}")
+    return int(value)
 
 
 def write_tfrecords(x: np.ndarray, y: np.ndarray, directory: str, *, num_shards: int = 4,
-                    prefix: str = "data") -> List[str]:
-    """Writes ``(x, y)`` as ``num_shards`` TFRecord files, example ``i`` going to shard ``i % num_shards``.
+                    prefix: str = "data", examples_per_record: int = 1) -> List[str]:
+    """Writes ``(x, y)`` as ``num_shards`` TFRecord files, record ``i`` going to shard ``i % num_shards``.
 
     Each record is a ``tf.train.Example`` with ``"x"`` (the flattened example: a float list, or an int64 list
-    when ``x`` is an integer array) and ``"y"`` (one int64). Read them back with :func:`tfrecord_dataset`.
+    when ``x`` is an integer array) and ``"y"`` (one int64). With ``examples_per_record=k > 1`` record ``i``
+    is a block of examples ``i*k .. i*k+k-1``: ``"x"`` holds ``k`` flattened examples, ``"y"`` ``k`` labels (the
+    last block zero-padded) and ``"n"`` how many are real. Blocks cost tf.data one record per ``k`` examples
+    (reading, interleaving and parsing are per record). Read them back with :func:`tfrecord_dataset` and the
+    same ``examples_per_record``: both formats give back the same examples in the same order.
 
     Args:
         x: examples, first axis the example index.
@@ -304,12 +331,14 @@ def write_tfrecords(x: np.ndarray, y: np.ndarray, directory: str, *, num_shards:
         directory: folder to write to (created if missing).
         num_shards: number of files. Defaults to 4.
         prefix: file name prefix; files are ``<prefix>-00000-of-00004.tfrecord``. Defaults to ``"data"``.
+        examples_per_record: examples per record. Defaults to 1.
 
     Returns:
         The paths written, in shard order.
 
     Raises:
-        ConfigError: ``x`` and ``y`` differ in length, or ``num_shards`` is not in [1, len(x)].
+        ConfigError: ``x`` and ``y`` differ in length, ``examples_per_record`` is not a positive integer, or
+            ``num_shards`` is not in [1, number of records].
 
     Example:
         >>> paths = write_tfrecords(x, y, "/tmp/digits", num_shards=4)  # doctest: +SKIP
@@ -320,15 +349,18 @@ def write_tfrecords(x: np.ndarray, y: np.ndarray, directory: str, *, num_shards:
     if len(x) != len(y):
         raise ConfigError(f"write_tfrecords: x has {len(x)} examples but y has {len(y)} labels; give one label "
                           "per example")
-    if isinstance(num_shards, bool) or not isinstance(num_shards, (int, np.integer)) or not 1 <= num_shards <= max(1, len(x)):
-        raise ConfigError(f"write_tfrecords: num_shards must be an integer from 1 to the number of examples "
-                          f"({len(x)}); received num_shards={num_shards!r}")
+    k = _check_examples_per_record("write_tfrecords", examples_per_record)
+    records = -(-len(x) // k)
+    if isinstance(num_shards, bool) or not isinstance(num_shards, (int, np.integer)) or not 1 <= num_shards <= max(1, records):
+        raise ConfigError(f"write_tfrecords: num_shards must be an integer from 1 to the number of records "
+                          f"({records}: {len(x)} examples, {k} per record); received num_shards={num_shards!r}")
     os.makedirs(directory, exist_ok=True)
     paths = [os.path.join(directory, f"{prefix}-{i:05d}-of-{num_shards:05d}.tfrecord") for i in range(num_shards)]
     writers = [tf.io.TFRecordWriter(p) for p in paths]
     try:
-        for i in range(len(x)):
-            writers[i % num_shards].write(_example(x[i], y[i], tf))
+        for i in range(records):
+            record = _example(x[i], y[i], tf) if k == 1 else _block(x[i * k:(i + 1) * k], y[i * k:(i + 1) * k], k, tf)
+            writers[i % num_shards].write(record)
     finally:
         for writer in writers:
             writer.close()
@@ -338,7 +370,7 @@ def write_tfrecords(x: np.ndarray, y: np.ndarray, directory: str, *, num_shards:
 def tfrecord_dataset(pattern: str, *, feature_shape: Sequence[int], dtype: str = "float32",
                      shuffle_files: bool = False, seed: Optional[int] = None,
                      num_parallel_reads: Optional[int] = None, batch_size: Optional[int] = None,
-                     input_context: Any = None) -> Any:
+                     input_context: Any = None, examples_per_record: int = 1) -> Any:
     """Reads TFRecord files written by :func:`write_tfrecords` as a ``tf.data.Dataset`` of (x, y).
 
     The dataset starts from ``tf.data.Dataset.list_files`` and interleaves one ``TFRecordDataset`` per file, so
@@ -360,14 +392,19 @@ def tfrecord_dataset(pattern: str, *, feature_shape: Sequence[int], dtype: str =
             ``parameter_server`` (one pipeline per worker). Defaults to None: every file.
         batch_size: batch the records (the last batch may be smaller), parse each batch at once and prefetch.
             Defaults to None: unbatched examples, not prefetched.
+        examples_per_record: as given to :func:`write_tfrecords`. With ``k > 1`` whole blocks are parsed at once
+            (``tf.io.parse_example`` over ``max(1, batch_size // k)`` records, in parallel), their padding
+            dropped, and the examples regrouped into batches of ``batch_size`` (``Dataset.rebatch``), or
+            unbatched. The examples and their order are those of the one-per-record format. Defaults to 1.
 
     Returns:
         A ``tf.data.Dataset`` of ``(x, y)`` with ``x`` of ``feature_shape`` and ``dtype`` and ``y`` int32 scalars
         (with ``batch_size``: batches of them).
 
     Raises:
-        ConfigError: no file matches ``pattern``, ``dtype`` is not supported, ``batch_size`` is not a positive
-            integer, or fewer files than ``input_context`` has input pipelines.
+        ConfigError: no file matches ``pattern``, ``dtype`` is not supported, ``batch_size`` or
+            ``examples_per_record`` is not a positive integer, or fewer files than ``input_context`` has input
+            pipelines.
 
     Example:
         >>> ds = tfrecord_dataset("/tmp/digits/data-*.tfrecord", feature_shape=(8, 8, 1))  # doctest: +SKIP
@@ -376,6 +413,7 @@ def tfrecord_dataset(pattern: str, *, feature_shape: Sequence[int], dtype: str =
 
     if dtype not in ("float32", "int32"):
         raise invalid_choice("tfrecord_dataset dtype", dtype, ("float32", "int32"))
+    k = _check_examples_per_record("tfrecord_dataset", examples_per_record)
     matched = tf.io.gfile.glob(pattern)
     if not matched:
         raise ConfigError(f"tfrecord_dataset: no file matches pattern {pattern!r}; write the files with "
@@ -386,14 +424,37 @@ def tfrecord_dataset(pattern: str, *, feature_shape: Sequence[int], dtype: str =
                           f"{pipelines} input pipelines (one per worker), so some would read nothing; write at least "
                           f"{pipelines} shards (write_tfrecords(..., num_shards={pipelines}))")
     feature_shape = tuple(int(d) for d in feature_shape)
-    size = int(np.prod(feature_shape)) if feature_shape else 1
-    x_spec = tf.io.FixedLenFeature([size], tf.int64 if dtype == "int32" else tf.float32)
-    spec = {"x": x_spec, "y": tf.io.FixedLenFeature([1], tf.int64)}
-
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer))
                                    or batch_size < 1):
         raise ConfigError(f"tfrecord_dataset: batch_size must be a positive integer or None (unbatched); received "
                           f"batch_size={batch_size!r}")
+    # One file per interleave slot (round robin, one record each), so unshuffled files give back the order
+    # write_tfrecords wrote; tf.data FILE auto-sharding rewrites `files` and each worker reads whole files.
+    cycle = num_parallel_reads or min(len(matched), 64)
+    files = tf.data.Dataset.list_files(pattern, shuffle=False)
+    if pipelines > 1:  # whole files per pipeline, chosen before any shuffling so that pipelines never share one
+        files = files.shard(pipelines, input_context.input_pipeline_id)
+    if shuffle_files:
+        files = files.shuffle(len(matched), seed=seed, reshuffle_each_iteration=True)
+    records = files.interleave(tf.data.TFRecordDataset, cycle_length=cycle, block_length=1,
+                               num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if k > 1:
+        return _parse_blocks(records, feature_shape, dtype, k, batch_size)
+    return _parse_records(records, feature_shape, dtype, batch_size)
+
+
+def _x_spec(feature_shape: Tuple[int, ...], dtype: str, rows: int) -> Any:
+    import tensorflow as tf
+
+    size = int(np.prod(feature_shape)) if feature_shape else 1
+    return tf.io.FixedLenFeature([rows * size], tf.int64 if dtype == "int32" else tf.float32)
+
+
+def _parse_records(records: Any, feature_shape: Tuple[int, ...], dtype: str, batch_size: Optional[int]) -> Any:
+    """One example per record: parsed one by one (unbatched) or a batch of records at a time, prefetched."""
+    import tensorflow as tf
+
+    spec = {"x": _x_spec(feature_shape, dtype, 1), "y": tf.io.FixedLenFeature([1], tf.int64)}
 
     def parse(record: Any) -> Tuple[Any, Any]:
         parsed = tf.io.parse_single_example(record, spec)
@@ -405,16 +466,27 @@ def tfrecord_dataset(pattern: str, *, feature_shape: Sequence[int], dtype: str =
         x = tf.reshape(tf.cast(parsed["x"], dtype), (-1,) + feature_shape)
         return x, tf.cast(parsed["y"][:, 0], tf.int32)
 
-    # One file per interleave slot (round robin, one record each), so unshuffled files give back the order
-    # write_tfrecords wrote; tf.data FILE auto-sharding rewrites `files` and each worker reads whole files.
-    cycle = num_parallel_reads or min(len(matched), 64)
-    files = tf.data.Dataset.list_files(pattern, shuffle=False)
-    if pipelines > 1:  # whole files per pipeline, chosen before any shuffling so that pipelines never share one
-        files = files.shard(pipelines, input_context.input_pipeline_id)
-    if shuffle_files:
-        files = files.shuffle(len(matched), seed=seed, reshuffle_each_iteration=True)
-    records = files.interleave(tf.data.TFRecordDataset, cycle_length=cycle, block_length=1,
-                               num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if batch_size is None:
         return records.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
     return records.batch(batch_size).map(parse_batch, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+
+
+def _parse_blocks(records: Any, feature_shape: Tuple[int, ...], dtype: str, k: int,
+                  batch_size: Optional[int]) -> Any:
+    """Blocks of ``k`` examples: parsed several records at a time, padding dropped, regrouped into batches."""
+    import tensorflow as tf
+
+    spec = {"x": _x_spec(feature_shape, dtype, k), "y": tf.io.FixedLenFeature([k], tf.int64),
+            "n": tf.io.FixedLenFeature([1], tf.int64)}
+
+    def parse_blocks(blocks: Any) -> Tuple[Any, Any]:
+        parsed = tf.io.parse_example(blocks, spec)
+        real = tf.reshape(tf.sequence_mask(parsed["n"][:, 0], k), [-1])  # drops the last block's padding
+        x = tf.boolean_mask(tf.reshape(tf.cast(parsed["x"], dtype), (-1,) + feature_shape), real)
+        return x, tf.boolean_mask(tf.cast(tf.reshape(parsed["y"], [-1]), tf.int32), real)
+
+    per_call = max(1, (batch_size or k) // k)
+    examples = records.batch(per_call).map(parse_blocks, num_parallel_calls=tf.data.AUTOTUNE)
+    if batch_size is None:
+        return examples.unbatch()
+    return examples.rebatch(batch_size).prefetch(tf.data.AUTOTUNE)

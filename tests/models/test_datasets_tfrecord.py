@@ -34,6 +34,55 @@ def test_round_trip_int_tokens(tmp_path: Path) -> None:
     assert sorted(map(tuple, got_x)) == sorted(map(tuple, x))
 
 
+def _read(pattern: str, shape: tuple, **options: object) -> tuple:
+    batches = list(tfrecord_dataset(pattern, feature_shape=shape, **options))
+    xs = [b[0].numpy().reshape((-1,) + shape) for b in batches]
+    return np.concatenate(xs), np.concatenate([b[1].numpy().reshape(-1) for b in batches]), batches
+
+
+def test_blocks_give_the_same_examples_in_the_same_order(tmp_path: Path) -> None:
+    x, y = load_dataset("digits", num_examples=50)
+    write_tfrecords(x, y, str(tmp_path / "one"), num_shards=4)
+    write_tfrecords(x, y, str(tmp_path / "block"), num_shards=4, examples_per_record=3)  # 17 blocks, last holds 2
+    assert sum(1 for _ in tf.data.TFRecordDataset(sorted(map(str, (tmp_path / "block").iterdir())))) == 17
+    one_x, one_y, _ = _read(str(tmp_path / "one" / "*"), (8, 8, 1))
+    for batch_size in (None, 8, 2):  # unbatched; several blocks per parse; fewer examples per batch than a block
+        got_x, got_y, batches = _read(str(tmp_path / "block" / "*"), (8, 8, 1), examples_per_record=3,
+                                      batch_size=batch_size)
+        np.testing.assert_array_equal(got_x, one_x)
+        np.testing.assert_array_equal(got_y, one_y)
+        np.testing.assert_array_equal(got_x, x)
+        sizes = [len(b[1].numpy().reshape(-1)) for b in batches]
+        full, rest = divmod(50, batch_size or 1)
+        assert sizes == [batch_size or 1] * full + [rest] * (rest > 0)
+        assert batches[0][0].dtype == tf.float32 and batches[0][1].dtype == tf.int32
+    # shuffled files: each file's examples still come in written order, the same set as one per record
+    got_x, got_y, _ = _read(str(tmp_path / "block" / "*"), (8, 8, 1), examples_per_record=3, batch_size=8,
+                            shuffle_files=True, seed=3)
+    assert sorted(map(tuple, got_x.reshape(50, -1))) == sorted(map(tuple, x.reshape(50, -1)))
+    index = {tuple(row): i for i, row in enumerate(x.reshape(50, -1))}
+    positions = [index[tuple(row)] for row in got_x.reshape(50, -1)]
+    for shard in range(4):
+        mine = [p for p in positions if (p // 3) % 4 == shard]
+        assert mine == sorted(mine) and len(mine) == len([i for i in range(50) if (i // 3) % 4 == shard])
+
+
+def test_int_blocks_and_input_context(tmp_path: Path) -> None:
+    x, y = load_dataset("synthetic_text", sequence_length=6, vocab_size=30, num_examples=20)
+    write_tfrecords(x, y, str(tmp_path), num_shards=2, examples_per_record=4)
+    got = []
+    for worker in range(2):
+        context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=worker)
+        got_x, got_y, _ = _read(str(tmp_path / "*"), (6,), dtype="int32", examples_per_record=4, batch_size=5,
+                                input_context=context)
+        assert got_x.dtype == np.int32
+        expected = [i for i in range(20) if (i // 4) % 2 == worker]  # worker w reads blocks w, w+2, ...
+        np.testing.assert_array_equal(got_x, x[expected])
+        np.testing.assert_array_equal(got_y, y[expected])
+        got.extend(expected)
+    assert sorted(got) == list(range(20))
+
+
 def _auto_shard(ds: tf.data.Dataset, policy: tf.data.experimental.AutoShardPolicy, workers: int,
                 index: int) -> tf.data.Dataset:
     """Applies the same graph rewrite tf.distribute applies per worker (private TF API: the test needs no cluster)."""
@@ -75,8 +124,22 @@ def test_writer_and_reader_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"write_tfrecords: x has 4 examples but y has 3 labels"):
         write_tfrecords(x, np.zeros(3), str(tmp_path))
     with pytest.raises(ConfigError, match=r"write_tfrecords: num_shards must be an integer from 1 to the number "
-                                          r"of examples \(4\); received num_shards=5"):
+                                          r"of records \(4: 4 examples, 1 per record\); received num_shards=5"):
         write_tfrecords(x, np.zeros(4), str(tmp_path), num_shards=5)
+    with pytest.raises(ConfigError, match=r"write_tfrecords: num_shards must be an integer from 1 to the number "
+                                          r"of records \(2: 4 examples, 3 per record\); received num_shards=3"):
+        write_tfrecords(x, np.zeros(4), str(tmp_path), num_shards=3, examples_per_record=3)
+    with pytest.raises(ConfigError, match=r"write_tfrecords: examples_per_record must be a positive integer \(1: one "
+                                          r"example per record, k > 1: blocks of k examples, e.g. 64\); received "
+                                          r"examples_per_record=0"):
+        write_tfrecords(x, np.zeros(4), str(tmp_path), examples_per_record=0)
+    with pytest.raises(ConfigError, match=r"tfrecord_dataset: examples_per_record must be a positive integer .*"
+                                          r"received examples_per_record='64'"):
+        tfrecord_dataset(str(tmp_path / "*"), feature_shape=(2,), examples_per_record="64")
+    write_tfrecords(x, np.zeros(4), str(tmp_path / "ok"), num_shards=1)
+    with pytest.raises(ConfigError, match=r"tfrecord_dataset: batch_size must be a positive integer or None "
+                                          r"\(unbatched\); received batch_size=0"):
+        tfrecord_dataset(str(tmp_path / "ok" / "*"), feature_shape=(2,), batch_size=0)
     with pytest.raises(ConfigError, match=r"tfrecord_dataset: no file matches pattern '.*nothing-\*'; write the "
                                           r"files with tfaccel.datasets.write_tfrecords"):
         tfrecord_dataset(str(tmp_path / "nothing-*"), feature_shape=(2,))
