@@ -351,7 +351,8 @@ def write_tfrecords(x: np.ndarray, y: np.ndarray, directory: str, *, num_shards:
                           "per example")
     k = _check_examples_per_record("write_tfrecords", examples_per_record)
     records = -(-len(x) // k)
-    if isinstance(num_shards, bool) or not isinstance(num_shards, (int, np.integer)) or not 1 <= num_shards <= max(1, records):
+    if (isinstance(num_shards, bool) or not isinstance(num_shards, (int, np.integer))
+            or not 1 <= num_shards <= max(1, records)):
         raise ConfigError(f"write_tfrecords: num_shards must be an integer from 1 to the number of records "
                           f"({records}: {len(x)} examples, {k} per record); received num_shards={num_shards!r}")
     os.makedirs(directory, exist_ok=True)

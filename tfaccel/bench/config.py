@@ -27,6 +27,8 @@ class BenchConfig:
         models: reference models for P1-P3 (``tfaccel.models`` names).
         scaling: measure P4. scaling_examples / scaling_batch: per worker. scaling_timeout: seconds per job.
         stream: measure P6. stream_model / stream_examples / stream_shards: its model, data size and files.
+        stream_examples_per_record: examples per TFRecord record of the streamed contender (blocks; the naive
+            contender reads its own files of one example per record).
         p5: measure P5 (precision and XLA "auto" / float32 without XLA): "auto" (only with a GPU), "on", "off".
         p5_model / p5_examples / p5_batch / p5_input_shape / p5_classes: its model, synthetic data and global batch.
     """
@@ -46,6 +48,7 @@ class BenchConfig:
     stream_model: str = "mlp"
     stream_examples: int = 6144
     stream_shards: int = 8
+    stream_examples_per_record: int = 64
     p5: str = "auto"
     p5_model: str = "resnet50"
     p5_examples: int = 2048

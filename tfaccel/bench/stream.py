@@ -6,9 +6,11 @@ in a random order each round:
 
 * ``in_memory``: the arrays as a cached, prefetched ``tf.data`` dataset (the fastest in-memory input Keras' fit
   takes);
-* ``streamed``: ``tfaccel.datasets.tfrecord_dataset`` (files listed and shuffled, read interleaved in parallel,
-  parsed a batch at a time in parallel, prefetched, all AUTOTUNE; whole files per worker under FILE sharding);
-* ``naive_stream``: the files read one after another, one record parsed at a time, no prefetch;
+* ``streamed``: ``tfaccel.datasets.tfrecord_dataset`` over files of ``config.stream_examples_per_record``
+  examples per record (files listed and shuffled, read interleaved in parallel, whole blocks parsed in
+  parallel and regrouped into batches, prefetched, all AUTOTUNE; whole files per worker under FILE sharding);
+* ``naive_stream``: files of one example per record read one after another, one record parsed at a time, no
+  prefetch;
 * ``in_memory_compiled``: the arrays themselves, which tfaccel trains with its compiled whole-epoch loop.
 
 The first three go through the same loop (Keras fit, ``steps_per_execution`` 64 given, tfaccel's XLA decision),
@@ -79,7 +81,8 @@ def _contenders(x: Any, y: Any, pattern: str, files: List[str], config: BenchCon
             tf.data.AUTOTUNE)
 
     def streamed() -> Any:
-        return tfrecord_dataset(pattern, feature_shape=x.shape[1:], shuffle_files=True, seed=0, batch_size=b)
+        return tfrecord_dataset(pattern, feature_shape=x.shape[1:], shuffle_files=True, seed=0, batch_size=b,
+                                examples_per_record=config.stream_examples_per_record)
 
     def naive() -> Any:
         return naive_tfrecord_dataset(files, feature_shape=x.shape[1:], batch_size=b)
@@ -112,8 +115,10 @@ def measure_stream(config: BenchConfig, stopwatch: Stopwatch) -> Dict[str, Any]:
     x, y = model_data(config.stream_examples)
     rounds: List[Dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="tfaccel-bench-stream-") as tmp:
-        files = write_tfrecords(x, y, tmp, num_shards=config.stream_shards)
-        contenders, inputs = _contenders(x, y, os.path.join(tmp, "*.tfrecord"), files, config)
+        files = write_tfrecords(x, y, os.path.join(tmp, "naive"), num_shards=config.stream_shards)
+        write_tfrecords(x, y, os.path.join(tmp, "blocks"), num_shards=config.stream_shards,
+                        examples_per_record=config.stream_examples_per_record)
+        contenders, inputs = _contenders(x, y, os.path.join(tmp, "blocks", "*.tfrecord"), files, config)
         for r in range(config.repeats):
             order = round_order(list(contenders), seed=config.seed, group="stream", round_index=r)
             timings = {c: stopwatch.time(c, contenders[c], examples_per_epoch=len(x), epochs=config.epochs)
@@ -130,5 +135,6 @@ def measure_stream(config: BenchConfig, stopwatch: Stopwatch) -> Dict[str, Any]:
             "time_to_train": contender_rows(rounds, "time_to_train"),
             "cpu_per_wall": contender_rows(rounds, "cpu_per_wall"), "input_alone": inputs_alone,
             "order": [r["order"] for r in rounds], "model": config.stream_model, "shards": config.stream_shards,
+            "examples_per_record": config.stream_examples_per_record,
             "global_batch_size": config.batch,
             "details": {c: rounds[-1]["timings"][c]["details"] for c in contenders}}
