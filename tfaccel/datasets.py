@@ -404,8 +404,8 @@ def tfrecord_dataset(pattern: str, *, feature_shape: Sequence[int], dtype: str =
 
     Raises:
         ConfigError: no file matches ``pattern``, ``dtype`` is not supported, ``batch_size`` or
-            ``examples_per_record`` is not a positive integer, or fewer files than ``input_context`` has input
-            pipelines.
+            ``examples_per_record`` is not a positive integer or differs from what the first file holds, or fewer
+            files than ``input_context`` has input pipelines.
 
     Example:
         >>> ds = tfrecord_dataset("/tmp/digits/data-*.tfrecord", feature_shape=(8, 8, 1))  # doctest: +SKIP
@@ -419,6 +419,10 @@ def tfrecord_dataset(pattern: str, *, feature_shape: Sequence[int], dtype: str =
     if not matched:
         raise ConfigError(f"tfrecord_dataset: no file matches pattern {pattern!r}; write the files with "
                           "tfaccel.datasets.write_tfrecords(x, y, directory) and pass '<directory>/*.tfrecord'")
+    written = _written_examples_per_record(sorted(matched)[0])
+    if written is not None and written != k:
+        raise ConfigError(f"tfrecord_dataset: examples_per_record={k} but {sorted(matched)[0]!r} holds {written} "
+                          f"examples per record (as written by write_tfrecords); pass examples_per_record={written}")
     pipelines = input_context.num_input_pipelines if input_context is not None else 1
     if len(matched) < pipelines:
         raise ConfigError(f"tfrecord_dataset: {len(matched)} files match {pattern!r} but input_context has "
@@ -442,6 +446,16 @@ def tfrecord_dataset(pattern: str, *, feature_shape: Sequence[int], dtype: str =
     if k > 1:
         return _parse_blocks(records, feature_shape, dtype, k, batch_size)
     return _parse_records(records, feature_shape, dtype, batch_size)
+
+
+def _written_examples_per_record(path: str) -> Optional[int]:
+    """Examples per record of the first record of ``path`` (1, or k for a block), None when it has none."""
+    import tensorflow as tf
+
+    for record in tf.data.TFRecordDataset(path).take(1):
+        features = tf.train.Example.FromString(record.numpy()).features.feature
+        return len(features["y"].int64_list.value) if "n" in features else 1
+    return None
 
 
 def _x_spec(feature_shape: Tuple[int, ...], dtype: str, rows: int) -> Any:

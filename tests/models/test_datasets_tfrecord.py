@@ -137,6 +137,13 @@ def test_writer_and_reader_errors(tmp_path: Path) -> None:
                                           r"received examples_per_record='64'"):
         tfrecord_dataset(str(tmp_path / "*"), feature_shape=(2,), examples_per_record="64")
     write_tfrecords(x, np.zeros(4), str(tmp_path / "ok"), num_shards=1)
+    write_tfrecords(x, np.zeros(4), str(tmp_path / "blocks"), num_shards=1, examples_per_record=3)
+    with pytest.raises(ConfigError, match=r"tfrecord_dataset: examples_per_record=1 but '.*blocks.*' holds 3 "
+                                          r"examples per record \(as written by write_tfrecords\); pass "
+                                          r"examples_per_record=3"):
+        tfrecord_dataset(str(tmp_path / "blocks" / "*"), feature_shape=(2,))
+    with pytest.raises(ConfigError, match=r"examples_per_record=4 but '.*ok.*' holds 1 examples per record"):
+        tfrecord_dataset(str(tmp_path / "ok" / "*"), feature_shape=(2,), examples_per_record=4)
     with pytest.raises(ConfigError, match=r"tfrecord_dataset: batch_size must be a positive integer or None "
                                           r"\(unbatched\); received batch_size=0"):
         tfrecord_dataset(str(tmp_path / "ok" / "*"), feature_shape=(2,), batch_size=0)
