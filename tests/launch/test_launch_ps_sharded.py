@@ -9,6 +9,8 @@ checkpoint restores into the unsharded model.
 
 import json
 
+import pytest
+
 import launch_util
 
 SCRIPT = launch_util.SCRIPTS / "ps_sharded.py"
@@ -27,7 +29,8 @@ def test_sharded_embedding_over_two_ps() -> None:
     for i, device in enumerate(table["devices"]):  # each shard's Adam slots live beside the shard
         assert sorted(s["device"] for s in out["slots"] if f"part_{i}_" in s["name"]) == [device, device]
     assert any("variable_partitioner every variable split along axis 0 into 2 shards" in n for n in out["plan_notes"])
-    assert out["steps"] == 8 and out["history"]["loss"] == out["expected"]["loss"]
-    assert out["history"]["accuracy"] == out["expected"]["accuracy"]
+    assert out["steps"] == 8 and out["history"].keys() == out["expected"].keys()
+    for key, values in out["expected"].items():  # the parity rule: per-epoch values within rel 1e-5
+        assert out["history"][key] == pytest.approx(values, rel=1e-5), key
     assert out["max_weight_diff"] <= 1e-6
     assert out["restored_diff"] == 0.0  # the sharded checkpoint restores into the unsharded model
