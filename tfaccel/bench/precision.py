@@ -15,14 +15,13 @@ the devices. Without a GPU, ``--p5 auto`` skips the figure (``p5_precision_xla: 
 ``--p5 on`` runs it anyway, where "auto" resolves to float32 and the ratio is about 1 (``p5_note`` says so).
 """
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tfaccel.bench.config import BenchConfig, contender_rows, round_order, summary
-from tfaccel.bench.timing import Stopwatch
+from tfaccel.bench.config import BenchConfig, contender_rows, summary
+from tfaccel.bench.timing import Stopwatch, run_rounds
 from tfaccel.errors import invalid_choice
-from tfaccel.log import get_logger
 
 __all__ = ["P5_MODES", "P5_CONTENDERS", "check_p5_mode", "p5_skip_reason", "measure_precision"]
 
@@ -132,14 +131,7 @@ def measure_precision(config: BenchConfig, stopwatch: Stopwatch) -> Dict[str, An
 
     x, y = p5_data(config.p5_examples, shape, classes)
     contenders = {name: _fit(build, x, y, config, precision=p, jit=j) for name, (p, j) in _REQUESTS.items()}
-    rounds: List[Dict[str, Any]] = []
-    for r in range(config.repeats):
-        order = round_order(list(contenders), seed=config.seed, group="precision", round_index=r)
-        timings = {c: stopwatch.time(c, contenders[c], examples_per_epoch=len(x), epochs=config.epochs)
-                   for c in order}
-        rounds.append({"order": order, "timings": {c: vars(t) for c, t in timings.items()}})
-        get_logger().info("bench precision round %d: %s", r + 1,
-                          ", ".join(f"{c} {timings[c].examples_per_sec:,.0f} ex/s" for c in order))
+    rounds = run_rounds(contenders, stopwatch=stopwatch, config=config, group="precision", examples_per_epoch=len(x))
     eps = [{c: r["timings"][c]["examples_per_sec"] for c in contenders} for r in rounds]
     details = {c: rounds[-1]["timings"][c]["details"] for c in contenders}
     part = {"p5_precision_xla": summary([e["precision_xla_auto"] / e["float32_noxla"] for e in eps]),

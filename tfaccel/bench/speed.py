@@ -13,13 +13,12 @@ Stopwatch` (epochs 2..N, plus the whole call as ``time_to_train``), in a random 
   the faster (XLA:CPU runs convolutions several times slower than TensorFlow's kernels).
 """
 
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict
 
 import numpy as np
 
-from tfaccel.bench.config import BenchConfig, contender_rows, round_order, summary
-from tfaccel.bench.timing import Stopwatch
-from tfaccel.log import get_logger
+from tfaccel.bench.config import BenchConfig, contender_rows, summary
+from tfaccel.bench.timing import Stopwatch, run_rounds
 
 __all__ = ["SPEED_CONTENDERS", "measure_speedups"]
 
@@ -132,14 +131,7 @@ def measure_model(name: str, config: BenchConfig, stopwatch: Stopwatch) -> Dict[
     """P1-P3 of one model: every contender in every round, in a random order, ratios per round."""
     x, y = model_data(config.examples)
     contenders = _contenders(builder(name), x, y, config)
-    rounds: List[Dict[str, Any]] = []
-    for r in range(config.repeats):
-        order = round_order(list(contenders), seed=config.seed, group=name, round_index=r)
-        timings = {c: stopwatch.time(c, contenders[c], examples_per_epoch=len(x), epochs=config.epochs)
-                   for c in order}
-        rounds.append({"order": order, "timings": {c: vars(t) for c, t in timings.items()}})
-        get_logger().info("bench %s round %d: %s", name, r + 1,
-                          ", ".join(f"{c} {timings[c].examples_per_sec:,.0f} ex/s" for c in order))
+    rounds = run_rounds(contenders, stopwatch=stopwatch, config=config, group=name, examples_per_epoch=len(x))
     eps = [{c: r["timings"][c]["examples_per_sec"] for c in contenders} for r in rounds]
     ratios = [_ratios(row) for row in eps]
     last = rounds[-1]["timings"]

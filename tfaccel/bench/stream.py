@@ -23,10 +23,9 @@ import os
 import tempfile
 from typing import Any, Callable, Dict, List
 
-from tfaccel.bench.config import BenchConfig, contender_rows, round_order, summary
+from tfaccel.bench.config import BenchConfig, contender_rows, summary
 from tfaccel.bench.speed import builder, model_data
-from tfaccel.bench.timing import Stopwatch
-from tfaccel.log import get_logger
+from tfaccel.bench.timing import Stopwatch, run_rounds
 
 __all__ = ["STREAM_CONTENDERS", "STREAM_STEPS_PER_EXECUTION", "measure_stream", "naive_tfrecord_dataset"]
 
@@ -113,19 +112,13 @@ def measure_stream(config: BenchConfig, stopwatch: Stopwatch) -> Dict[str, Any]:
     from tfaccel.datasets import write_tfrecords
 
     x, y = model_data(config.stream_examples)
-    rounds: List[Dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="tfaccel-bench-stream-") as tmp:
         files = write_tfrecords(x, y, os.path.join(tmp, "naive"), num_shards=config.stream_shards)
         write_tfrecords(x, y, os.path.join(tmp, "blocks"), num_shards=config.stream_shards,
                         examples_per_record=config.stream_examples_per_record)
         contenders, inputs = _contenders(x, y, os.path.join(tmp, "blocks", "*.tfrecord"), files, config)
-        for r in range(config.repeats):
-            order = round_order(list(contenders), seed=config.seed, group="stream", round_index=r)
-            timings = {c: stopwatch.time(c, contenders[c], examples_per_epoch=len(x), epochs=config.epochs)
-                       for c in order}
-            rounds.append({"order": order, "timings": {c: vars(t) for c, t in timings.items()}})
-            get_logger().info("bench stream round %d: %s", r + 1,
-                              ", ".join(f"{c} {timings[c].examples_per_sec:,.0f} ex/s" for c in order))
+        rounds = run_rounds(contenders, stopwatch=stopwatch, config=config, group="stream",
+                            examples_per_epoch=len(x))
         inputs_alone = {name: _input_alone(make) for name, make in inputs.items()}
     eps = [{c: r["timings"][c]["examples_per_sec"] for c in contenders} for r in rounds]
     return {"p6_stream": summary([e["streamed"] / e["in_memory"] for e in eps]),

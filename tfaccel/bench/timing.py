@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from tfaccel.errors import ConfigError
 
-__all__ = ["EpochTimer", "Timing", "Stopwatch"]
+__all__ = ["EpochTimer", "Timing", "Stopwatch", "run_rounds"]
 
 
 def _epoch_timer_class() -> type:
@@ -113,3 +113,32 @@ class Stopwatch:
         return Timing(name=name, examples_per_sec=(epochs - 1) * examples_per_epoch / window, time_to_train=total,
                       cpu_per_wall=cpu / window,
                       epoch_seconds=[e - b for b, e in zip(timer.begins, timer.ends)], details=dict(details))
+
+
+def run_rounds(contenders: Dict[str, Callable[[Any], Dict[str, Any]]], *, stopwatch: "Stopwatch", config: Any,
+               group: str, examples_per_epoch: int) -> List[Dict[str, Any]]:
+    """Every contender once per round (``config.repeats`` rounds, ``config.epochs`` epochs each), in each round's
+    seeded random order, all timed by ``stopwatch``.
+
+    Args:
+        contenders: ``{name: train(timer) -> details}``.
+        stopwatch: the bench's one :class:`Stopwatch`.
+        config: the ``BenchConfig`` (repeats, epochs, seed).
+        group: what the rounds measure (a model name, ``"stream"``, ``"precision"``): part of the order's seed.
+        examples_per_epoch: examples one epoch of every contender trains.
+
+    Returns:
+        One ``{"order": [...], "timings": {name: Timing fields}}`` per round.
+    """
+    from tfaccel.bench.config import round_order
+    from tfaccel.log import get_logger
+
+    rounds: List[Dict[str, Any]] = []
+    for r in range(config.repeats):
+        order = round_order(list(contenders), seed=config.seed, group=group, round_index=r)
+        timings = {c: stopwatch.time(c, contenders[c], examples_per_epoch=examples_per_epoch, epochs=config.epochs)
+                   for c in order}
+        rounds.append({"order": order, "timings": {c: vars(t) for c, t in timings.items()}})
+        get_logger().info("bench %s round %d: %s", group, r + 1,
+                          ", ".join(f"{c} {timings[c].examples_per_sec:,.0f} ex/s" for c in order))
+    return rounds
