@@ -449,13 +449,21 @@ def tfrecord_dataset(pattern: str, *, feature_shape: Sequence[int], dtype: str =
 
 
 def _written_examples_per_record(path: str) -> Optional[int]:
-    """Examples per record of the first record of ``path`` (1, or k for a block), None when it has none."""
+    """Examples per record of the first record of ``path`` (1, or k for a block), None when it has none.
+
+    Read with Python file IO (a TFRecord is: uint64 length, uint32 CRC, the bytes, uint32 CRC), not a tf.data
+    iterator, so it also works while TensorFlow traces the caller (``create_per_worker_dataset`` traces the
+    dataset function: iterating a dataset there fails).
+    """
     import tensorflow as tf
 
-    for record in tf.data.TFRecordDataset(path).take(1):
-        features = tf.train.Example.FromString(record.numpy()).features.feature
-        return len(features["y"].int64_list.value) if "n" in features else 1
-    return None
+    with tf.io.gfile.GFile(path, "rb") as fh:
+        header = fh.read(12)
+        if len(header) < 12:
+            return None
+        record = fh.read(int.from_bytes(header[:8], "little"))
+    features = tf.train.Example.FromString(record).features.feature
+    return len(features["y"].int64_list.value) if "n" in features else 1
 
 
 def _x_spec(feature_shape: Tuple[int, ...], dtype: str, rows: int) -> Any:

@@ -153,3 +153,20 @@ def test_writer_and_reader_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"tfrecord_dataset dtype: unknown value 'float16'; valid values are: "
                                           r"'float32', 'int32'"):
         tfrecord_dataset(str(tmp_path / "*"), feature_shape=(2,), dtype="float16")
+
+
+@pytest.mark.parametrize("per_record", [1, 4])
+def test_the_reader_can_be_built_while_tensorflow_traces(tmp_path: Path, per_record: int) -> None:
+    """ClusterCoordinator.create_per_worker_dataset traces the dataset function: building the pipeline inside a
+    tf.function must work (reading the files' format by iterating a dataset there failed: "a return statement
+    cannot be placed inside this TensorFlow loop")."""
+    x, y = load_dataset("synthetic", input_shape=(3,), num_classes=2, num_examples=10)
+    write_tfrecords(x, y, str(tmp_path), num_shards=2, examples_per_record=per_record)
+
+    @tf.function
+    def count() -> tf.Tensor:
+        ds = tfrecord_dataset(str(tmp_path / "*.tfrecord"), feature_shape=(3,), batch_size=4,
+                              examples_per_record=per_record)
+        return ds.reduce(tf.constant(0), lambda total, batch: total + tf.shape(batch[0])[0])
+
+    assert int(count()) == 10
