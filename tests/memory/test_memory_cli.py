@@ -1,6 +1,7 @@
 """`tfaccel memory`: JSON shape, the table, and one-line errors (exit 2) that name the flag and the valid values."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -97,3 +98,39 @@ def test_process_peak_yes_under_mirrored_names_the_option():
                 "--process-peak", "yes", "--recompute", "none")
     assert proc.returncode == 2 and "process_peak: estimated for one replica per process" in proc.stderr
     assert "received strategy='mirrored', replicas=2. Pass process_peak=False" in proc.stderr
+
+
+def _env_without_allocator_choice(**extra: str) -> dict:
+    """The caller's environment as on a fresh machine: no TF_CPU_ALLOCATOR_USE_BFC, and oneDNN off (TF turns
+    oneDNN on by default only on some processors; without it TF's CPU allocator keeps no statistics)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPU_ALLOCATOR_USE_BFC", "TF_ENABLE_ONEDNN_OPTS")}
+    return dict(env, TF_ENABLE_ONEDNN_OPTS="0", **extra)
+
+
+def test_measure_works_where_the_cpu_allocator_keeps_no_statistics():
+    """The child `tfaccel memory` starts gets the BFC allocator from tfaccel itself (a fresh machine failed with
+    "Cannot reset memory stats for device 'CPU:0'" before): both peaks, and the measured allocator peak."""
+    proc = subprocess.run([sys.executable, "-m", "tfaccel", "memory", "--model", "mlp", "--batch-size", "32",
+                           "--json", "--measure"], capture_output=True, text=True, timeout=300, check=False,
+                          env=_env_without_allocator_choice())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["device_peak_bytes"] > 0 and out["process_peak_bytes"] > 200 * 2 ** 20
+    assert out["measured"]["CPU allocator"] > 4 * 101770 * 4 and out["measured"]["CPU process"] > 200 * 2 ** 20
+    assert out["measured_unavailable"] == {}
+
+
+def test_an_allocator_without_statistics_is_reported_not_fatal():
+    """A caller who turns the BFC allocator off explicitly keeps that choice: the allocator peak is null with the
+    reason, the process peak is still measured, and the command exits 0."""
+    proc = subprocess.run([sys.executable, "-m", "tfaccel", "memory", "--model", "mlp", "--batch-size", "8",
+                           "--json", "--measure"], capture_output=True, text=True, timeout=300, check=False,
+                          env=_env_without_allocator_choice(TF_CPU_ALLOCATOR_USE_BFC="false"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["measured"]["CPU allocator"] is None and out["measured"]["CPU process"] > 200 * 2 ** 20
+    reason = out["measured_unavailable"]["CPU allocator"]
+    assert "no allocator statistics for CPU:0" in reason and "received 'false'" in reason
+    table = format_table(dict(out, measured_unavailable={"CPU allocator": "why"}))
+    assert any(line.split() == ["measured", "peak", "CPU", "allocator", "n/a", "MiB", "why"]
+               for line in table.splitlines())

@@ -82,3 +82,34 @@ def test_bench_timing_line_without_the_memory_part():
               "step_time_increase": {"auto": 0.2, "all": 0.5}}
     assert format_bench(None, [], timing) == ("side-by-side step time (s, median of 4): plain 1.00, auto 1.20, "
                                               "all 1.50; auto +20%, all +50%\n")
+
+
+def test_allocator_statistics_unavailable_says_why():
+    from tfaccel.memory.measure import allocator_stats_unavailable
+
+    def refuse(device: str) -> None:
+        raise ValueError(f"Cannot reset memory stats for device '{device}'")
+
+    reason = allocator_stats_unavailable(refuse)
+    assert reason.startswith("TensorFlow keeps no allocator statistics for CPU:0 in this process (Cannot reset ")
+    assert "TF_CPU_ALLOCATOR_USE_BFC=true" in reason
+    assert allocator_stats_unavailable(lambda device: None) is None
+
+
+def test_child_environment_asks_for_the_bfc_allocator_unless_the_caller_chose(monkeypatch):
+    from tfaccel.memory.measure import child_environment
+
+    monkeypatch.delenv("TF_CPU_ALLOCATOR_USE_BFC", raising=False)
+    assert child_environment()["TF_CPU_ALLOCATOR_USE_BFC"] == "true"
+    monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", "false")
+    assert child_environment()["TF_CPU_ALLOCATOR_USE_BFC"] == "false"
+
+
+def test_the_memory_bench_refuses_a_run_without_an_allocator_peak():
+    from tfaccel.memory.bench import estimate_benchmark
+
+    run = {"allocator_peak": None, "allocator_peak_unavailable": "no statistics here", "process_hwm": 1,
+           "baseline": 1}
+    with pytest.raises(ConfigError, match="memory bench: the measuring child read no CPU allocator peak: no "
+                                          "statistics here"):
+        estimate_benchmark([("mlp", (8,), 4)], measured={("mlp", 4): run})

@@ -123,8 +123,12 @@ def format_table(report: Dict[str, Any]) -> str:
                  ("total, recompute", f"{report['total_bytes_recompute'] / _MIB:,.1f}", "")]
     for i, shard in enumerate(report["ps_shard_bytes"]):
         rows.append((f"ps:{i}", f"{shard / _MIB:,.1f}", "variables + optimizer slots"))
+    unavailable = report.get("measured_unavailable") or {}
     for device, peak in (report.get("measured") or {}).items():
-        rows.append((f"measured peak {device}", f"{peak / _MIB:,.1f}", "one step"))
+        if peak is None:
+            rows.append((f"measured peak {device}", "n/a", unavailable.get(device, "not available")))
+        else:
+            rows.append((f"measured peak {device}", f"{peak / _MIB:,.1f}", "one step"))
     title = (f"{report['model']}: batch {report['batch_size']} ({report['replicas']} replica(s), "
              f"{report['strategy']}), {report['precision']}")
     width = max(len(r[0]) for r in rows)
@@ -132,14 +136,17 @@ def format_table(report: Dict[str, Any]) -> str:
     return "\n".join([title] + body)
 
 
-def _measure(options: Dict[str, Any]) -> Dict[str, int]:
+def _measure(options: Dict[str, Any]) -> Tuple[Dict[str, Optional[int]], Dict[str, str]]:
+    """The measured peaks (None where a peak cannot be read here) and, for each missing one, why."""
     from tfaccel.memory.measure import measure_cpu_step
 
     result = measure_cpu_step(options["model_or_name"], batch_size=options["batch_size"] // options["replicas"],
                               precision=options["precision"], input_shape=options["input_shape"],
                               optimizer=options["optimizer"], mmap_threshold=None)
-    return {"CPU allocator": int(result["allocator_peak"]), "CPU process": int(result["process_hwm"]),
-            **result["device_peaks"]}
+    allocator = result["allocator_peak"]
+    unavailable = {"CPU allocator": result["allocator_peak_unavailable"]} if allocator is None else {}
+    return ({"CPU allocator": None if allocator is None else int(allocator),
+             "CPU process": int(result["process_hwm"]), **result["device_peaks"]}, unavailable)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -148,6 +155,6 @@ def run(args: argparse.Namespace) -> int:
     options = parse_options(args)
     report = estimate_memory(**options).to_dict()
     if args.measure:
-        report["measured"] = _measure(options)
+        report["measured"], report["measured_unavailable"] = _measure(options)
     sys.stdout.write((json.dumps(report) if args.json else format_table(report)) + "\n")
     return 0

@@ -10,6 +10,7 @@ memory and the traced graphs do not), from TensorFlow's CPU allocator peak and f
 import statistics
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
 from tfaccel.memory.estimate import estimate_memory
 from tfaccel.memory.measure import measure_cpu_step, time_side_by_side
@@ -18,6 +19,14 @@ __all__ = ["MODES", "recompute_benchmark", "timing_benchmark", "estimate_benchma
 
 MODES = ("plain", "auto", "all")  # no recompute, recompute("auto"), recompute("all")
 _PEAKS = ("allocator_peak", "process_peak")
+
+
+def _require_allocator_peak(result: Dict[str, Any]) -> Dict[str, Any]:
+    """The bench compares allocator peaks: a child that could not read them is an error that says why."""
+    if result.get("allocator_peak") is None:
+        raise ConfigError(f"memory bench: the measuring child read no CPU allocator peak: "
+                          f"{result.get('allocator_peak_unavailable')}")
+    return result
 
 
 def _differential(big: Dict[str, Any], small: Dict[str, Any], key: str, batch: int, small_batch: int) -> float:
@@ -35,8 +44,9 @@ def recompute_benchmark(model: str, *, batch_size: int, small_batch: int = 2,
     runs: Dict[Tuple[str, int], Dict[str, Any]] = {}
     for batch in (batch_size, small_batch):
         for mode in MODES:
-            runs[(mode, batch)] = measure_cpu_step(model, batch_size=batch, input_shape=input_shape, steps=steps,
-                                                   recompute=None if mode == "plain" else mode)
+            runs[(mode, batch)] = _require_allocator_peak(measure_cpu_step(
+                model, batch_size=batch, input_shape=input_shape, steps=steps,
+                recompute=None if mode == "plain" else mode))
             get_logger().info("memory bench: %s batch %d %s: %s", model, batch, mode, runs[(mode, batch)])
     act = {key: {m: _differential(runs[(m, batch_size)], runs[(m, small_batch)], key, batch_size, small_batch)
                  for m in MODES} for key in _PEAKS}
@@ -71,9 +81,9 @@ def estimate_benchmark(cases: Sequence[Tuple[str, Optional[Sequence[int]], int]]
     """
     rows = []
     for model, shape, batch in cases:
+        meas = _require_allocator_peak((measured or {}).get((model, batch)) or measure_cpu_step(
+            model, batch_size=batch, input_shape=shape, mmap_threshold=None))
         est = estimate_memory(model, batch_size=batch, input_shape=shape, recompute=False, process_peak=True)
-        meas = (measured or {}).get((model, batch)) or measure_cpu_step(model, batch_size=batch, input_shape=shape,
-                                                                        mmap_threshold=None)
         rows.append({"model": model, "input_shape": list(shape or []), "batch_size": batch,
                      "estimate_bytes": est.total_bytes, "activation_bytes": est.activation_bytes,
                      "activation_bytes_base": est.activation_bytes_base, "process_base_bytes": est.process_base_bytes,

@@ -7,8 +7,10 @@ else in the caller's process counts: it reads VmRSS after importing TensorFlow (
 model (two steps), resets the kernel's high-water mark (``/proc/self/clear_refs``) and TensorFlow's CPU allocator
 statistics, reads VmRSS at rest and runs the timed steps. ``peak`` is VmHWM of the timed steps, ``process_hwm`` the
 VmHWM of the child's whole life (the process peak on the CPU that ``process_peak_bytes`` estimates);
-``allocator_peak`` is the peak of the bytes TensorFlow's CPU allocator handed out (``get_memory_info("CPU:0")``,
-TF 2.21 answers it for the CPU when oneDNN is on): the tensors the device estimate counts, as on a GPU. The process
+``allocator_peak`` is the peak of the bytes TensorFlow's CPU allocator handed out (``get_memory_info("CPU:0")``):
+the tensors the device estimate counts, as on a GPU. TF 2.21 keeps these statistics only for its BFC or oneDNN
+CPU allocator, so the child runs with ``TF_CPU_ALLOCATOR_USE_BFC=true`` (:func:`child_environment`); where they
+are still unavailable, ``allocator_peak`` is None and ``allocator_peak_unavailable`` says why. The process
 peak adds the interpreter and TF runtime, the model's Python objects, the traced graphs, kernels and oneDNN
 primitives, and what the allocator's pool keeps beyond the bytes in use. By default the child asks glibc for mmap
 above 1 MiB (``MALLOC_MMAP_THRESHOLD_``, freed large buffers go back to the system); ``mmap_threshold=None`` keeps
@@ -24,9 +26,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from tfaccel.errors import ConfigError
 
-__all__ = ["measure_device_peak", "measure_cpu_step", "time_side_by_side", "read_proc_status", "MMAP_THRESHOLD"]
+__all__ = ["measure_device_peak", "measure_cpu_step", "time_side_by_side", "read_proc_status", "MMAP_THRESHOLD",
+           "BFC_VARIABLE", "child_environment", "allocator_stats_unavailable"]
 
 MMAP_THRESHOLD = 1 << 20
+BFC_VARIABLE = "TF_CPU_ALLOCATOR_USE_BFC"
 
 
 def read_proc_status(path: str = "/proc/self/status") -> Dict[str, int]:
@@ -99,8 +103,9 @@ def measure_cpu_step(model: str, *, batch_size: int, precision: str = "float32",
     Returns:
         ``{"baseline": ..., "rest": ..., "peak": ..., "process_hwm": ..., "allocator_peak": ...,
         "step_seconds": [...], "step_peak": peak - rest, "process_peak": peak - baseline,
-        "device_peaks": {"GPU:0": allocator peak, ...}}`` (bytes, seconds; ``device_peaks`` is empty without a
-        GPU). ``process_hwm`` is the child's VmHWM over its whole life (import, build, warm-up and timed steps):
+        "device_peaks": {"GPU:0": allocator peak, ...}, "allocator_peak_unavailable": None or why}`` (bytes,
+        seconds; ``device_peaks`` is empty without a GPU; ``allocator_peak`` is None where TensorFlow keeps no CPU
+        allocator statistics, and ``allocator_peak_unavailable`` then says why). ``process_hwm`` is the child's VmHWM over its whole life (import, build, warm-up and timed steps):
         the process peak on the CPU.
 
     Raises:
@@ -109,18 +114,12 @@ def measure_cpu_step(model: str, *, batch_size: int, precision: str = "float32",
     request = {"model": model, "batch_size": batch_size, "precision": precision, "recompute": recompute,
                "input_shape": list(input_shape) if input_shape else None, "num_classes": num_classes,
                "optimizer": optimizer, "steps": steps}
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env = child_environment()
     env.pop("MALLOC_MMAP_THRESHOLD_", None)
     if mmap_threshold is not None:
         env["MALLOC_MMAP_THRESHOLD_"] = str(mmap_threshold)
-    proc = subprocess.run([sys.executable, "-m", "tfaccel.memory.measure", json.dumps(request)], env=env,
-                          capture_output=True, text=True, timeout=timeout_s, check=False)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
-        raise ConfigError(f"memory measurement of {model!r} (batch {batch_size}) failed with exit code "
-                          f"{proc.returncode}: {tail}")
-    result = json.loads(lines[-1])
+    result = _run_child(request, env=env, timeout_s=timeout_s,
+                        what=f"memory measurement of {model!r} (batch {batch_size})")
     result["step_peak"] = result["peak"] - result["rest"]
     result["process_peak"] = result["peak"] - result["baseline"]
     return result
@@ -141,13 +140,31 @@ def time_side_by_side(model: str, *, batch_size: int, recompute: Sequence[Option
     request = {"timing": True, "model": model, "batch_size": batch_size, "precision": "float32",
                "recompute": list(recompute), "input_shape": list(input_shape) if input_shape else None,
                "steps": steps}
-    proc = subprocess.run([sys.executable, "-m", "tfaccel.memory.measure", json.dumps(request)],
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), capture_output=True, text=True,
-                          timeout=timeout_s, check=False)
+    return _run_child(request, env=child_environment(), timeout_s=timeout_s,
+                      what=f"side-by-side timing of {model!r}")
+
+
+def child_environment() -> Dict[str, str]:
+    """The environment of a measuring child: this process's, with TensorFlow's BFC allocator on the CPU.
+
+    TensorFlow keeps allocator statistics for ``CPU:0`` only when its CPU allocator is the BFC one or oneDNN's,
+    and oneDNN is on by default only on some processors (TF 2.21, ``tensorflow-cpu``): elsewhere
+    ``get_memory_info("CPU:0")`` raises "Allocator stats not available". tfaccel starts the child, so it asks
+    for the BFC allocator (``TF_CPU_ALLOCATOR_USE_BFC=true``) unless the caller's environment says otherwise.
+    """
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env.setdefault(BFC_VARIABLE, "true")
+    return env
+
+
+def _run_child(request: Dict[str, Any], *, env: Dict[str, str], timeout_s: float, what: str) -> Dict[str, Any]:
+    """Runs ``python -m tfaccel.memory.measure REQUEST`` and returns the JSON line it prints."""
+    proc = subprocess.run([sys.executable, "-m", "tfaccel.memory.measure", json.dumps(request)], env=env,
+                          capture_output=True, text=True, timeout=timeout_s, check=False)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
-        raise ConfigError(f"side-by-side timing of {model!r} failed with exit code {proc.returncode}: {tail}")
+        raise ConfigError(f"{what} failed with exit code {proc.returncode}: {tail}")
     return json.loads(lines[-1])
 
 
@@ -202,7 +219,7 @@ def _child(request: Dict[str, Any]) -> Dict[str, Any]:
     step = _prepare(request, request["recompute"])
     warm_peak = read_proc_status()["VmHWM"]  # the whole life so far: import, build, tracing, two warm-up steps
     _reset_high_water_mark()
-    tf.config.experimental.reset_memory_stats("CPU:0")
+    unavailable = allocator_stats_unavailable(tf.config.experimental.reset_memory_stats)
     rest = read_proc_status()["VmRSS"]
     times: List[float] = []
     for _ in range(request["steps"]):
@@ -210,12 +227,23 @@ def _child(request: Dict[str, Any]) -> Dict[str, Any]:
         step()
         times.append(time.perf_counter() - start)
     peak = read_proc_status()["VmHWM"]
-    allocator_peak = int(tf.config.experimental.get_memory_info("CPU:0")["peak"])
+    allocator_peak = None if unavailable else int(tf.config.experimental.get_memory_info("CPU:0")["peak"])
     gpus = tf.config.list_logical_devices("GPU")
     device_peaks = measure_device_peak(step) if gpus else {}
     return {"baseline": baseline, "rest": rest, "peak": peak, "process_hwm": max(warm_peak, peak),
-            "allocator_peak": allocator_peak,
+            "allocator_peak": allocator_peak, "allocator_peak_unavailable": unavailable,
             "step_seconds": times, "device_peaks": device_peaks}
+
+
+def allocator_stats_unavailable(reset: Callable[[str], None]) -> Optional[str]:
+    """Resets the CPU allocator's peak; returns None, or why TensorFlow keeps no statistics for ``CPU:0``."""
+    try:
+        reset("CPU:0")
+    except ValueError as exc:  # TF: "Cannot reset memory stats for device 'CPU:0'"
+        return (f"TensorFlow keeps no allocator statistics for CPU:0 in this process ({exc}); they need the BFC "
+                f"allocator ({BFC_VARIABLE}=true, which the measuring child sets unless the environment sets "
+                f"{BFC_VARIABLE} otherwise; received {os.environ.get(BFC_VARIABLE)!r}) or oneDNN")
+    return None
 
 
 if __name__ == "__main__":
