@@ -222,6 +222,10 @@ def run_cli(args: argparse.Namespace) -> int:
     from tfaccel.log import get_logger
 
     opts = _options(args)
+    if args.cluster is not None:
+        from tfaccel.cluster import ClusterSpec
+
+        ClusterSpec.from_file(args.cluster)  # a bad cluster file is the one line said, before anything else
     log = get_logger()
     if opts["filled"]:
         log.info("launch: defaults filled in (pass the options to set them): %s", ", ".join(opts["filled"]))
@@ -318,6 +322,9 @@ def _check_ray_options(args: argparse.Namespace, counts: dict, horovod_only: dic
                           "(worker 0 is the chief): use --workers N, and --address HOST:PORT to join a cluster")
     if args.workers is not None and args.workers < 1:
         raise ConfigError(f"--workers: must be >= 1; received {args.workers}")
+    if args.address is not None and not args.address.strip():
+        raise ConfigError("--address: received an empty address; give the head's host:port (e.g. 10.0.0.1:6379), "
+                          "`auto`, or leave it out for a private local Ray instance")
 
 
 def _ray(opts: dict, *, dry_run: bool) -> int:

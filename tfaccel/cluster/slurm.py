@@ -41,6 +41,8 @@ def _fail(var: str, value: str, problem: str) -> ClusterConfigError:
 
 def _split_top_level(text: str, var: str) -> List[str]:
     """Splits on commas that are not inside brackets."""
+    if "[" not in text and "]" not in text:
+        return text.split(",")
     parts, depth, start = [], 0, 0
     for i, ch in enumerate(text):
         if ch == "[":
@@ -86,6 +88,10 @@ def _expand_one(name: str, var: str, whole: str, budget: int) -> List[str]:
     """
     if not name:
         raise _fail(var, whole, "empty host name (check for stray commas)")
+    if "[" not in name:
+        if budget < 1:
+            raise _fail(var, whole, f"names more than {MAX_NODES:,} hosts")
+        return [name]
     pieces: List[List[str]] = []
     rest = name
     while "[" in rest:
