@@ -60,8 +60,8 @@ YAML_ONLY: Dict[str, Union[str, bytes]] = {
     "alias bomb 9x9 (343 bytes)": _bomb(9, 9)[:2000],
     "alias bomb 6x12": _bomb(6, 12),
     "alias bomb of mappings": _map_bomb(8, 8),
-    "alias bomb as a role value": "a: &a ['h:1','h:2','h:3','h:4','h:5']\nb: &b [*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b]\n"
-                                  "worker: *c\n",
+    "alias bomb as a role value": ("a: &a ['h:1','h:2','h:3','h:4','h:5']\nb: &b [*a,*a,*a,*a,*a]\n"
+                                   "c: &c [*b,*b,*b,*b,*b]\nworker: *c\n"),
     "alias bomb in the task": _bomb(7, 8, key="task"),
     "alias bomb with a bad leaf": _bomb(8, 8, leaf="[1]"),
     "self-referencing mapping": "worker: &w {a: *w}\n",
@@ -537,7 +537,10 @@ if __name__ == "__main__":
 
     with tempfile.TemporaryDirectory() as tmp:
         result = tally(Path(tmp))
-    for name, issues in result["failed"]:  # type: ignore[union-attr]
+    failed: list = result["failed"]  # type: ignore[assignment]
+    slowest: tuple = result["max_seconds"]  # type: ignore[assignment]
+    largest: tuple = result["max_mb"]  # type: ignore[assignment]
+    for name, issues in failed:
         print(f"FAIL {name}: {'; '.join(issues)}")
-    print(f"{result['cases']} cases; slowest {result['max_seconds'][0]:.3f} s ({result['max_seconds'][1]}); "  # type: ignore[index]
-          f"largest {result['max_mb'][0]:.1f} MB ({result['max_mb'][1]}); {len(result['failed'])} failed")  # type: ignore[arg-type,index]
+    print(f"{result['cases']} cases; slowest {slowest[0]:.3f} s ({slowest[1]}); largest {largest[0]:.1f} MB "
+          f"({largest[1]}); {len(failed)} failed")

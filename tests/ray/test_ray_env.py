@@ -7,12 +7,16 @@ import uuid
 import pytest
 
 import ray_util
+from tfaccel.launch import netns
 
 pytestmark = pytest.mark.slow
 
-PROBE = ("import json, os\n"
-         "names = ('AWS_SECRET_ACCESS_KEY', 'HF_TOKEN', 'LD_PRELOAD_FAKE', 'JOB_NAMED', 'TFACCEL_RAY_TEST_MARK', 'PATH')\n"
-         "print('PROBE ' + json.dumps({n: os.environ.get(n) for n in names}), flush=True)\n")
+PROBE = ("import json, os, socket\n"
+         "names = ('AWS_SECRET_ACCESS_KEY', 'HF_TOKEN', 'LD_PRELOAD_FAKE', 'JOB_NAMED', 'TFACCEL_RAY_TEST_MARK',\n"
+         "         'PATH')\n"
+         "seen = {n: os.environ.get(n) for n in names}\n"
+         "seen['interfaces'] = sorted(name for _, name in socket.if_nameindex())\n"
+         "print('PROBE ' + json.dumps(seen), flush=True)\n")
 
 
 def test_ray_worker_gets_the_allowlist_and_named_variables_but_no_secret(tmp_path):
@@ -31,5 +35,7 @@ def test_ray_worker_gets_the_allowlist_and_named_variables_but_no_secret(tmp_pat
     assert seen["AWS_SECRET_ACCESS_KEY"] is None and seen["HF_TOKEN"] is None and seen["LD_PRELOAD_FAKE"] is None
     assert seen["JOB_NAMED"] == "named-value" and seen["TFACCEL_RAY_TEST_MARK"] == mark and seen["PATH"]
     assert "fake-aws-secret" not in done.stdout
+    if netns.isolation_available()[0]:  # --network auto: Ray and its workers run in the loopback-only namespace
+        assert seen["interfaces"] == ["lo"], seen["interfaces"]
     # the launcher says, by name only, what it did not pass on
     assert "not passed on:" in done.stdout and "AWS_SECRET_ACCESS_KEY" in done.stdout

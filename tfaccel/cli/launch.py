@@ -118,7 +118,7 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
 
 def _positive(name: str, value: Optional[float]) -> None:
     if value is not None and (not math.isfinite(value) or value <= 0):
-        raise ConfigError(f"{name}: must be a positive, finite number of seconds; received {value:g}")
+        raise ConfigError(f"{name}: must be a positive number of seconds; received {value:g}")
 
 
 def _options(args: argparse.Namespace) -> dict:

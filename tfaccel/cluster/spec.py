@@ -22,7 +22,8 @@ from tfaccel.cluster.limits import MAX_BYTES, MAX_DIGITS, loads_json, nesting_pr
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
 
-__all__ = ["ClusterSpec", "TaskInfo", "ClusterConfigError", "ROLES", "TaskLike", "parse_task"]
+__all__ = ["ClusterSpec", "TaskInfo", "ClusterConfigError", "ROLES", "TaskLike", "parse_task", "canonical_address",
+           "MAX_YAML_VALUES"]
 
 # One source of truth for role names, in the order TF_CONFIG documents and listings use.
 ROLES: Tuple[str, ...] = ("chief", "worker", "ps", "evaluator")

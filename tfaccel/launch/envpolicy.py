@@ -23,7 +23,8 @@ JOB_PREFIXES: Tuple[str, ...] = ("TFACCEL_", "TF_")
 NEVER_FORWARDED = frozenset({"TF_CONFIG"})  # every task gets its own
 # What a program needs to start and find its libraries on this machine (never credentials).
 RUNTIME_NAMES = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP",
-                           "TMP", "PYTHONPATH", "PYTHONHOME", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED",
+                           "TMP", "PYTHONPATH", "PYTHONHOME", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE",
+                           "PYTHONHASHSEED",
                            "VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "LD_LIBRARY_PATH", "HOSTNAME", "TERM",
                            "PWD"})
 RUNTIME_PREFIXES: Tuple[str, ...] = ("LC_", "CUDA_", "NVIDIA_", "XLA_", "OMP_", "MKL_", "KMP_", "NCCL_")

@@ -31,8 +31,8 @@ from tfaccel.launch.netns import open_network
 from tfaccel.launch.procs import exit_status, port_open, start_process, terminate, wait_for_ports
 from tfaccel.log import get_logger
 
-__all__ = ["LaunchTask", "TaskOutcome", "LaunchResult", "run_job", "exit_code", "describe_returncode", "warn_exposed_ports",
-           "EXIT_TIMEOUT", "EXIT_UNREACHABLE", "RESTART_ENV"]
+__all__ = ["LaunchTask", "TaskOutcome", "LaunchResult", "run_job", "exit_code", "describe_returncode",
+           "warn_exposed_ports", "EXIT_TIMEOUT", "EXIT_UNREACHABLE", "RESTART_ENV"]
 
 EXIT_TIMEOUT = 124  # like coreutils timeout(1)
 EXIT_UNREACHABLE = 1
