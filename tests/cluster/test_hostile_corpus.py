@@ -46,7 +46,8 @@ def test_hostile_input_is_one_error_line_exit_2_fast_and_small(case, case_dir):
     assert "Traceback" not in outcome.stdout
 
 
-SUBPROCESS_CASES = ["tf-config: endless /dev/zero", "tf-config FILE: alias bomb 9x9 (343 bytes)",
+SUBPROCESS_CASES = ["tf-config: endless /dev/zero",
+                    "tf-config FILE: alias bomb 9 levels x 9 (558 bytes, 10 ** 9 values)",
                     "TF_CONFIG: deep list 100000", "SLURM: product a[0-99999]b[0-99999]", "launch --timeout nan"]
 
 
