@@ -19,6 +19,7 @@ Ray Train (see :mod:`tfaccel.launch.ray`; a private local Ray instance on 127.0.
 
     tfaccel launch --backend ray --workers 2 --max-restarts 1 -- python train.py
     tfaccel launch --backend ray --workers 4 --address 10.0.0.1:6379 -- python train.py
+    tfaccel launch --backend ray --workers 2 --env WANDB_API_KEY -- python train.py  # pass one more variable on
 
 Exit status: 0, the failing task's code (128 + N when it was killed by signal N), 124 on --timeout,
 128 + N when the launcher got signal N, 1 when peers never came up, 2 for bad options.
