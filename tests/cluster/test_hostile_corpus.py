@@ -2,7 +2,9 @@
 
 Every case runs in this process through ``tfaccel.cli.main.main`` (a few through real ``python -m tfaccel``
 processes as well) and must end in exit code 2 with one ``tfaccel VERB: error: ...`` line, no traceback, within
-2 s and 200 MB.
+2 s and 200 MB. In process the 2 s are CPU seconds of the thread that ran the case (on a 2-core machine shared
+with other jobs the wall clock says more about the load than about the case); the real processes are held to 2 s
+of wall clock, Python's start included.
 """
 
 import json

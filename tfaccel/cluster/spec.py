@@ -260,7 +260,7 @@ def _validate_task_doc(task: Any, source: str) -> Tuple[str, int]:
         _raise(source, "task", task, "must be a mapping like {\"type\": \"worker\", \"index\": 0}")
     for key in task:
         if key not in TASK_KEYS:
-            _raise(source, f"task.{key}" if isinstance(key, str) else "task", key,
+            _raise(source, f"task.{shorten(key, 80)}" if isinstance(key, str) else "task", key,
                    f"unknown key; valid keys are {', '.join(TASK_KEYS)}")
     if "type" not in task:
         _raise(source, "task", dict(task), "\"type\" is missing, e.g. {\"type\": \"worker\", \"index\": 0}")

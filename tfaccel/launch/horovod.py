@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from tfaccel.cluster.limits import shorten
 from tfaccel.errors import BackendUnavailableError, ConfigError
 from tfaccel.launch.envpolicy import check_env_names, runtime_env
 from tfaccel.launch.local import CHILD_DEFAULT_ENV, child_base_env, normalize_command
@@ -70,21 +71,21 @@ def parse_hosts(hosts: Union[None, str, Sequence[str]], np: int) -> List[Tuple[s
     for entry in entries:
         match = _HOST_RE.match(entry)
         if not entry or match is None:
-            raise ConfigError(f"hosts: malformed entry {entry!r} in {hosts!r}; valid: comma-separated "
-                              "HOST[:SLOTS], e.g. -H localhost:2 or -H node1:4,node2:4")
+            raise ConfigError(f"hosts: malformed entry {shorten(repr(entry))} in {shorten(repr(hosts))}; valid: "
+                              "comma-separated HOST[:SLOTS], e.g. -H localhost:2 or -H node1:4,node2:4")
         slots = int(match.group("slots")) if match.group("slots") is not None else 1
         if slots < 1:
-            raise ConfigError(f"hosts: {entry!r} has {slots} slots; every host needs at least 1, "
+            raise ConfigError(f"hosts: {shorten(repr(entry))} has {slots} slots; every host needs at least 1, "
                               "e.g. -H localhost:2")
         host = match.group("host")
         if host in (h for h, _ in parsed):
-            raise ConfigError(f"hosts: host {host!r} is listed twice in {hosts!r}; give it once with the total "
-                              "slots, e.g. -H localhost:2")
+            raise ConfigError(f"hosts: host {shorten(repr(host))} is listed twice in {shorten(repr(hosts))}; give it "
+                              "once with the total slots, e.g. -H localhost:2")
         parsed.append((host, slots))
     total = sum(slots for _, slots in parsed)
     if total < np:
-        raise ConfigError(f"np: {np} ranks do not fit in the {total} slot(s) of hosts {hosts!r}; lower -np or add "
-                          f"slots, e.g. -H {parsed[0][0]}:{np}")
+        raise ConfigError(f"np: {np} ranks do not fit in the {total} slot(s) of hosts {shorten(repr(hosts))}; lower "
+                          f"-np or add slots, e.g. -H {parsed[0][0]}:{np}")
     return parsed
 
 
@@ -234,7 +235,7 @@ def run_horovod(np: int, cmd: Union[str, Sequence[str]], *, hosts: Union[None, s
     if network != "host" and any(host not in ("localhost", "127.0.0.1") for host, _ in parse_hosts(hosts, np)):
         if network == "private":
             raise ConfigError(f"network='private': a private network namespace has only loopback, but the ranks "
-                              f"run on hosts {hosts!r}; use -H localhost:N or --network host")
+                              f"run on hosts {shorten(repr(hosts))}; use -H localhost:N or --network host")
         network = "host"
     base = horovod_env(child_base_env(env), tuple(check_env_names(forward)) + tuple(env or {}))
     # horovodrun finds itself and the rank's python through PATH: put this environment's bin first.
