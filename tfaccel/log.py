@@ -8,11 +8,12 @@ import json
 import logging
 import os
 import sys
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 _LOGGER_NAME = "tfaccel"
 PREFIXED_BY_LAUNCHER_ENV = "TFACCEL_OUTPUT_PREFIXED"
 _configured = False
+_MAX_TF_CONFIG = 1024 * 1024  # tfaccel.cluster's limit too; this module imports nothing of tfaccel
 
 
 def _task_from_environment() -> Tuple[Optional[str], Optional[int]]:
@@ -20,10 +21,10 @@ def _task_from_environment() -> Tuple[Optional[str], Optional[int]]:
     raw = os.environ.get("TF_CONFIG")
     if raw:
         try:
-            task = json.loads(raw).get("task") or {}
+            task = _loads_bounded(raw).get("task") or {}
             if "type" in task:
-                return str(task["type"]), int(task.get("index", 0))
-        except (ValueError, AttributeError, TypeError):
+                return str(task["type"])[:40], int(task.get("index", 0))
+        except (ValueError, AttributeError, TypeError, OverflowError, RecursionError):
             return None, None  # a malformed TF_CONFIG is reported by the cluster module, not here
     for var in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
         if var in os.environ:
@@ -32,6 +33,13 @@ def _task_from_environment() -> Tuple[Optional[str], Optional[int]]:
             except ValueError:
                 return None, None
     return None, None
+
+
+def _loads_bounded(raw: str) -> Any:
+    """TF_CONFIG's JSON; ValueError when it is larger than a TF_CONFIG can be (the cluster module says why)."""
+    if len(raw) > _MAX_TF_CONFIG:
+        raise ValueError("TF_CONFIG too large")
+    return json.loads(raw)
 
 
 def is_chief_process() -> bool:
@@ -45,8 +53,8 @@ def is_chief_process() -> bool:
         return index == 0
     if task_type == "worker" and index == 0:
         try:
-            cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
-        except ValueError:
+            cluster = _loads_bounded(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
+        except (ValueError, AttributeError, RecursionError):
             return False
         return "chief" not in cluster and "master" not in cluster
     return False

@@ -49,8 +49,8 @@ def _tf_config_summary(raw: Optional[str]) -> Dict[str, Any]:
         sizes = {role: len(addrs) for role, addrs in cluster.items()}
         return {"set": True, "valid": True, "task_type": task.get("type"), "task_index": task.get("index"),
                 "roles": sizes, "num_tasks": sum(sizes.values()), "environment": doc.get("environment")}
-    except (ValueError, TypeError) as exc:
-        return {"set": True, "valid": False, "error": f"malformed TF_CONFIG: {exc}", "received": raw[:200]}
+    except (ValueError, TypeError, RecursionError) as exc:  # RecursionError: nested thousands deep
+        return {"set": True, "valid": False, "error": f"malformed TF_CONFIG: {str(exc)[:200]}", "received": raw[:200]}
 
 
 def _devices_report() -> Dict[str, Any]:

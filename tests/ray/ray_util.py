@@ -155,5 +155,10 @@ def run_in(cluster: Optional["RayCluster"], cmd: Sequence[str], *, mark: Optiona
 
 def launch(args: Sequence[str], *, mark: Optional[str] = None, cluster: Optional[RayCluster] = None,
            env: Optional[Mapping[str, str]] = None, timeout: float = 300) -> "subprocess.CompletedProcess[str]":
-    """``python -m tfaccel launch ARGS`` (in the cluster's network namespace when given)."""
+    """``python -m tfaccel launch ARGS`` (in the cluster's network namespace when given); the job's variables in
+    ``env`` are passed to the Ray workers with ``--env NAME`` (nothing else of the launcher's environment is)."""
+    args = list(args)
+    if env and "ray" in args and "--" in args:
+        cut = args.index("--")
+        args[cut:cut] = [word for name in env for word in ("--env", name)]
     return run_in(cluster, [sys.executable, "-m", "tfaccel", "launch", *args], mark=mark, env=env, timeout=timeout)

@@ -94,10 +94,12 @@ def test_untested_ray_version_is_warned_about():
     assert "launch: ray 2.99.0 is installed; tfaccel was tested with ray 2.60.*" in out.stderr
 
 
-def test_forwarded_env_keeps_the_job_settings_and_drops_host_specific_variables():
+def test_forwarded_env_is_an_allowlist_plus_the_names_given_with_env():
     launcher = {"EPOCHS": "2", "PYTHONPATH": "/repo", "PATH": "/venv/bin", "HOME": "/root", "TF_CONFIG": "{}",
-                "CUDA_VISIBLE_DEVICES": "0", "RAY_ADDRESS": "h:1", "SSH_AUTH_SOCK": "/s", "TMPDIR": "/t"}
-    assert forwarded_env(launcher) == {"EPOCHS": "2", "PYTHONPATH": "/repo"}
+                "CUDA_VISIBLE_DEVICES": "0", "RAY_ADDRESS": "h:1", "SSH_AUTH_SOCK": "/s", "TMPDIR": "/t",
+                "AWS_SECRET_ACCESS_KEY": "fake", "TF_CPP_MIN_LOG_LEVEL": "2", "TFACCEL_X": "1"}
+    assert forwarded_env(launcher) == {"TF_CPP_MIN_LOG_LEVEL": "2", "TFACCEL_X": "1"}
+    assert forwarded_env(launcher, names=["EPOCHS"]) == {"EPOCHS": "2", "TF_CPP_MIN_LOG_LEVEL": "2", "TFACCEL_X": "1"}
 
 
 def test_enter_launch_dir_changes_into_the_launchers_directory_or_says_why_not(tmp_path, caplog):

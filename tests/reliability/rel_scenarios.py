@@ -50,6 +50,11 @@ class Run:
     def __init__(self, args: Sequence[str], *, env: Optional[Mapping[str, str]] = None,
                  cwd: Optional[Path] = None) -> None:
         self.begun = time.monotonic()
+        args = list(args)
+        if env and "--backend" in args and args[args.index("--backend") + 1] in ("horovod", "ray"):
+            # horovodrun ranks and Ray workers get only an allowlist of the launcher's environment: name the job's
+            cut = args.index("--")
+            args[cut:cut] = [word for name in env for word in ("--env", name)]
         self.proc = start_process([sys.executable, "-m", "tfaccel", "launch", *args], env=env_for(env),
                                   cwd=str(cwd or REPO_ROOT))
         STARTED_PIDS.append(self.proc.pid)

@@ -19,6 +19,7 @@ Ray Train (see :mod:`tfaccel.launch.ray`; a private local Ray instance on 127.0.
 
     tfaccel launch --backend ray --workers 2 --max-restarts 1 -- python train.py
     tfaccel launch --backend ray --workers 4 --address 10.0.0.1:6379 -- python train.py
+    tfaccel launch --backend ray --workers 2 --env WANDB_API_KEY -- python train.py  # pass one more variable on
 
 Exit status: 0, the failing task's code (128 + N when it was killed by signal N), 124 on --timeout,
 128 + N when the launcher got signal N, 1 when peers never came up, 2 for bad options.
@@ -26,6 +27,7 @@ Exit status: 0, the failing task's code (128 + N when it was killed by signal N)
 
 import argparse
 import json
+import math
 import shlex
 import sys
 from typing import List, Optional
@@ -88,6 +90,10 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
                           "so otherwise their ports can be reached from other machines; the tasks then cannot "
                           "reach other machines either); host: this machine's network; auto: private where the "
                           "system allows it (default: auto)")
+    run.add_argument("--env", action="append", default=None, metavar="NAME", dest="env_names",
+                     help="--backend ray / horovod: also pass this variable of the launcher's environment to every "
+                          "worker / rank (repeatable). They get TFACCEL_*, TF_* and the launch's own variables; "
+                          "nothing else of this environment (secrets stay home) unless named here")
     hvd = parser.add_argument_group("horovod (--backend horovod)")
     hvd.add_argument("--backend", choices=LAUNCH_BACKENDS, default=None,
                      help=f"tf: one process per tf.distribute task (TF_CONFIG); horovod: ranks through horovodrun; "
@@ -112,7 +118,7 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
 
 
 def _positive(name: str, value: Optional[float]) -> None:
-    if value is not None and value <= 0:
+    if value is not None and (not math.isfinite(value) or value <= 0):
         raise ConfigError(f"{name}: must be a positive number of seconds; received {value:g}")
 
 
@@ -158,6 +164,14 @@ def _options(args: argparse.Namespace) -> dict:
     if args.network is not None and args.task is not None:
         raise ConfigError(f"--network: only for local clusters; received --network {args.network} with --task "
                           f"{args.task} (per-host mode: the task must reach the other hosts); leave --network out")
+    env_names: List[str] = list(args.env_names or [])
+    if env_names:
+        if backend == "tf":
+            raise ConfigError(f"--env {env_names[0]}: only with --backend ray or horovod; tf.distribute tasks run on "
+                              "this machine with the launcher's whole environment (per-host mode: this host's)")
+        from tfaccel.launch.envpolicy import check_env_names
+
+        env_names = list(check_env_names(env_names))
     if args.max_restarts is not None and args.max_restarts < 0:
         raise ConfigError(f"--max-restarts: must be >= 0; received {args.max_restarts}")
     for name, value in (("--timeout", args.timeout), ("--grace", args.grace),
@@ -193,7 +207,7 @@ def _options(args: argparse.Namespace) -> dict:
     if args.connect_timeout is None and backend == "tf":
         filled.append(f"--connect-timeout {connect_default:g}")
     return {
-        "cmd": cmd, "per_host": per_host, "filled": filled, "backend": backend,
+        "cmd": cmd, "per_host": per_host, "filled": filled, "backend": backend, "env_names": env_names,
         "address": args.address, "storage_path": args.storage_path,
         "np": DEFAULT_RANKS if args.np is None else args.np, "hosts": args.hosts, "gloo_timeout": args.gloo_timeout,
         "workers": DEFAULT_WORKERS if args.workers is None else args.workers, "ps": args.ps or 0,
@@ -209,6 +223,10 @@ def run_cli(args: argparse.Namespace) -> int:
     from tfaccel.log import get_logger
 
     opts = _options(args)
+    if args.cluster is not None:
+        from tfaccel.cluster import ClusterSpec
+
+        ClusterSpec.from_file(args.cluster)  # a bad cluster file is the one line said, before anything else
     log = get_logger()
     if opts["filled"]:
         log.info("launch: defaults filled in (pass the options to set them): %s", ", ".join(opts["filled"]))
@@ -290,7 +308,7 @@ def _horovod(opts: dict, *, dry_run: bool) -> int:
         return 0
     result = run_horovod(opts["np"], opts["cmd"], hosts=opts["hosts"], timeout=opts["timeout"], grace=opts["grace"],
                          gloo_timeout=opts["gloo_timeout"], max_restarts=opts["max_restarts"],
-                         capture_lines=CAPTURE_LINES, network=opts["network"])
+                         capture_lines=CAPTURE_LINES, network=opts["network"], forward=opts["env_names"])
     return result.returncode
 
 
@@ -305,6 +323,9 @@ def _check_ray_options(args: argparse.Namespace, counts: dict, horovod_only: dic
                           "(worker 0 is the chief): use --workers N, and --address HOST:PORT to join a cluster")
     if args.workers is not None and args.workers < 1:
         raise ConfigError(f"--workers: must be >= 1; received {args.workers}")
+    if args.address is not None and not args.address.strip():
+        raise ConfigError("--address: received an empty address; give the head's host:port (e.g. 10.0.0.1:6379), "
+                          "`auto`, or leave it out for a private local Ray instance")
 
 
 def _ray(opts: dict, *, dry_run: bool) -> int:
@@ -326,5 +347,6 @@ def _ray(opts: dict, *, dry_run: bool) -> int:
         return 0
     result = run_ray(opts["cmd"], workers=opts["workers"], address=opts["address"],
                      max_restarts=opts["max_restarts"], timeout=opts["timeout"], grace=opts["grace"],
-                     storage_path=opts["storage_path"], capture_lines=CAPTURE_LINES, network=opts["network"])
+                     storage_path=opts["storage_path"], capture_lines=CAPTURE_LINES, network=opts["network"],
+                     forward=opts["env_names"])
     return result.returncode

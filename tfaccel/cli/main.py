@@ -8,17 +8,27 @@ import argparse
 import importlib
 import os
 import sys
-from typing import List, Optional
+from typing import List, NoReturn, Optional
 
 from tfaccel._version import __version__
+from tfaccel.cluster.limits import shorten
 from tfaccel.errors import TfaccelError
 
 # Verb modules under tfaccel.cli, in the order `tfaccel --help` lists them.
 _VERB_MODULES = ("env", "tf_config", "launch", "fit", "bench", "memory")
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (argparse prints the whole usage first), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        """Writes ``tfaccel VERB: error: MESSAGE; see `tfaccel VERB --help``` and exits 2."""
+        self.exit(2, f"{self.prog}: error: {shorten(message)}; see `{self.prog} --help`\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tfaccel", description="Take a Keras model from one CPU to many GPUs, "
+    """The ``tfaccel`` parser with every verb (subparsers inherit its one-line errors)."""
+    parser = _Parser(prog="tfaccel", description="Take a Keras model from one CPU to many GPUs, "
                                      "many hosts or a TPU without rewriting it.")
     parser.add_argument("--version", action="version", version=f"tfaccel {__version__}")
     subparsers = parser.add_subparsers(dest="verb", metavar="VERB")
@@ -37,11 +47,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         return int(args.func(args) or 0)
     except TfaccelError as exc:
-        sys.stderr.write(f"tfaccel {args.verb}: error: {exc}\n")
+        sys.stderr.write(f"tfaccel {args.verb}: error: {_one_line(str(exc))}\n")
         return 2
     except KeyboardInterrupt:
         sys.stderr.write(f"tfaccel {args.verb}: interrupted\n")
         return 130
+
+
+def _one_line(message: str) -> str:
+    """The message on one line (a line break in a received value would make it two), at most a few KB."""
+    return shorten(" ".join(message.splitlines()), 4000)
 
 
 if __name__ == "__main__":

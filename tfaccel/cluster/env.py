@@ -1,9 +1,9 @@
 """Where am I? This process's task from TF_CONFIG (plain or Kubeflow TFJob), else from SLURM."""
 
-import json
 import os
 from typing import Any, Mapping, Optional
 
+from tfaccel.cluster.limits import MAX_BYTES, loads_json, nesting_problem, show
 from tfaccel.cluster.spec import ClusterConfigError, ClusterSpec, TaskInfo
 
 __all__ = ["task_from_env", "task_from_tf_config"]
@@ -33,18 +33,14 @@ def task_from_tf_config(raw: str, *, source: str = "TF_CONFIG") -> Optional[Task
     """
     if not raw.strip():
         return None
-    try:
-        doc: Any = json.loads(raw)
-    except ValueError as exc:
-        raise ClusterConfigError(f"{source}: not valid JSON ({exc}); received {raw[:200]!r}; set it with "
-                                 "`tfaccel tf-config FILE --task worker:0 --format env`") from None
+    doc = _parse(raw, source)
     if doc == {}:
         return None
     if not isinstance(doc, dict):
         raise ClusterConfigError(f"{source}: must be a JSON object with \"cluster\" and \"task\", received "
-                                 f"{raw[:200]!r}")
+                                 f"{show(raw)}")
     if "cluster" not in doc:
-        raise ClusterConfigError(f"{source}: \"cluster\" is missing; received keys {sorted(map(str, doc))}; "
+        raise ClusterConfigError(f"{source}: \"cluster\" is missing; received keys {show(sorted(map(str, doc)))}; "
                                  "expected {\"cluster\": {\"worker\": [...]}, \"task\": {\"type\": \"worker\", "
                                  "\"index\": 0}}")
     spec = ClusterSpec.from_dict(doc, source=source)
@@ -53,6 +49,31 @@ def task_from_tf_config(raw: str, *, source: str = "TF_CONFIG") -> Optional[Task
                                  f"\"{spec.tasks()[0][0]}\", \"index\": 0}} (valid tasks: "
                                  f"{', '.join(f'{r}:{i}' for r, i in spec.tasks()[:8])})")
     return TaskInfo(spec, spec.task[0], spec.task[1], environment=spec.environment, source="TF_CONFIG")
+
+
+def _parse(raw: str, source: str) -> Any:
+    """The JSON of a TF_CONFIG, bounded: at most ``MAX_BYTES``, no key twice, nesting and values within limits."""
+    hint = "set it with `tfaccel tf-config FILE --task worker:0 --format env`"
+    if len(raw) > MAX_BYTES:
+        raise ClusterConfigError(f"{source}: {len(raw):,} characters, more than the {MAX_BYTES:,} a TF_CONFIG may "
+                                 f"have; received {show(raw)}; {hint}")
+
+    def duplicate(key: str) -> None:
+        raise ClusterConfigError(f"{source}: key {show(key)} given twice in one object (TensorFlow would keep the "
+                                 "last silently); keep one")
+
+    try:
+        doc: Any = loads_json(raw, duplicate)
+    except ClusterConfigError:
+        raise
+    except RecursionError:
+        raise ClusterConfigError(f"{source}: nested too deeply to read; received {show(raw)}; {hint}") from None
+    except ValueError as exc:
+        raise ClusterConfigError(f"{source}: not valid JSON ({exc}); received {show(raw)}; {hint}") from None
+    problem = nesting_problem(doc)
+    if problem is not None:
+        raise ClusterConfigError(f"{source}: {problem}; received {show(raw)}; {hint}")
+    return doc
 
 
 def task_from_env(environ: Optional[Mapping[str, str]] = None, *, port: Optional[int] = None,

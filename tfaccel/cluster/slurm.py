@@ -9,10 +9,13 @@ Roles: with no parameter servers every rank is a worker (worker 0 acts as chief)
 the chief (the ParameterServerStrategy coordinator), ranks 1..P are ps and the rest are workers.
 """
 
+import collections
+import itertools
 import os
 import re
 from typing import Dict, List, Mapping, Optional, Tuple
 
+from tfaccel.cluster.limits import MAX_BYTES, MAX_DIGITS, show, shorten
 from tfaccel.cluster.spec import ClusterConfigError, ClusterSpec, TaskInfo
 from tfaccel.log import get_logger
 
@@ -27,16 +30,19 @@ TASKS_PER_NODE_VARS = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
 STEP_VARS = ("SLURM_STEP_NODELIST", "SLURM_STEP_ID", "SLURM_STEPID")  # set by srun, not in the batch script
 _warned_not_in_step = False
 
-_RANGE_RE = re.compile(r"^(\d+)(?:-(\d+))?$")
-_TPN_RE = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
+MAX_NODES = 100_000  # hosts a node list may name, counted before it is expanded
+_RANGE_RE = re.compile(r"^([0-9]{1,%d})(?:-([0-9]{1,%d}))?$" % (MAX_DIGITS, MAX_DIGITS))
+_TPN_RE = re.compile(r"^([0-9]{1,%d})(?:\(x([0-9]{1,%d})\))?$" % (MAX_DIGITS, MAX_DIGITS))
 
 
 def _fail(var: str, value: str, problem: str) -> ClusterConfigError:
-    return ClusterConfigError(f"SLURM: {var} \"{value}\": {problem}")
+    return ClusterConfigError(f"SLURM: {var} {show(value)}: {problem}")
 
 
 def _split_top_level(text: str, var: str) -> List[str]:
     """Splits on commas that are not inside brackets."""
+    if "[" not in text and "]" not in text:
+        return text.split(",")
     parts, depth, start = [], 0, 0
     for i, ch in enumerate(text):
         if ch == "[":
@@ -56,30 +62,51 @@ def _split_top_level(text: str, var: str) -> List[str]:
     return parts
 
 
-def _expand_one(name: str, var: str, whole: str) -> List[str]:
-    """Expands one host expression, possibly with several bracket groups (``rack[1-2]-n[01-02]``)."""
-    if not name:
-        raise _fail(var, whole, "empty host name (check for stray commas)")
-    open_at = name.find("[")
-    if open_at < 0:
-        return [name]
-    close_at = name.index("]", open_at)
-    prefix, body, rest = name[:open_at], name[open_at + 1:close_at], name[close_at + 1:]
+def _range_values(body: str, var: str, whole: str) -> List[str]:
+    """The values of one bracket group's body, ``01-03,07`` -> ``01 02 03 07`` (zero padding kept)."""
     values: List[str] = []
     for item in body.split(","):
         match = _RANGE_RE.match(item)
         if not match:
-            raise _fail(var, whole, f"bad range {item!r} in [{body}]; expected e.g. [01-03,07]")
+            raise _fail(var, whole, f"bad range {shorten(item, 40)!r} in [{shorten(body, 80)}]; expected e.g. "
+                        "[01-03,07]")
         lo_text, hi_text = match.group(1), match.group(2)
         lo, hi = int(lo_text), int(hi_text if hi_text is not None else lo_text)
         if hi < lo:
             raise _fail(var, whole, f"range {item!r} runs backwards; write it low-high")
-        if hi - lo > 100000:
-            raise _fail(var, whole, f"range {item!r} is implausibly large")
+        if len(values) + hi - lo + 1 > MAX_NODES:
+            raise _fail(var, whole, f"range {item!r} is implausibly large: more than {MAX_NODES:,} hosts")
         width = len(lo_text)
         values.extend(str(n).zfill(width) for n in range(lo, hi + 1))
-    tails = _expand_one(rest, var, whole) if rest else [""]
-    return [f"{prefix}{v}{t}" for v in values for t in tails]
+    return values
+
+
+def _expand_one(name: str, var: str, whole: str, budget: int) -> List[str]:
+    """Expands one host expression, possibly with several bracket groups (``rack[1-2]-n[01-02]``).
+
+    The number of hosts (the product of the groups' sizes) is checked against ``budget`` before any is built.
+    """
+    if not name:
+        raise _fail(var, whole, "empty host name (check for stray commas)")
+    if "[" not in name:
+        if budget < 1:
+            raise _fail(var, whole, f"names more than {MAX_NODES:,} hosts")
+        return [name]
+    pieces: List[List[str]] = []
+    rest = name
+    while "[" in rest:
+        open_at = rest.index("[")
+        close_at = rest.index("]", open_at)
+        pieces.append([rest[:open_at]])
+        pieces.append(_range_values(rest[open_at + 1:close_at], var, whole))
+        rest = rest[close_at + 1:]
+    pieces.append([rest])
+    total = 1
+    for piece in pieces:
+        total *= len(piece)
+        if total > budget:
+            raise _fail(var, whole, f"names more than {MAX_NODES:,} hosts")
+    return ["".join(parts) for parts in itertools.product(*pieces)]
 
 
 def expand_nodelist(nodelist: str, *, var: str = "SLURM_JOB_NODELIST") -> List[str]:
@@ -102,16 +129,19 @@ def expand_nodelist(nodelist: str, *, var: str = "SLURM_JOB_NODELIST") -> List[s
         ['a1', 'a2', 'b3']
     """
     text = nodelist.strip()
+    if len(text) > MAX_BYTES:
+        raise _fail(var, nodelist, f"is {len(text):,} characters long, more than {MAX_BYTES:,}")
     if not text:
         raise _fail(var, nodelist, "is empty; run inside an allocation (salloc / sbatch) and srun")
     if any(ch.isspace() for ch in text):
         raise _fail(var, nodelist, "contains whitespace")
     hosts: List[str] = []
     for part in _split_top_level(text, var):
-        hosts.extend(_expand_one(part, var, nodelist))
-    dupes = sorted({h for h in hosts if hosts.count(h) > 1})
+        hosts.extend(_expand_one(part, var, nodelist, MAX_NODES - len(hosts)))
+    dupes = sorted(h for h, n in collections.Counter(h.lower() for h in hosts).items() if n > 1)
     if dupes:
-        raise _fail(var, nodelist, f"names host(s) {', '.join(dupes)} twice")
+        shown = ", ".join(dupes[:5]) + (f" and {len(dupes) - 5} more" if len(dupes) > 5 else "")
+        raise _fail(var, nodelist, f"names host(s) {shown} twice")
     return hosts
 
 
@@ -133,16 +163,20 @@ def parse_tasks_per_node(value: str, num_nodes: int, *, var: str = "SLURM_TASKS_
         >>> parse_tasks_per_node("2(x3),1", 4)
         [2, 2, 2, 1]
     """
-    counts: List[int] = []
+    if len(value) > MAX_BYTES:
+        raise _fail(var, value, f"is {len(value):,} characters long, more than {MAX_BYTES:,}")
+    items: List[Tuple[int, int]] = []
     for item in value.strip().split(","):
         match = _TPN_RE.match(item)
         if not match:
-            raise _fail(var, value, f"bad item {item!r}; expected counts like 2(x3),1")
-        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+            raise _fail(var, value, f"bad item {shorten(item, 40)!r}; expected counts like 2(x3),1")
+        items.append((int(match.group(1)), int(match.group(2) or 1)))
+    declared = sum(repeat for _, repeat in items)  # checked before any list of that length is built
+    if declared != num_nodes and not (declared == 1 and num_nodes > 1):
+        raise _fail(var, value, f"gives {declared} node count(s) but the node list has {num_nodes} node(s)")
+    counts = [count for count, repeat in items for _ in range(repeat)]
     if len(counts) == 1 and num_nodes > 1:
         counts = counts * num_nodes
-    if len(counts) != num_nodes:
-        raise _fail(var, value, f"gives {len(counts)} node count(s) but the node list has {num_nodes} node(s)")
     if any(c < 1 for c in counts):
         raise _fail(var, value, "every node needs at least 1 task")
     return counts
@@ -152,8 +186,9 @@ def _int_var(environ: Mapping[str, str], var: str, *, minimum: int = 0) -> Optio
     raw = environ.get(var)
     if raw is None or raw == "":
         return None
-    if not raw.strip().isdigit():
-        raise _fail(var, raw, f"must be an integer >= {minimum}")
+    text = raw.strip()
+    if not text.isdigit() or not text.isascii() or len(text) > MAX_DIGITS:
+        raise _fail(var, raw, f"must be an integer >= {minimum} (at most {MAX_DIGITS} digits)")
     value = int(raw)
     if value < minimum:
         raise _fail(var, raw, f"must be an integer >= {minimum}")
@@ -219,6 +254,10 @@ def slurm_task(environ: Optional[Mapping[str, str]] = None, *, port: Optional[in
 
     ntasks = _int_var(env, "SLURM_STEP_NUM_TASKS", minimum=1) or _int_var(env, "SLURM_NTASKS", minimum=1)
     total = sum(counts)
+    if min(total, ntasks or total) > MAX_NODES:
+        per_node_var = tpn_var or "SLURM_NTASKS_PER_NODE"
+        raise _fail(per_node_var, env.get(per_node_var, ""), f"makes {total:,} tasks on {len(nodes)} "
+                    f"node(s), more than the {MAX_NODES:,} a cluster may have")
     if ntasks is not None and ntasks > total:
         raise _fail("SLURM_NTASKS", str(ntasks), f"is more than the {total} task slot(s) of {nodelist_var} "
                     f"and tasks per node {counts}")

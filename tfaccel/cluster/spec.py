@@ -16,12 +16,14 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, MutableMapping, NoReturn, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, MutableMapping, NoReturn, Optional, Sequence, Tuple, Union
 
+from tfaccel.cluster.limits import MAX_BYTES, MAX_DIGITS, loads_json, nesting_problem, read_bounded, show, shorten
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
 
-__all__ = ["ClusterSpec", "TaskInfo", "ClusterConfigError", "ROLES", "TaskLike", "parse_task"]
+__all__ = ["ClusterSpec", "TaskInfo", "ClusterConfigError", "ROLES", "TaskLike", "parse_task", "canonical_address",
+           "MAX_YAML_VALUES"]
 
 # One source of truth for role names, in the order TF_CONFIG documents and listings use.
 ROLES: Tuple[str, ...] = ("chief", "worker", "ps", "evaluator")
@@ -35,6 +37,7 @@ TaskLike = Union[str, Tuple[str, int], Sequence[Any]]
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.\-]*[A-Za-z0-9_])?$")
 _EXAMPLE = '"10.0.0.2:2222"'
+MAX_YAML_VALUES = 60_000  # a YAML cluster file of 30,000 hosts, one a line, reads in ~0.5 s; JSON has no such bound
 
 
 class ClusterConfigError(ConfigError):
@@ -47,7 +50,7 @@ def _err(source: str, field: Optional[str], received: Any, problem: str) -> Clus
     if field:
         parts.append(field)
     if received is not _NOTHING:
-        parts.append(json.dumps(received) if isinstance(received, str) else repr(received))
+        parts.append(show(received))
     head = ": ".join(p for p in (source, " ".join(parts)) if p)
     return ClusterConfigError(f"{head}: {problem}")
 
@@ -86,8 +89,8 @@ def _check_address(source: str, field: str, value: Any) -> str:
     if not port:
         _raise(source, field, value, f"port is missing; write it as \"host:port\", e.g. {_EXAMPLE}")
     if not port.isdigit() or not port.isascii():
-        _raise(source, field, value, f"port must be a number 1-65535, got {port!r}; e.g. {_EXAMPLE}")
-    if not 1 <= int(port) <= 65535:
+        _raise(source, field, value, f"port must be a number 1-65535, got {shorten(port, 40)!r}; e.g. {_EXAMPLE}")
+    if len(port) > MAX_DIGITS or not 1 <= int(port) <= 65535:
         _raise(source, field, value, "port must be 1-65535")
     if str(int(port)) != port:
         _raise(source, field, value, f"port has leading zeros; write {host}:{int(port)}")
@@ -100,6 +103,8 @@ def _check_address(source: str, field: str, value: Any) -> str:
             _raise(source, field, value, "host in brackets must be an IPv6 address, e.g. \"[::1]:2222\"")
     elif ":" in host:
         _raise(source, field, value, "an IPv6 host must be written in brackets, e.g. \"[::1]:2222\"")
+    elif len(host) > 253:
+        _raise(source, field, value, f"host is {len(host)} characters long; a host name has at most 253")
     elif not _HOST_RE.match(host) or ".." in host:
         _raise(source, field, value, "host must be a hostname or IP address (letters, digits, '.', '-', '_')")
     return value
@@ -137,7 +142,7 @@ def parse_task(task: TaskLike, *, source: str = "", field: str = "task") -> Tupl
         role, sep, index_text = task.partition(":")
         if not sep:
             index_text = "0"
-        if not index_text.isdigit() or not index_text.isascii():
+        if not index_text.isdigit() or not index_text.isascii() or len(index_text) > MAX_DIGITS:
             _raise(source, field, task, "must be \"role:index\" with a non-negative index, e.g. \"worker:1\"")
         index: Any = int(index_text)
     elif isinstance(task, (tuple, list)) and len(task) == 2:
@@ -149,7 +154,7 @@ def parse_task(task: TaskLike, *, source: str = "", field: str = "task") -> Tupl
     else:
         return _raise(source, field, task, "must be \"role:index\" (e.g. \"worker:1\") or a (role, index) pair")
     if role in LEGACY_ROLES:
-        _warn(f"{source + ': ' if source else ''}{field} {task!r}: {role!r} is the legacy name of "
+        _warn(f"{source + ': ' if source else ''}{field} {show(task)}: {role!r} is the legacy name of "
               f"{LEGACY_ROLES[role]!r}; use {LEGACY_ROLES[role]!r}")
         role = LEGACY_ROLES[role]
     if role not in ROLES:
@@ -206,14 +211,7 @@ def _validate_cluster(cluster: Any, source: str, prefix: str = "") -> Tuple[Tupl
             _raise(source, field, list(addresses), f"at most one {role} is allowed, got {len(addresses)}; "
                    f"make the others workers")
         roles[role] = addresses
-    seen: Dict[str, str] = {}
-    for role in ROLES:
-        for index, address in enumerate(roles.get(role, ())):
-            name = f"{prefix}{role}[{index}]"
-            if address in seen:
-                _raise(source, name, address, f"duplicate address, already used by {seen[address]}; "
-                       "every task needs its own host:port")
-            seen[address] = name
+    _check_unique(roles, source, prefix)
     if "ps" in roles and "worker" not in roles:
         _raise(source, f"{prefix}ps", list(roles["ps"]), "parameter servers need at least one worker; "
                f"add worker: [{_EXAMPLE}]")
@@ -223,12 +221,46 @@ def _validate_cluster(cluster: Any, source: str, prefix: str = "") -> Tuple[Tupl
     return tuple((role, roles[role]) for role in ROLES if role in roles)
 
 
+def canonical_address(address: str) -> str:
+    """The form two equivalent addresses share: host names lowercased, ``localhost`` = ``127.0.0.1``, IPv6
+    compressed (``[0:0::1]`` = ``[::1]``, an IPv4-mapped one as its IPv4 address). ``address`` is valid.
+
+    Example:
+        >>> canonical_address("LocalHost:2222"), canonical_address("[0:0::1]:2222")
+        ('127.0.0.1:2222', '[::1]:2222')
+    """
+    host, port = split_address(address)
+    if host.startswith("["):
+        ip = ipaddress.IPv6Address(host[1:-1])
+        host = str(ip.ipv4_mapped) if ip.ipv4_mapped is not None else f"[{ip.compressed}]"
+    else:
+        host = host.lower()
+        if host == "localhost":
+            host = "127.0.0.1"
+    return f"{host}:{port}"
+
+
+def _check_unique(roles: Mapping[str, Tuple[str, ...]], source: str, prefix: str) -> None:
+    """No two tasks at the same address, however it is written (one pass: a dict of canonical forms)."""
+    seen: Dict[str, Tuple[str, str]] = {}
+    for role in ROLES:
+        for index, address in enumerate(roles.get(role, ())):
+            name = f"{prefix}{role}[{index}]"
+            key = canonical_address(address)
+            if key in seen:
+                other, written = seen[key]
+                same = "" if written == address else f" ({show(written)}: the same host and port)"
+                _raise(source, name, address, f"duplicate address, already used by {other}{same}; "
+                       "every task needs its own host:port")
+            seen[key] = (name, address)
+
+
 def _validate_task_doc(task: Any, source: str) -> Tuple[str, int]:
     if not isinstance(task, Mapping):
         _raise(source, "task", task, "must be a mapping like {\"type\": \"worker\", \"index\": 0}")
     for key in task:
         if key not in TASK_KEYS:
-            _raise(source, f"task.{key}" if isinstance(key, str) else "task", key,
+            _raise(source, f"task.{shorten(key, 80)}" if isinstance(key, str) else "task", key,
                    f"unknown key; valid keys are {', '.join(TASK_KEYS)}")
     if "type" not in task:
         _raise(source, "task", dict(task), "\"type\" is missing, e.g. {\"type\": \"worker\", \"index\": 0}")
@@ -358,13 +390,17 @@ class ClusterSpec:
         Example:
             >>> spec = ClusterSpec.from_file("tf_config/two_workers.yaml")  # doctest: +SKIP
         """
-        source = f"cluster file {os.fspath(path)}"
+        source = f"cluster file {shorten(os.fspath(path))}"
         try:
-            text = Path(path).read_text(encoding="utf-8")
+            data, size = read_bounded(os.fspath(path))
+            if data is None:
+                return _raise(source, None, _NOTHING, f"larger than {MAX_BYTES:,} bytes (the limit for a cluster "
+                              "description); is it the right file?")
+            text = data.decode("utf-8")
         except FileNotFoundError:
             return _raise(source, None, _NOTHING, "no such file; check the path")
         except (OSError, UnicodeDecodeError) as exc:
-            return _raise(source, None, _NOTHING, f"cannot read it ({exc})")
+            return _raise(source, None, _NOTHING, f"cannot read it ({shorten(str(exc))})")
         return cls.from_dict(_parse_text(text, source, json_only=str(path).endswith(".json")), source=source)
 
     @classmethod
@@ -615,36 +651,67 @@ class TaskInfo:
 
 def _parse_text(text: str, source: str, *, json_only: bool = False) -> Any:
     """Parses JSON or YAML (``safe_load``), rejecting duplicate keys; errors name ``source`` and the line."""
-    if json_only:
+    doc = _parse_json(text, source) if json_only else _parse_yaml(text, source)
+    problem = nesting_problem(doc)
+    if problem is not None:
+        _raise(source, None, _NOTHING, f"{problem}; a cluster description is role -> list of \"host:port\"")
+    return doc
+
+
+def parse_json_document(text: str, source: str) -> Any:
+    """Parses JSON (a cluster file or TF_CONFIG): a key given twice, nesting deeper than the limit or more values
+    than the limit is an error naming ``source``, as is invalid JSON (at its line and column)."""
+    return _parse_text(text, source, json_only=True)
+
+
+def _duplicate_key(source: str) -> Callable[[str], None]:
+    def duplicate(key: str) -> None:
+        _raise(source, shorten(key, 80), _NOTHING, "key given twice; keep one")
+    return duplicate
+
+
+def _parse_json(text: str, source: str) -> Any:
+    try:
+        return loads_json(text, _duplicate_key(source))
+    except ClusterConfigError:
+        raise
+    except json.JSONDecodeError as exc:
+        return _raise(source, None, _NOTHING, f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}")
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        return _raise(source, None, _NOTHING, f"not valid JSON: {shorten(str(exc))}")
+    except RecursionError:
+        return _raise(source, None, _NOTHING, "nested too deeply to read; a cluster description is role -> list "
+                      "of \"host:port\"")
+
+
+def _parse_yaml(text: str, source: str) -> Any:
+    if text.lstrip().startswith("{"):  # JSON is YAML too, and Python's JSON reader is 10-100x faster
         try:
-            return json.loads(text, object_pairs_hook=_no_duplicates(source))
-        except json.JSONDecodeError as exc:
-            return _raise(source, None, _NOTHING, f"not valid JSON: {exc.msg} at line {exc.lineno} "
-                          f"column {exc.colno}")
+            return loads_json(text, _duplicate_key(source))
+        except ClusterConfigError:
+            raise
+        except (ValueError, RecursionError):
+            pass  # not JSON after all: YAML says what is wrong
+    bound = 2 * (text.count(",") + text.count("\n") + 1) + text.count("[") + text.count("{")
+    if bound > MAX_YAML_VALUES:  # PyYAML builds ~70,000 values a second: bound the work before it starts
+        _raise(source, None, _NOTHING, f"too large to read as YAML: up to {bound:,} values (from its commas and "
+               f"lines), more than {MAX_YAML_VALUES:,}; write a cluster this large as JSON (a .json file)")
     import yaml
 
     try:
         return yaml.load(text, Loader=_strict_loader())  # a SafeLoader subclass: safe_load plus duplicate check
     except ClusterConfigError as exc:
         raise ClusterConfigError(f"{source}: {exc}") from None
-    except TypeError as exc:  # e.g. a list used as a mapping key
-        return _raise(source, None, _NOTHING, f"not a valid cluster description ({exc})")
+    except (TypeError, ValueError) as exc:  # a list used as a mapping key, an integer of more than 4300 digits
+        return _raise(source, None, _NOTHING, f"not a valid cluster description ({shorten(str(exc))})")
+    except RecursionError:
+        return _raise(source, None, _NOTHING, "nested too deeply to read; a cluster description is role -> list "
+                      "of \"host:port\"")
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        return _raise(source, None, _NOTHING, f"not valid YAML: {problem}{where}")
-
-
-def _no_duplicates(source: str) -> Any:
-    def hook(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
-        out: Dict[str, Any] = {}
-        for key, value in pairs:
-            if key in out:
-                _raise(source, key, _NOTHING, "key given twice; keep one")
-            out[key] = value
-        return out
-    return hook
+        return _raise(source, None, _NOTHING, f"not valid YAML: {shorten(problem)}{where}")
 
 
 _LOADER: Any = None
@@ -655,7 +722,10 @@ def _strict_loader() -> Any:
     if _LOADER is None:
         import yaml
 
-        class _StrictSafeLoader(yaml.SafeLoader):
+        # libyaml's parser when PyYAML has it: ~8x faster on a 1 MB file, and it refuses deep nesting itself.
+        base = yaml.CSafeLoader if getattr(yaml, "__with_libyaml__", False) else yaml.SafeLoader
+
+        class _StrictSafeLoader(base):  # type: ignore[valid-type,misc]
             pass
 
         def construct_mapping(loader: Any, node: Any, deep: bool = False) -> Dict[Any, Any]:
@@ -664,7 +734,7 @@ def _strict_loader() -> Any:
             for key_node, value_node in node.value:
                 key = loader.construct_object(key_node, deep=deep)
                 if key in out:
-                    raise _err(f"{key} (line {key_node.start_mark.line + 1})", None, _NOTHING,
+                    raise _err(f"{shorten(str(key), 80)} (line {key_node.start_mark.line + 1})", None, _NOTHING,
                                "key given twice; keep one")
                 out[key] = loader.construct_object(value_node, deep=deep)
             return out

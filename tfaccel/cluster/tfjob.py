@@ -8,6 +8,7 @@ description do not matter on Kubernetes; the role sizes and each role's port do.
 import re
 from typing import Any, Dict, List, Optional, Sequence
 
+from tfaccel.cluster.limits import shorten
 from tfaccel.cluster.spec import ClusterConfigError, ClusterSpec, split_address
 
 __all__ = ["tfjob_manifest", "tfjob_yaml", "REPLICA_TYPES"]
@@ -40,15 +41,16 @@ def tfjob_manifest(spec: ClusterSpec, *, name: str, image: str, command: Optiona
         2
     """
     if not isinstance(name, str) or len(name) > 63 or not _DNS_LABEL_RE.match(name):
-        raise ClusterConfigError(f"tfjob name {name!r}: must be a DNS-1123 label (lowercase letters, digits "
-                                 "and '-', starting and ending with a letter or digit, at most 63 characters), "
-                                 "e.g. 'mnist-train'")
+        raise ClusterConfigError(f"tfjob name {shorten(repr(name))}: must be a DNS-1123 label (lowercase letters, "
+                                 "digits and '-', starting and ending with a letter or digit, at most 63 "
+                                 "characters), e.g. 'mnist-train'")
     if not isinstance(image, str) or not image.strip() or any(ch.isspace() for ch in image):
-        raise ClusterConfigError(f"tfjob image {image!r}: must be a container image reference without spaces, "
-                                 "e.g. 'tensorflow/tensorflow:2.21.0'")
+        raise ClusterConfigError(f"tfjob image {shorten(repr(image))}: must be a container image reference without "
+                                 "spaces, e.g. 'tensorflow/tensorflow:2.21.0'")
     policies = ("OnFailure", "Never", "Always", "ExitCode")
     if restart_policy not in policies:
-        raise ClusterConfigError(f"tfjob restart_policy {restart_policy!r}: valid values are {', '.join(policies)}")
+        raise ClusterConfigError(f"tfjob restart_policy {shorten(repr(restart_policy))}: valid values are "
+                                 f"{', '.join(policies)}")
     replicas: Dict[str, Any] = {}
     for role, addresses in spec.roles.items():
         _, port = split_address(addresses[0])

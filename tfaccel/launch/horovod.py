@@ -20,19 +20,24 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from tfaccel.cluster.limits import shorten
 from tfaccel.errors import BackendUnavailableError, ConfigError
-from tfaccel.launch.local import child_base_env, normalize_command
+from tfaccel.launch.envpolicy import check_env_names, runtime_env
+from tfaccel.launch.local import CHILD_DEFAULT_ENV, child_base_env, normalize_command
 from tfaccel.launch.netns import check_network_mode
 from tfaccel.launch.supervisor import RESTART_ENV, LaunchResult, LaunchTask, run_job
 from tfaccel.log import get_logger
 
-__all__ = ["build_horovodrun_command", "run_horovod", "parse_hosts", "find_horovodrun"]
+__all__ = ["build_horovodrun_command", "run_horovod", "parse_hosts", "find_horovodrun", "horovod_env"]
 
 INSTALL_HINT = ("build Horovod against the installed TensorFlow with `bash scripts/install_horovod.sh .venv` "
                 "(see the README section 'Horovod')")
 
 _HOST_RE = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+)(?::(?P<slots>\d+))?$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Horovod's and Gloo's own settings, and the ssh agent horovodrun uses to reach other hosts.
+HOROVOD_PREFIXES = ("HOROVOD_", "GLOO_")
+HOROVOD_NAMES = frozenset({"SSH_AUTH_SOCK"})
 
 
 def find_horovodrun() -> str:
@@ -66,21 +71,21 @@ def parse_hosts(hosts: Union[None, str, Sequence[str]], np: int) -> List[Tuple[s
     for entry in entries:
         match = _HOST_RE.match(entry)
         if not entry or match is None:
-            raise ConfigError(f"hosts: malformed entry {entry!r} in {hosts!r}; valid: comma-separated "
-                              "HOST[:SLOTS], e.g. -H localhost:2 or -H node1:4,node2:4")
+            raise ConfigError(f"hosts: malformed entry {shorten(repr(entry))} in {shorten(repr(hosts))}; valid: "
+                              "comma-separated HOST[:SLOTS], e.g. -H localhost:2 or -H node1:4,node2:4")
         slots = int(match.group("slots")) if match.group("slots") is not None else 1
         if slots < 1:
-            raise ConfigError(f"hosts: {entry!r} has {slots} slots; every host needs at least 1, "
+            raise ConfigError(f"hosts: {shorten(repr(entry))} has {slots} slots; every host needs at least 1, "
                               "e.g. -H localhost:2")
         host = match.group("host")
         if host in (h for h, _ in parsed):
-            raise ConfigError(f"hosts: host {host!r} is listed twice in {hosts!r}; give it once with the total "
-                              "slots, e.g. -H localhost:2")
+            raise ConfigError(f"hosts: host {shorten(repr(host))} is listed twice in {shorten(repr(hosts))}; give it "
+                              "once with the total slots, e.g. -H localhost:2")
         parsed.append((host, slots))
     total = sum(slots for _, slots in parsed)
     if total < np:
-        raise ConfigError(f"np: {np} ranks do not fit in the {total} slot(s) of hosts {hosts!r}; lower -np or add "
-                          f"slots, e.g. -H {parsed[0][0]}:{np}")
+        raise ConfigError(f"np: {np} ranks do not fit in the {total} slot(s) of hosts {shorten(repr(hosts))}; lower "
+                          f"-np or add slots, e.g. -H {parsed[0][0]}:{np}")
     return parsed
 
 
@@ -150,13 +155,26 @@ def build_horovodrun_command(np: int, hosts: Union[None, str, Sequence[str]], cm
     return out + list(argv)
 
 
+def horovod_env(environ: Mapping[str, str], names: Sequence[str] = ()) -> Dict[str, str]:
+    """The environment horovodrun (and so every rank) gets: :func:`tfaccel.launch.envpolicy.runtime_env`, Horovod's
+    and Gloo's settings, ``SSH_AUTH_SOCK`` and ``names``; never the rest (secrets stay off the command lines).
+
+    Example:
+        >>> sorted(horovod_env({"PATH": "/bin", "HOROVOD_LOG_LEVEL": "INFO", "AWS_SECRET_ACCESS_KEY": "s"}))
+        ['HOROVOD_LOG_LEVEL', 'PATH', 'PYTHONUNBUFFERED', 'TFACCEL_OUTPUT_PREFIXED']
+    """
+    env = runtime_env(environ, names, CHILD_DEFAULT_ENV)
+    env.update({k: v for k, v in environ.items() if k.startswith(HOROVOD_PREFIXES) or k in HOROVOD_NAMES})
+    return env
+
+
 def run_horovod(np: int, cmd: Union[str, Sequence[str]], *, hosts: Union[None, str, Sequence[str]] = None,
                 extra_env: Optional[Mapping[str, str]] = None, env: Optional[Mapping[str, str]] = None,
                 timeout: Optional[float] = None, grace: float = 10.0, echo: bool = True,
                 capture_lines: Optional[int] = None, horovodrun: Optional[str] = None,
                 start_timeout: Optional[int] = None, gloo_timeout: Optional[int] = None,
                 network_interfaces: Optional[str] = None, verbose: bool = False,
-                max_restarts: int = 0, network: str = "auto") -> LaunchResult:
+                max_restarts: int = 0, network: str = "auto", forward: Sequence[str] = ()) -> LaunchResult:
     """Runs ``cmd`` as ``np`` Horovod ranks through ``horovodrun --gloo`` and waits for it.
 
     The ``horovodrun`` process is supervised like any tfaccel task: its output is streamed with a
@@ -164,6 +182,11 @@ def run_horovod(np: int, cmd: Union[str, Sequence[str]], *, hosts: Union[None, s
     and stopped with its whole process group. TF_CONFIG is removed from the ranks' environment (Horovod
     ranks are not a tf.distribute cluster; a stray TF_CONFIG would make ``strategy="auto"`` pick
     multi_worker).
+
+    horovodrun writes every variable of its own environment onto each rank's command line (``env K=V ... CMD``,
+    which any user of the host can read with ``ps``, and which goes over ssh to other hosts), so horovodrun gets
+    only what the ranks need (:func:`horovod_env`): what running a program needs (``PATH``, ``HOME``,
+    ``PYTHONPATH``, ...), ``TFACCEL_*``, ``TF_*``, ``HOROVOD_*``, ``GLOO_*``, ``env`` and the names in ``forward``.
 
     After a failure (a rank exited non-zero or was killed: horovodrun ends the other ranks and exits non-zero)
     the whole job is run again, up to ``max_restarts`` times: a fresh ``horovodrun`` starts every rank, and
@@ -175,7 +198,7 @@ def run_horovod(np: int, cmd: Union[str, Sequence[str]], *, hosts: Union[None, s
         cmd: the rank command.
         hosts: ``-H``; None for ``localhost:np``.
         extra_env: variables set in every rank (through the rank command). Defaults to None.
-        env: variables set in horovodrun's own environment (inherited by local ranks). Defaults to None.
+        env: variables set in horovodrun's own environment (passed to every rank). Defaults to None.
         timeout: bound on the whole run in seconds; None for no bound. Defaults to None.
         grace: seconds between SIGTERM and SIGKILL when stopping. Defaults to 10.
         echo: stream the output. Defaults to True.
@@ -189,6 +212,8 @@ def run_horovod(np: int, cmd: Union[str, Sequence[str]], *, hosts: Union[None, s
             and Gloo would otherwise listen on every interface; see :mod:`tfaccel.launch.netns`), ``"host"`` on
             this machine's network, ``"auto"`` private where possible. With other hosts the ranks need the
             real network: ``"auto"`` uses it, ``"private"`` is an error. Defaults to "auto".
+        forward: names of variables of this environment the ranks get too (``--env NAME``); each must be set.
+            Defaults to none.
 
     Returns:
         A ``LaunchResult`` with one task, ``horovodrun:0`` (returncode 124 on timeout); ``restarts`` says how
@@ -210,9 +235,9 @@ def run_horovod(np: int, cmd: Union[str, Sequence[str]], *, hosts: Union[None, s
     if network != "host" and any(host not in ("localhost", "127.0.0.1") for host, _ in parse_hosts(hosts, np)):
         if network == "private":
             raise ConfigError(f"network='private': a private network namespace has only loopback, but the ranks "
-                              f"run on hosts {hosts!r}; use -H localhost:N or --network host")
+                              f"run on hosts {shorten(repr(hosts))}; use -H localhost:N or --network host")
         network = "host"
-    base: Dict[str, str] = child_base_env(env)
+    base = horovod_env(child_base_env(env), tuple(check_env_names(forward)) + tuple(env or {}))
     # horovodrun finds itself and the rank's python through PATH: put this environment's bin first.
     base["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), base.get("PATH", "")])
     get_logger().info("launch: %d Horovod rank(s) (Gloo) on %s: %s", np, argv[argv.index("-H") + 1],

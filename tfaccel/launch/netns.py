@@ -260,8 +260,8 @@ def open_network(network: str, *, log: object = None) -> Optional[PrivateNetwork
                 "allows unshare), or pass --network host and firewall the cluster's ports") from exc
         if log is not None:
             log.warning("launch: the local cluster runs on this machine's network: a private network namespace "
-                        "cannot be made here (%s). TensorFlow's servers bind 0.0.0.0, so their ports can be "
-                        "reached from other machines: firewall them, or pass --network host to silence this", exc)
+                        "cannot be made here (%s), so other machines can reach the cluster's ports: firewall them "
+                        "(the next warning names them), or pass --network host to choose this explicitly", exc)
         return None
     if log is not None:
         log.info("launch: tasks run in %s (made in %.2f s): the cluster's ports cannot be reached from outside it, "

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-__all__ = ["free_ports", "start_process", "terminate", "pid_alive", "wait_for_ports", "port_open"]
+__all__ = ["free_ports", "start_process", "terminate", "pid_alive", "wait_for_ports", "port_open", "exit_status"]
 
 LOOPBACK = "127.0.0.1"
 
@@ -91,25 +91,50 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
+def exit_status(proc: subprocess.Popen) -> Optional[int]:
+    """``proc``'s exit status like ``Popen.returncode`` (negative: killed by that signal); None while it runs.
+
+    Unlike ``Popen.poll()`` it never reaps the process: an exited task stays a zombie, so its PID -- the id of its
+    process group -- cannot be given to another process before :func:`terminate` has signalled what is left of
+    the group and reaped it.
+    """
+    if proc.returncode is not None:
+        return proc.returncode
+    try:
+        info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # reaped by someone else
+        return proc.poll()
+    if info is None or info.si_pid == 0:
+        return None
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    """Signals the process and its group, only while it is not reaped (its PID and group id are still its own)."""
+    if proc.returncode is not None:
+        return  # reaped: the PID may belong to an unrelated process (and group) by now
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)  # the child leads its own session: its group id is its pid
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(sig)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(proc.pid, sig)  # in case it left its group; Popen.send_signal would reap a zombie first
 
 
 def terminate(procs: Iterable[subprocess.Popen], *, grace: float = 5.0, sig: int = signal.SIGTERM) -> None:
-    """Ends every process (and its group): ``sig`` (SIGTERM), then SIGKILL after ``grace`` seconds; reaps them all."""
+    """Ends every process (and its group): ``sig`` (SIGTERM), then SIGKILL after ``grace`` seconds; reaps them all.
+
+    A process that was reaped before this call (``returncode`` set) is not signalled at all, nor its group: its
+    PID may have been reused. One that exited but is not reaped (see :func:`exit_status`) still pins its group id,
+    so what it left running in its group gets the SIGKILL.
+    """
     procs = list(procs)
     for proc in procs:
-        if proc.poll() is None:
+        if exit_status(proc) is None:
             _signal_group(proc, sig)
     deadline = time.monotonic() + grace
+    while any(exit_status(proc) is None for proc in procs) and time.monotonic() < deadline:
+        time.sleep(0.02)
     for proc in procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-    for proc in procs:
-        # SIGKILL the group even when the leader is gone: its children may still be alive.
+        # SIGKILL the group even when the leader has exited: its children may still be alive.
         _signal_group(proc, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)

@@ -9,8 +9,8 @@ How a launch goes::
                                  TensorflowTrainer(N workers, FailureConfig(max_failures=--max-restarts)).fit()
           Ray Train worker i     Ray sets TF_CONFIG (workers only, worker 0 is the chief); tfaccel's train function
                                  runs the command as a child process under run_job (in the launcher's working
-                                 directory, with the launcher's environment less host-specific variables: on a
-                                 cluster Ray's workers inherit their node's `ray start`), which streams its output
+                                 directory, with the node's environment plus the job's variables: TFACCEL_*,
+                                 TF_* and what --env names, never the rest of the launcher's), which streams its output
                                  with a ``[worker i]`` prefix (Ray forwards it to the driver, unprefixed by Ray)
                                  and reports its exit status; a non-zero status fails the worker group.
 
@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from tfaccel.errors import BackendUnavailableError, ConfigError
+from tfaccel.launch.envpolicy import check_env_names, job_env, left_out, runtime_env
 from tfaccel.launch.local import CHILD_DEFAULT_ENV, child_base_env, normalize_command
 from tfaccel.launch.netns import check_network_mode
 from tfaccel.launch.supervisor import (RESTART_ENV, LaunchResult, LaunchTask, describe_returncode, exit_code,
@@ -62,26 +63,20 @@ RESULT_FILE = "tfaccel.json"  # what the chief's Ray checkpoint holds
 # every other tfaccel launch.
 DRIVER_ENV = {"RAY_DISABLE_WORKER_LOG_PREFIX": "1", "RAY_DEDUP_LOGS": "0", "RAY_COLOR_PREFIX": "0",
               "PYTHONUNBUFFERED": "1"}
-# What of the launcher's environment the command on every worker gets: all of it (as with every tfaccel launch),
-# except what describes the launcher's own host or is set per worker by Ray (each worker keeps its node's).
-HOST_ENV = frozenset({"TF_CONFIG", "CUDA_VISIBLE_DEVICES", "HOME", "HOSTNAME", "LOGNAME", "USER", "SHELL", "PWD",
-                      "OLDPWD", "PATH", "LD_LIBRARY_PATH", "TMPDIR", "TERM", "DISPLAY", "_"})
-HOST_ENV_PREFIXES = ("RAY_", "SSH_", "XDG_")
 _POLL_S = 0.2
 
 
-def forwarded_env(environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
-    """The launcher's environment as the workers' commands get it: without :data:`HOST_ENV` and ``RAY_*`` etc.
-
-    On a cluster Ray's workers inherit the environment of the node's ``ray start``, not the launcher's; this is
-    what makes ``REL_EPOCHS=2 tfaccel launch --backend ray ...`` mean the same on a cluster as on this machine.
+def forwarded_env(environ: Optional[Mapping[str, str]] = None, names: Sequence[str] = ()) -> Dict[str, str]:
+    """What of the launcher's environment the workers' commands get (inside Ray's ``train_loop_config``): an
+    allowlist, ``TFACCEL_*`` and ``TF_*`` (not TF_CONFIG) and the ``names`` given with ``--env NAME``; never the
+    rest (a secret such as ``AWS_SECRET_ACCESS_KEY`` stays home unless named).
 
     Example:
-        >>> forwarded_env({"PATH": "/bin", "RAY_ADDRESS": "h:1", "EPOCHS": "2"})
-        {'EPOCHS': '2'}
+        >>> forwarded_env({"PATH": "/bin", "AWS_SECRET_ACCESS_KEY": "s", "EPOCHS": "2", "TF_CPP_MIN_LOG_LEVEL": "2"},
+        ...               names=["EPOCHS"])
+        {'EPOCHS': '2', 'TF_CPP_MIN_LOG_LEVEL': '2'}
     """
-    env = os.environ if environ is None else environ
-    return {k: v for k, v in env.items() if k not in HOST_ENV and not k.startswith(HOST_ENV_PREFIXES)}
+    return job_env(environ, names)
 
 
 # ------------------------------------------------------------------------------------------ inside the workers
@@ -509,7 +504,8 @@ def _check_options(workers: Any, max_restarts: Any, timeout: Any, address: Optio
 def run_ray(cmd: Union[str, Sequence[str]], *, workers: int = 2, address: Optional[str] = None,
             max_restarts: int = 0, timeout: Optional[float] = None, env: Optional[Mapping[str, str]] = None,
             storage_path: Optional[str] = None, name: Optional[str] = None, grace: float = 10.0,
-            echo: bool = True, capture_lines: Optional[int] = None, network: str = "auto") -> LaunchResult:
+            echo: bool = True, capture_lines: Optional[int] = None, network: str = "auto",
+            forward: Sequence[str] = ()) -> LaunchResult:
     """Runs ``cmd`` on ``workers`` Ray Train workers (``TensorflowTrainer``) and waits for it.
 
     Every worker runs the command with the TF_CONFIG Ray Train gives it (workers only; worker 0 is the chief),
@@ -520,8 +516,8 @@ def run_ray(cmd: Union[str, Sequence[str]], *, workers: int = 2, address: Option
     Args:
         cmd: the command (argv list, or a string split like a shell without running one); it must exist on
             every Ray node (at the same path). It runs in the launcher's working directory where that exists on
-            the node (else in Ray's, with a warning), with the launcher's environment less host-specific
-            variables (:func:`forwarded_env`) over the node's.
+            the node (else in Ray's, with a warning), with the node's environment plus the job's variables
+            (:func:`forwarded_env`: ``TFACCEL_*``, ``TF_*`` and ``forward``; nothing else of the launcher's).
         workers: number of Ray Train workers (one CPU each). Defaults to 2.
         address: the Ray cluster to join (``host:port`` of the head, ``auto``, ``ray://...``). Defaults to
             ``$RAY_ADDRESS``; without either a private local Ray instance is started on 127.0.0.1 with
@@ -529,6 +525,8 @@ def run_ray(cmd: Union[str, Sequence[str]], *, workers: int = 2, address: Option
         max_restarts: how many times Ray restarts the worker group after a failure. Defaults to 0.
         timeout: bound on the whole run in seconds; None for no bound. Defaults to None.
         env: extra environment for the command on every worker (over the forwarded one). Defaults to None.
+        forward: names of variables of this environment the workers get too (``--env NAME``); each must be set.
+            Defaults to none.
         storage_path: Ray Train's run storage (``RunConfig.storage_path``; shared by every node on a cluster).
             Defaults to Ray's (``~/ray_results``).
         name: the run's name in the storage. Defaults to ``tfaccel-<time>-<pid>``.
@@ -547,7 +545,8 @@ def run_ray(cmd: Union[str, Sequence[str]], *, workers: int = 2, address: Option
         ``checkpoint``, ``path``) or the failure.
 
     Raises:
-        ConfigError: bad arguments, or ``network="private"`` with an address.
+        ConfigError: bad arguments, a ``forward`` name that is malformed or not set, or ``network="private"``
+            with an address.
         BackendUnavailableError: Ray Train is not installed.
 
     Example:
@@ -558,6 +557,7 @@ def run_ray(cmd: Union[str, Sequence[str]], *, workers: int = 2, address: Option
     """
     address = address if address is not None else (os.environ.get("RAY_ADDRESS") or None)
     _check_options(workers, max_restarts, timeout, address)
+    forward = check_env_names(forward)
     check_network_mode(network)
     if address is not None:
         if network == "private":
@@ -574,12 +574,12 @@ def run_ray(cmd: Union[str, Sequence[str]], *, workers: int = 2, address: Option
         spec = _DriverSpec(argv=list(argv), workers=workers, address=address, max_restarts=max_restarts,
                            storage_path=os.path.abspath(storage_path) if storage_path else None,
                            name=name or f"tfaccel-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}",
-                           env={**forwarded_env(), **CHILD_DEFAULT_ENV, **dict(env or {})}, grace=grace,
+                           env={**forwarded_env(names=forward), **CHILD_DEFAULT_ENV, **dict(env or {})}, grace=grace,
                            capture_lines=capture_lines, result_path=os.path.join(tmp.name, "result.json"),
                            cwd=os.getcwd())
         spec_path = Path(tmp.name, "spec.json")
         spec_path.write_text(json.dumps(dataclasses.asdict(spec)))
-        driver_env = child_base_env()
+        driver_env = _driver_env(address, forward, spec.env)
         driver_env.pop("RAY_ADDRESS", None)  # the spec says where to run
         driver_env.update(DRIVER_ENV)
         driver_env.pop("TFACCEL_OUTPUT_PREFIXED", None)  # the driver's own log lines are not prefixed by Ray
@@ -592,6 +592,20 @@ def run_ray(cmd: Union[str, Sequence[str]], *, workers: int = 2, address: Option
         return _merge_driver_result(result, Path(spec.result_path))
     finally:
         tmp.cleanup()
+
+
+def _driver_env(address: Optional[str], forward: Sequence[str], job: Mapping[str, str]) -> Dict[str, str]:
+    """The Ray driver's environment. A private instance's Ray processes and workers inherit it, so there it is the
+    allowlist (:func:`tfaccel.launch.envpolicy.runtime_env`, plus Ray's own ``RAY_*`` settings); the driver that
+    joins a cluster keeps this environment (the cluster's workers have their nodes')."""
+    base = child_base_env()
+    env = runtime_env(base, forward)
+    env.update({k: v for k, v in base.items() if k.startswith("RAY_")})
+    left = left_out(base, {**env, **job})
+    if left:
+        get_logger().info("launch: the Ray workers get TFACCEL_*, TF_* and the variables named with --env; not "
+                          "passed on: %s; name one with --env NAME", left)
+    return base if address else env
 
 
 class _DriverTask(LaunchTask):

@@ -8,7 +8,7 @@ user's command once every server accepts connections), streams their output with
 - a command task exited non-zero, or a server task exited at all: fail-fast, every other task gets SIGTERM,
   then SIGKILL after ``grace`` seconds; the job exits with the failing task's code (128 + N when it was
   killed by signal N) and the log names the task and shows its last lines;
-- the deadline passed (exit 124), the launcher got SIGINT/SIGTERM (forwarded to every task; exit 128 + N),
+- the deadline passed (exit 124), the launcher got SIGINT/SIGTERM/SIGHUP (forwarded to every task; exit 128 + N),
   or a peer never accepted connections within the connect timeout (exit 1).
 
 :func:`run_job` adds restarts: after a failure the whole job is built again (fresh ports) and started, up to
@@ -28,11 +28,11 @@ import time
 from typing import IO, Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from tfaccel.launch.netns import open_network
-from tfaccel.launch.procs import port_open, start_process, terminate, wait_for_ports
+from tfaccel.launch.procs import exit_status, port_open, start_process, terminate, wait_for_ports
 from tfaccel.log import get_logger
 
 __all__ = ["LaunchTask", "TaskOutcome", "LaunchResult", "run_job", "exit_code", "describe_returncode",
-           "EXIT_TIMEOUT", "EXIT_UNREACHABLE", "RESTART_ENV"]
+           "warn_exposed_ports", "EXIT_TIMEOUT", "EXIT_UNREACHABLE", "RESTART_ENV"]
 
 EXIT_TIMEOUT = 124  # like coreutils timeout(1)
 EXIT_UNREACHABLE = 1
@@ -167,7 +167,11 @@ class _Verdict:
 
 
 class _Signals:
-    """Records SIGINT/SIGTERM sent to the launcher while a job runs (main thread only; elsewhere a no-op)."""
+    """Records SIGINT/SIGTERM/SIGHUP sent to the launcher while a job runs (main thread only; elsewhere a no-op).
+
+    SIGHUP (the terminal or ssh connection of the launcher went away) is handled like SIGTERM: forwarded to every
+    task, which then gets the grace period, instead of the launcher dying at once and its tasks being SIGKILLed.
+    """
 
     def __init__(self) -> None:
         self.received: Optional[int] = None
@@ -179,7 +183,7 @@ class _Signals:
 
     def __enter__(self) -> "_Signals":
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 self._previous[sig] = signal.signal(sig, self._handler)
         return self
 
@@ -272,11 +276,11 @@ class _Attempt:
         now = time.monotonic()
         newly = []
         for run in self.running:
-            if run.ended is None and run.proc.poll() is not None:
+            if run.ended is None and exit_status(run.proc) is not None:  # not reaped before terminate()
                 run.ended = now
                 newly.append(run)
         for run in newly:
-            rc = run.proc.returncode
+            rc = exit_status(run.proc)
             if not run.task.server and rc == 0:
                 self.log.info("launch: %s pid=%d finished OK after %.1f s", run.task.name, run.proc.pid,
                               now - run.started)
@@ -285,7 +289,7 @@ class _Attempt:
                 thread.join(timeout=2)
             if run.task.server and run.task.task_type == "worker" and any(
                     other is not run and other.task.server and other.task.task_type == "worker"
-                    and other.proc.poll() is None for other in self.running):
+                    and exit_status(other.proc) is None for other in self.running):
                 # issue 9 (R3): ClusterCoordinator re-schedules a lost worker's closures on the other workers, so
                 # a parameter-server job goes on while at least one worker server is alive.
                 self.log.warning("launch: %s (pid %d), a parameter-server worker, exited: %s after %.1f s; the job "
@@ -324,7 +328,7 @@ class _Attempt:
             self._stop(signal.SIGTERM, wanted=False)
             raise
         if verdict.reason == "interrupted":
-            self._stop(verdict.returncode - 128, wanted=False)
+            self._stop(_forwarded(verdict.returncode - 128), wanted=False)
         else:
             self._stop(signal.SIGTERM, wanted=verdict.reason == "ok")
         return verdict
@@ -353,7 +357,7 @@ class _Attempt:
             if self.signals.received is not None:
                 sig = self.signals.received
                 name = signal.Signals(sig).name
-                message = f"interrupted by {name}; forwarded {name} to every task"
+                message = f"interrupted by {name}; forwarded {signal.Signals(_forwarded(sig)).name} to every task"
                 self.log.warning("launch: %s (SIGKILL after %.0f s)", message, self.grace)
                 return _Verdict("interrupted", 128 + sig, message)
             verdict = self._check_exits(all_started=not commands)
@@ -374,7 +378,7 @@ class _Attempt:
                     return self._unreachable(missing_peers)
                 self.log.info("launch: every other task of the cluster accepts connections")
             if self.deadline is not None and now >= self.deadline:
-                alive = [r.task.name for r in self.running if r.proc.poll() is None]
+                alive = [r.task.name for r in self.running if exit_status(r.proc) is None]
                 message = f"timed out after {self.timeout:g} s (--timeout); still running: {', '.join(alive) or 'none'}"
                 return _Verdict("timeout", EXIT_TIMEOUT, message)
             time.sleep(_POLL_S)
@@ -393,7 +397,7 @@ class _Attempt:
 
     def _stop(self, sig: int, *, wanted: bool) -> None:
         """Ends every task still running (``wanted``: the job is done, these are servers) and its group."""
-        alive = [r for r in self.running if r.proc.poll() is None]
+        alive = [r for r in self.running if exit_status(r.proc) is None]
         for run in alive:
             run.stopped = True
         if alive:
@@ -407,6 +411,30 @@ class _Attempt:
 
     def outcomes(self) -> List[TaskOutcome]:
         return [run.outcome() for run in self.running]
+
+
+def warn_exposed_ports(tasks: Sequence[LaunchTask], log: Any, *, restarts: bool = False) -> bool:
+    """Logs one warning naming the ports of the tasks that run a TensorFlow gRPC server on this machine's network.
+
+    Such a server listens on every interface and runs whatever graph it is sent, without authentication: anyone
+    who can reach the port can read files and run code as this user. Returns True when it warned.
+    """
+    exposed = [(t.name, t.address) for t in tasks if t.address and t.task_type != "evaluator"]
+    if not exposed:
+        return False
+    ports = ", ".join(f"{_split_address(address)[1]} ({name})" for name, address in exposed)
+    log.warning("launch: TensorFlow's gRPC servers of this launch listen on every network interface of this machine "
+                "without authentication (whoever reaches a port can run any TensorFlow graph as this user): port(s) "
+                "%s%s; allow them only from the cluster's hosts (firewall), or run a local cluster with --network "
+                "private (see the README's Security section)", ports,
+                "; a restart chooses new ports" if restarts else "")
+    return True
+
+
+def _forwarded(sig: int) -> int:
+    """The signal the tasks get when the launcher gets ``sig``: the same, but SIGTERM for SIGHUP (a task's own
+    terminal did not hang up; SIGTERM is what schedulers send and what training code handles)."""
+    return signal.SIGTERM if sig == signal.SIGHUP else sig
 
 
 def _indent(text: str) -> str:
@@ -459,6 +487,8 @@ def run_job(make_tasks: Callable[[int], Sequence[LaunchTask]], *, max_restarts: 
                 verdict = _Verdict("interrupted", 128 + signals.received, f"interrupted by {name} before a restart")
                 break
             tasks = make_tasks(attempt)
+            if net is None and attempt == 0:
+                warn_exposed_ports(tasks, log, restarts=max_restarts > 0)
             if max_restarts:
                 log.info("launch: attempt %d of at most %d: %d task(s)", attempt + 1, max_restarts + 1, len(tasks))
             runner = _Attempt(tasks, grace=grace, connect_timeout=connect_timeout, peers=peers, stdout=stdout,
