@@ -41,9 +41,11 @@ def _side_by_side(out: Path, runs: Dict[str, str], *, timeout: float) -> None:
 
 @pytest.fixture(scope="session")
 def real_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    out = tmp_path_factory.mktemp("real")
+    kept = os.environ.get("TFACCEL_REAL_DIR")  # keep the records (history, weights, seconds) of a run
+    out = Path(kept) if kept else tmp_path_factory.mktemp("real")
     yield out
-    shutil.rmtree(out, ignore_errors=True)  # the weights of ResNet50 are ~100 MB per record
+    if not kept:
+        shutil.rmtree(out, ignore_errors=True)  # the weights of ResNet50 are ~100 MB per record
 
 
 @pytest.fixture(scope="session")
