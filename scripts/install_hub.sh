@@ -32,6 +32,7 @@ if [ ! -x "$py" ]; then
     exit 2
 fi
 log() { echo "install_hub: $*"; }
+export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"  # TensorFlow's C++ start-up lines are noise here
 
 # Which TensorFlow distribution the venv holds now: that one must still be the one that runs afterwards.
 tf_dists() {
