@@ -54,6 +54,10 @@ def _machine() -> Dict[str, Any]:
 
 
 def _measure(config: BenchConfig, stopwatch: Stopwatch) -> Dict[str, Any]:
+    if config.suite == "real":
+        from tfaccel.bench.real import measure_real
+
+        return {"real": measure_real(config, stopwatch)}
     from tfaccel.bench.precision import check_p5_mode
     from tfaccel.bench.scaling import measure_scaling
     from tfaccel.bench.speed import measure_speedups

@@ -1,17 +1,21 @@
 """What ``tfaccel bench`` measures (:class:`BenchConfig`), its targets, and the helpers every part shares."""
 
 import dataclasses
+import json
 import statistics
 from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["BenchConfig", "TARGETS", "TARGET_MODELS", "summary", "round_order", "contender_rows"]
+__all__ = ["BenchConfig", "SUITES", "TARGETS", "TARGET_MODELS", "summary", "round_order", "contender_rows", "last_json"]
 
 TARGETS: Dict[str, float] = {"p1": 6.0, "p2": 2.0, "p3": 0.95, "p4_mwms_of_ceiling": 0.95, "p6_stream": 0.9,
                              "p5_precision_xla": 2.5}
 """The figure each key must reach (its median), on an idle machine; never asserted in a timed test.
 ``p5_precision_xla``'s holds on a GPU only (on CPU precision "auto" is float32)."""
+
+SUITES: Tuple[str, ...] = ("reference", "real")
+"""What ``tfaccel bench --suite`` measures: the reference models' figures (P1-P6), or the real models (tfaccel.real_suite)."""
 
 TARGET_MODELS: Dict[str, Tuple[str, ...]] = {"p2": ("mlp",)}
 """Per-model figures whose target holds for these models only (P2: the MLP; the CNN is compute-bound)."""
@@ -31,6 +35,9 @@ class BenchConfig:
             contender reads its own files of one example per record).
         p5: measure P5 (precision and XLA "auto" / float32 without XLA): "auto" (only with a GPU), "on", "off".
         p5_model / p5_examples / p5_batch / p5_input_shape / p5_classes: its model, synthetic data and global batch.
+        suite: ``"reference"`` (P1-P6) or ``"real"`` (the real models, ``tfaccel.bench.real``).
+        real_models / real_paths / real_size / real_timeout: the real suite's models, paths, job size
+            (``tfaccel.real_suite.SIZES``) and seconds allowed per contender.
     """
 
     quick: bool = True
@@ -55,6 +62,11 @@ class BenchConfig:
     p5_batch: int = 64
     p5_input_shape: Tuple[int, ...] = (224, 224, 3)
     p5_classes: int = 1000
+    suite: str = "reference"
+    real_models: Sequence[str] = ("bert_classifier", "gpt2_causal_lm", "resnet50", "mobilenet_v3_small", "recommender")
+    real_paths: Sequence[str] = ("default", "mirrored", "multi_worker")
+    real_size: str = "bench"
+    real_timeout: float = 900.0
 
     @staticmethod
     def make(quick: bool) -> "BenchConfig":
@@ -91,3 +103,11 @@ def contender_rows(rounds: Sequence[Dict[str, Any]], field: str) -> Dict[str, Di
     """``{contender: summary}`` of one field (``examples_per_sec``, ``time_to_train``) over the rounds."""
     names = rounds[0]["timings"].keys()
     return {name: summary([r["timings"][name][field] for r in rounds]) for name in names}
+
+
+def last_json(text: str) -> Dict[str, Any]:
+    """The last JSON object line of a contender process's output (how bench processes report their timing)."""
+    for line in reversed(text.strip().splitlines()):
+        if "{" in line and line.rstrip().endswith("}"):  # horovodrun prefixes rank lines with "[0]<stdout>:"
+            return json.loads(line[line.index("{"):])
+    raise RuntimeError(f"no result line in worker output:\n{text[-1500:]}")

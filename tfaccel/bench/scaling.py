@@ -11,14 +11,13 @@ communicate: what the machine itself allows); ``mwms_two_workers``; ``horovod_tw
 ``p4_mwms_of_ceiling = p4_mwms / p4_ceiling``, each per round.
 """
 
-import json
 import os
 import subprocess
 import sys
 import tempfile
 from typing import Any, Callable, Dict, List, Optional
 
-from tfaccel.bench.config import BenchConfig, contender_rows, round_order, summary
+from tfaccel.bench.config import BenchConfig, contender_rows, last_json, round_order, summary
 from tfaccel.bench.timing import Stopwatch
 from tfaccel.log import get_logger
 
@@ -66,13 +65,6 @@ def _env() -> Dict[str, str]:
     return env
 
 
-def _last_json(text: str) -> Dict[str, Any]:
-    for line in reversed(text.strip().splitlines()):
-        if "{" in line and line.rstrip().endswith("}"):  # horovodrun prefixes rank lines with "[0]<stdout>:"
-            return json.loads(line[line.index("{"):])
-    raise RuntimeError(f"no result line in worker output:\n{text[-1500:]}")
-
-
 def _argv(script: str, name: str, n: int, config: BenchConfig, strategy: str) -> List[str]:
     return [sys.executable, script, name, str(n), str(config.scaling_batch), str(_EPOCHS), strategy]
 
@@ -82,7 +74,7 @@ def _one_worker(script: str, config: BenchConfig) -> Dict[str, Any]:
                           capture_output=True, text=True, timeout=config.scaling_timeout, env=_env())
     if proc.returncode != 0:
         raise RuntimeError(f"single-worker run failed:\n{proc.stderr[-1500:]}")
-    return _last_json(proc.stdout)
+    return last_json(proc.stdout)
 
 
 def _two_independent(script: str, config: BenchConfig) -> Dict[str, Any]:
@@ -96,7 +88,7 @@ def _two_independent(script: str, config: BenchConfig) -> Dict[str, Any]:
             out, err = proc.communicate(timeout=config.scaling_timeout)
             if proc.returncode != 0:
                 raise RuntimeError(f"independent run failed:\n{err[-1500:]}")
-            results.append(_last_json(out))
+            results.append(last_json(out))
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -114,7 +106,7 @@ def _mwms_two_workers(script: str, config: BenchConfig) -> Dict[str, Any]:
     result = run_local(cmd, workers=2, timeout=config.scaling_timeout, env=_env(), echo=False)
     if result.returncode != 0:
         raise RuntimeError(f"2-worker run failed (exit {result.returncode})")
-    return _last_json(result.tasks[0].stdout)
+    return last_json(result.tasks[0].stdout)
 
 
 def _horovod_two_ranks(script: str, config: BenchConfig) -> Optional[Dict[str, Any]]:
@@ -130,7 +122,7 @@ def _horovod_two_ranks(script: str, config: BenchConfig) -> Optional[Dict[str, A
     if outcome.returncode != 0:
         raise RuntimeError(f"2-rank Horovod run failed (exit {outcome.returncode}):\n{text[-1500:]}")
     rank0 = [line for line in text.splitlines() if line.startswith("[0]")] or text.splitlines()
-    return _last_json("\n".join(rank0))
+    return last_json("\n".join(rank0))
 
 
 _RUNNERS: Dict[str, Callable[[str, BenchConfig], Optional[Dict[str, Any]]]] = {

@@ -1,7 +1,11 @@
-"""``tfaccel bench [--quick] [--json FILE] [--png FILE] [--p5 auto|on|off]``: measure the speed-ups side by side."""
+"""``tfaccel bench [--quick] [--json FILE] [--png FILE] [--p5 auto|on|off] [--suite reference|real]``: measure the
+speed-ups side by side."""
 
 import argparse
 import sys
+from typing import Any
+
+from tfaccel.bench.config import SUITES
 
 
 def register(subparsers: "argparse._SubParsersAction") -> None:
@@ -16,7 +20,32 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     parser.add_argument("--p5", default="auto", metavar="auto|on|off",
                         help="P5, ResNet-50 with precision and XLA 'auto' / float32 without XLA: 'auto' (default) "
                              "only where a GPU is present, 'on' run anyway (on CPU the ratio is ~1), 'off' skip")
+    parser.add_argument("--suite", default="reference", choices=SUITES,
+                        help="'reference' (default): P1-P6 on the reference models; 'real': plain fit against "
+                             "tfaccel.fit on the real models (tfaccel.real_suite), per path, JSON key 'real'")
+    parser.add_argument("--real-models", default=None, metavar="A,B",
+                        help="real models to run (default: all of tfaccel.real_suite)")
+    parser.add_argument("--real-paths", default=None, metavar="A,B",
+                        help="paths to run: default, mirrored, multi_worker (default: all)")
+    parser.add_argument("--real-size", default="bench", help="job size of the real models: bench (default) or test")
     parser.set_defaults(func=run)
+
+
+def _real(config: Any, args: argparse.Namespace) -> Any:
+    import dataclasses
+
+    from tfaccel.bench.real import check_real_config
+    from tfaccel.errors import ConfigError
+
+    if args.png_path:
+        raise ConfigError("--png: the chart is drawn for --suite reference only; for --suite real use --json")
+    config = dataclasses.replace(config, suite="real", real_size=args.real_size)
+    for option in ("real_models", "real_paths"):
+        value = getattr(args, option)
+        if value is not None:
+            config = dataclasses.replace(config, **{option: tuple(v.strip() for v in value.split(",") if v.strip())})
+    check_real_config(config)
+    return config
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,6 +66,13 @@ def run(args: argparse.Namespace) -> int:
     from tfaccel.bench.precision import check_p5_mode
 
     config = dataclasses.replace(config, seed=args.seed, p5=check_p5_mode(args.p5, option="--p5"))
+    if args.suite == "real":
+        from tfaccel.bench.real import format_real
+
+        config = _real(config, args)
+        report = run_bench(config, json_path=args.json_path)
+        sys.stdout.write(format_real(report) + "\n")
+        return 0
     report = run_bench(config, json_path=args.json_path, png_path=args.png_path)
     sys.stdout.write(format_report(report) + "\n")
     return 0

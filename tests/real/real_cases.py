@@ -1,0 +1,74 @@
+"""The real-model parity cases: the suite's "test" jobs (tfaccel.real_suite), each with its stated rule.
+
+A case trains one step (the first batch, one epoch), then the whole job (``epochs`` epochs over ``examples``,
+``shuffle=False``); a ``one_batch`` case (the CNNs, whose tracing is the cost) trains ``epochs`` epochs of the first
+batch in one fit, whose first epoch is the first step. Both start from initial weights drawn after ``keras.utils.set_random_seed(SEED)`` (the same in every
+process: the test checks their digest). The rule, per model: the weights after the first step and the first epoch's
+history at the parity tolerance (rel 1e-5 / abs 1e-5), the last epoch's history within ``last_epoch_rel``
+(float-level differences between graph compositions grow over steps, most through BatchNormalization).
+A MUTANT is a model that differs from the suite's in one way (another learning rate, a dropped regulariser): the
+rule must tell it apart from the suite's model, or the parity tests could not catch tfaccel training another model.
+"""
+
+import dataclasses
+from typing import Any, Dict, Tuple
+
+from tfaccel.real_suite import get_real_model
+
+SEED = 1234
+SIZE = "test"
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    model: str
+    last_epoch_rel: float
+    overrides: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    learning_rate_factor: float = 1.0
+    one_batch: bool = False  # one fit over one batch (its first epoch is the first step): one trace, not two
+    every_path: bool = True  # False: the one-device path only
+
+    @property
+    def batch_size(self) -> int:
+        return get_real_model(self.model).job(SIZE).batch_size
+
+    @property
+    def epochs(self) -> int:
+        return get_real_model(self.model).job(SIZE).epochs
+
+    def build(self) -> Any:
+        spec = get_real_model(self.model)
+        return spec.build(SIZE, learning_rate=spec.learning_rate * self.learning_rate_factor, **self.overrides)
+
+    def data(self) -> Tuple[Any, Any]:
+        return get_real_model(self.model).data(SIZE, seed=SEED)
+
+    def first_batch(self) -> Tuple[Any, Any]:
+        x, y = get_real_model(self.model).data(SIZE, num_examples=self.batch_size, seed=SEED + 1)
+        return x, y
+
+
+# The stated last-epoch tolerance per model (relative, on every history value).
+CASES: Dict[str, Case] = {c.name: c for c in [
+    Case("bert_classifier", "bert_classifier", 1e-4),
+    Case("gpt2_causal_lm", "gpt2_causal_lm", 1e-4),
+    # ResNet50 (175 layers) costs the most to trace, in every process of every path (~1.3x MobileNetV3Small); the
+    # multi-replica paths run the same code for every CNN, and MobileNetV3Small (BatchNormalization, Dropout,
+    # depthwise convolutions) covers them. CI's time is spent on ResNet50 where it is its own: one device.
+    Case("resnet50", "resnet50", 1e-3, one_batch=True, every_path=False),
+    Case("mobilenet_v3_small", "mobilenet_v3_small", 1e-3, one_batch=True),
+    Case("recommender", "recommender", 1e-4),
+]}
+
+# Each differs from its model in one way; its name is "<model>:<what>".
+MUTANTS: Dict[str, Case] = {c.name: c for c in [
+    Case("recommender:no_l2", "recommender", 1e-4, overrides={"l2": 0.0}),
+    Case("recommender:lr_x1.05", "recommender", 1e-4, learning_rate_factor=1.05),
+]}
+
+
+def case(name: str) -> Case:
+    return CASES.get(name) or MUTANTS[name]
+
+

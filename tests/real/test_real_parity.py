@@ -1,0 +1,111 @@
+"""Keras parity on the real models (tfaccel.real_suite): plain ``model.fit`` against ``tfaccel.fit`` at "auto".
+
+Paths: one device (against plain Keras on one device at the XLA setting tfaccel's plan chose), mirrored over 2
+virtual CPUs and multi_worker with 2 real worker processes on loopback (both against plain Keras under TF's own
+MirroredStrategy over 2 virtual CPUs). Every case starts from the same initial weights (checked by digest) and
+keeps the rule stated in real_cases: weights after the first step and the first epoch at rel 1e-5 / abs 1e-5, the
+last epoch within the model's stated tolerance. The mutants prove the rule would catch tfaccel training another
+model (a learning rate 5% off, a dropped L2 regulariser). The paths run in three phases of two processes each
+(both cores busy): tfaccel one device + Keras mirrored; Keras one device (at tfaccel's XLA choice) + tfaccel
+mirrored; the two multi_worker processes.
+"""
+
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Dict, Iterator
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import harness  # noqa: E402
+import real_cases  # noqa: E402
+import real_compare as rc  # noqa: E402
+
+PROGRAM = Path(__file__).resolve().parent / "real_program.py"
+MODELS = list(real_cases.CASES)
+EVERY_PATH = [name for name, case in real_cases.CASES.items() if case.every_path]
+MUTANTS = list(real_cases.MUTANTS)
+
+
+def _side_by_side(out: Path, runs: Dict[str, str], *, timeout: float) -> None:
+    """Runs one program process per path at the same time, each writing under ``out / <path>``."""
+    tasks = [("path", i, None) for i in range(len(runs))]
+    envs = {f"path:{i}": {"REAL_PATH": path, "REAL_OUT": str(out / path.replace(":", "_")), "REAL_NAMES": names,
+                          "REAL_JIT_FROM": str(out / "tfaccel_default")}
+            for i, (path, names) in enumerate(runs.items())}
+    harness.assert_all_ok(harness.run_tasks(PROGRAM, tasks=tasks, per_task_env=envs, timeout=timeout))
+
+
+@pytest.fixture(scope="session")
+def real_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    kept = os.environ.get("TFACCEL_REAL_DIR")  # keep the records (history, weights, seconds) of a run
+    out = Path(kept) if kept else tmp_path_factory.mktemp("real")
+    yield out
+    if not kept:
+        shutil.rmtree(out, ignore_errors=True)  # the weights of ResNet50 are ~100 MB per record
+
+
+@pytest.fixture(scope="session")
+def phase_one(real_dir: Path) -> Path:
+    _side_by_side(real_dir, {"tfaccel:default": ",".join(MODELS + MUTANTS), "keras_mirrored": ",".join(EVERY_PATH)},
+                  timeout=900)
+    return real_dir
+
+
+@pytest.fixture(scope="session")
+def phase_two(phase_one: Path) -> Path:
+    _side_by_side(phase_one, {"keras_one": ",".join(MODELS), "tfaccel:mirrored": ",".join(EVERY_PATH)}, timeout=900)
+    return phase_one
+
+
+@pytest.fixture(scope="session")
+def multi_worker_dir(phase_one: Path) -> Path:
+    out = phase_one / "tfaccel_multi_worker"
+    harness.assert_all_ok(harness.run_tasks(PROGRAM, workers=2, args=["tfaccel:multi_worker", str(out),
+                                                                      ",".join(EVERY_PATH)], timeout=900))
+    return out
+
+
+def _check(got_dir: Path, task: str, ref_dir: Path, name: str) -> dict:
+    got = rc.load(str(got_dir), task, name)
+    ref = rc.load(str(ref_dir), "main", name)
+    assert got["status"] == "ok", got.get("message")
+    assert got["jit"] == ref["jit"], f"{name}: XLA {got['jit']} in tfaccel, {ref['jit']} in the reference"
+    problems = rc.differences(ref, got, last_epoch_rel=real_cases.CASES[name].last_epoch_rel)
+    assert not problems, f"{name} ({got.get('loop')}):\n" + "\n".join(problems)
+    return got
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("name", MODELS)
+def test_one_device_matches_keras(name: str, phase_two: Path) -> None:
+    _check(phase_two / "tfaccel_default", "main", phase_two / "keras_one", name)
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("name", EVERY_PATH)
+def test_mirrored_matches_keras_mirrored(name: str, phase_two: Path) -> None:
+    _check(phase_two / "tfaccel_mirrored", "main", phase_two / "keras_mirrored", name)
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("name", EVERY_PATH)
+def test_multi_worker_two_processes_match_keras_mirrored(name: str, multi_worker_dir: Path, phase_one: Path) -> None:
+    _check(multi_worker_dir, "worker0", phase_one / "keras_mirrored", name)
+    workers = [rc.load(str(multi_worker_dir), t, name) for t in ("worker0", "worker1")]
+    assert not rc.same_weights_everywhere(*workers)
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("mutant", MUTANTS)
+def test_rule_catches_another_model(mutant: str, phase_two: Path) -> None:
+    """tfaccel trained a model that differs in one way: the same comparison must fail, at the first step already."""
+    model = real_cases.MUTANTS[mutant].model
+    got = rc.load(str(phase_two / "tfaccel_default"), "main", mutant)
+    ref = rc.load(str(phase_two / "keras_one"), "main", model)
+    problems = rc.differences(ref, got, last_epoch_rel=real_cases.CASES[model].last_epoch_rel)
+    assert any(p.startswith("weights after one step") for p in problems), problems
+    assert any(p.startswith("first epoch") for p in problems), problems

@@ -1,0 +1,67 @@
+"""One contender of ``tfaccel bench --suite real``, in a process of its own (one strategy per process).
+
+    python -m tfaccel.bench.real_worker MODEL SIZE PATH CONTENDER
+
+MODEL: a :data:`tfaccel.real_suite.REAL_MODEL_NAMES` name; SIZE: ``test`` or ``bench``; PATH: ``default``,
+``mirrored`` (2 virtual CPUs) or ``multi_worker`` (run under TF_CONFIG); CONTENDER: ``keras`` (plain ``model.fit``,
+with the strategy a user would build by hand) or ``tfaccel`` (``tfaccel.scope`` + ``tfaccel.fit``, every option at
+"auto"). The job is timed by :class:`tfaccel.bench.timing.Stopwatch`; the last line printed is the JSON result.
+"""
+
+import json
+import sys
+from typing import Any, Dict, List
+
+
+def _keras_strategy(path: str) -> Any:
+    import tensorflow as tf
+
+    if path == "mirrored":
+        return tf.distribute.MirroredStrategy([d.name for d in tf.config.list_logical_devices("CPU")])
+    return tf.distribute.get_strategy()
+
+
+def _train(spec: Any, size: str, path: str, contender: str, data: tuple, timer: Any) -> Dict[str, Any]:
+    """Builds, compiles and fits the model once, ``timer`` seeing every epoch; returns what was chosen."""
+    import keras
+
+    job = spec.job(size)
+    keras.utils.set_random_seed(0)
+    fit = dict(x=data[0], y=data[1], batch_size=job.batch_size, epochs=job.epochs, verbose=0, callbacks=[timer])
+    if contender == "keras":
+        with _keras_strategy(path).scope():
+            model = spec.build(size)
+        model.fit(**fit)
+        return {"jit_compile": bool(model.jit_compile), "loop": "keras model.fit"}
+    import tfaccel
+
+    with tfaccel.scope(strategy=path):
+        model = spec.build(size)
+    result = tfaccel.fit(model, seed=0, **fit)
+    return {"jit_compile": bool(model.jit_compile), "loop": result.details.get("loop"),
+            "steps_per_execution": result.details.get("steps_per_execution")}
+
+
+def main(argv: List[str]) -> int:
+    """Runs one contender and prints its timing as the last line (JSON)."""
+    name, size, path, contender = argv
+    import tfaccel
+
+    if path == "mirrored":
+        tfaccel.configure_devices(virtual_cpus=2)
+    from tfaccel.bench.timing import Stopwatch
+    from tfaccel.real_suite import get_real_model
+
+    spec = get_real_model(name)
+    data = spec.data(size)
+    stopwatch = Stopwatch()
+    timing = stopwatch.time(contender, lambda timer: _train(spec, size, path, contender, data, timer),
+                            examples_per_epoch=len(data[1]), epochs=spec.job(size).epochs)
+    sys.stdout.write(json.dumps({"examples_per_sec": timing.examples_per_sec, "time_to_train": timing.time_to_train,
+                                 "epoch_seconds": timing.epoch_seconds, "details": timing.details,
+                                 "timed": stopwatch.timed}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
