@@ -34,9 +34,6 @@ KNOWN_LONG_MODULES: Set[str] = {
 # Import cycles, each as its sorted modules joined by " <-> ".
 KNOWN_CYCLES: Set[str] = {
     "tfaccel.cluster.env <-> tfaccel.cluster.slurm <-> tfaccel.cluster.spec",
-    "tfaccel.memory.estimate <-> tfaccel.memory.measure",
-    "tfaccel.strategies.builtin <-> tfaccel.strategies.registry",
-    "tfaccel.train.api <-> tfaccel.train.evaluator",
 }
 # "importer -> module:name" for private names imported from another module.
 KNOWN_PRIVATE_IMPORTS: Set[str] = {

@@ -11,10 +11,9 @@ from tfaccel.errors import BackendUnavailableError, ConfigError, DeviceError, in
 from tfaccel.strategies import tpu as _tpu
 from tfaccel.strategies._task import training_roles, worker_position
 from tfaccel.strategies.base import Backend
-from tfaccel.strategies.registry import register_strategy
 from tfaccel.xla import MULTI_WORKER_CPU_NOTE
 
-__all__ = ["CROSS_DEVICE_OPS", "COLLECTIVE_IMPLEMENTATIONS", "MIRRORED_MULTI_DEVICE_JIT_NOTE"]
+__all__ = ["BUILTIN_ENTRIES", "CROSS_DEVICE_OPS", "COLLECTIVE_IMPLEMENTATIONS", "MIRRORED_MULTI_DEVICE_JIT_NOTE"]
 
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduce_to_one_device")
 COLLECTIVE_IMPLEMENTATIONS = ("auto", "ring", "nccl")
@@ -404,25 +403,28 @@ def make_horovod(*, devices: Any, task: Optional[Any], **options: Any) -> Backen
     return make_backend(devices=devices, task=task, **options)
 
 
+# The registry adds these (``register_strategy``'s keywords) before any other entry, the first time it is read.
 # mirrored and multi_worker are collective: one of them per process (see tfaccel.strategies.registry).
-register_strategy("default", description="TensorFlow's default strategy: one replica, no distribution",
-                  factory=make_default, request=default_request)
-register_strategy("one_device", description="OneDeviceStrategy: everything on one device (a GPU when present)",
-                  factory=make_one_device, options=("device",), request=one_device_request)
-register_strategy("mirrored", description="MirroredStrategy: synchronous data parallelism over the GPUs (or "
-                  "virtual CPUs) of one process", factory=make_mirrored, options=("device_names", "cross_device_ops"),
-                  request=mirrored_request, collective=True)
-register_strategy("multi_worker", description="MultiWorkerMirroredStrategy: synchronous data parallelism over "
-                  "several processes/hosts (TF_CONFIG), with tfaccel's Keras 3 fit fix",
-                  factory=make_multi_worker, options=("implementation", "bytes_per_pack", "timeout_seconds",
-                                                     "apply_compat", "startup_timeout_seconds",
-                                                     "heartbeat_timeout_seconds"),
-                  request=multi_worker_request, collective=True)
-register_strategy("parameter_server", description="ParameterServerStrategy + ClusterCoordinator: asynchronous "
-                  "training with ps tasks, run by tfaccel's coordinator loop (not Keras fit)",
-                  factory=make_parameter_server, options=("variable_partitioner", "min_shard_bytes", "max_shards"),
-                  request=parameter_server_request)
-register_strategy("tpu", description="TPUStrategy: Cloud TPU, Colab TPU or a TPU VM (TPUClusterResolver)",
-                  factory=_tpu.make_tpu, options=_tpu.OPTIONS)
-register_strategy("horovod", description="Horovod all-reduce over ranks started by horovodrun/mpirun (optional "
-                  "dependency)", factory=make_horovod, options=("compression", "pin_gpu"))
+BUILTIN_ENTRIES: Tuple[Dict[str, Any], ...] = (
+    dict(name="default", description="TensorFlow's default strategy: one replica, no distribution",
+         factory=make_default, request=default_request),
+    dict(name="one_device", description="OneDeviceStrategy: everything on one device (a GPU when present)",
+         factory=make_one_device, options=("device",), request=one_device_request),
+    dict(name="mirrored", description="MirroredStrategy: synchronous data parallelism over the GPUs (or "
+         "virtual CPUs) of one process", factory=make_mirrored, options=("device_names", "cross_device_ops"),
+         request=mirrored_request, collective=True),
+    dict(name="multi_worker", description="MultiWorkerMirroredStrategy: synchronous data parallelism over "
+         "several processes/hosts (TF_CONFIG), with tfaccel's Keras 3 fit fix",
+         factory=make_multi_worker, options=("implementation", "bytes_per_pack", "timeout_seconds",
+                                            "apply_compat", "startup_timeout_seconds",
+                                            "heartbeat_timeout_seconds"),
+         request=multi_worker_request, collective=True),
+    dict(name="parameter_server", description="ParameterServerStrategy + ClusterCoordinator: asynchronous "
+         "training with ps tasks, run by tfaccel's coordinator loop (not Keras fit)",
+         factory=make_parameter_server, options=("variable_partitioner", "min_shard_bytes", "max_shards"),
+         request=parameter_server_request),
+    dict(name="tpu", description="TPUStrategy: Cloud TPU, Colab TPU or a TPU VM (TPUClusterResolver)",
+         factory=_tpu.make_tpu, options=_tpu.OPTIONS),
+    dict(name="horovod", description="Horovod all-reduce over ranks started by horovodrun/mpirun (optional "
+         "dependency)", factory=make_horovod, options=("compression", "pin_gpu")),
+)
