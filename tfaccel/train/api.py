@@ -255,7 +255,7 @@ def _run_loop(name: str, model: Any, *, data: Any, backend: Any, plan: Any, epoc
 
         x = data.x
         return run_compiled(model, x=x, y=data.y, sample_weight=data.sample_weight, batch_size=data.batch_size,
-                            epochs=epochs, initial_epoch=initial_epoch, shuffle=bool(data.shuffle), seed=data.seed,
+                            epochs=epochs, initial_epoch=initial_epoch, shuffle=data.shuffle, seed=data.seed,
                             validation=data.validation, validation_batch_size=options["validation_batch_size"],
                             validation_freq=options["validation_freq"], jit_compile=bool(model.jit_compile),
                             callbacks=[cb for cb in callbacks if cb is not named["timer"]], verbose=verbose)

@@ -18,8 +18,8 @@ import numpy as np
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
 
-__all__ = ["FitData", "batches_per_epoch", "prepare_data", "example_stream", "is_batched", "check_seed", "agree_on_seed",
-           "DEFAULT_BATCH_SIZE"]
+__all__ = ["FitData", "batches_per_epoch", "prepare_data", "example_order", "example_stream", "is_batched", "check_seed",
+           "agree_on_seed", "DEFAULT_BATCH_SIZE"]
 
 DEFAULT_BATCH_SIZE = 32  # Keras' own default for arrays
 
@@ -243,6 +243,28 @@ def _not_arrays(kind: str, x: Any, y: Any, sample_weight: Any, validation_split:
                    f"{what} used as given")
 
 
+def example_order(num_examples: int, seed: Optional[int], epoch: int, shuffle: Any) -> np.ndarray:
+    """THE example order of one epoch of array data, used by every loop and by :func:`example_stream`.
+
+    A function of ``(seed, epoch)`` only (int32 indices), so every process, every loop and a resumed job see the
+    same batches: batch ``i`` is ``order[i * batch : (i + 1) * batch]``.
+
+    Args:
+        num_examples: the training examples.
+        seed: the job's seed (None counts as 0).
+        epoch: the 0-based epoch.
+        shuffle: Keras' ``shuffle`` argument; ``False`` and ``"batch"`` keep the arrays' order.
+
+    Example:
+        >>> example_order(4, 7, 0, shuffle=False).tolist()
+        [0, 1, 2, 3]
+    """
+    if not shuffle or shuffle == "batch":
+        return np.arange(num_examples, dtype=np.int32)
+    rng = np.random.default_rng([0 if seed is None else int(seed), int(epoch)])
+    return rng.permutation(num_examples).astype(np.int32)
+
+
 def batches_per_epoch(data: FitData) -> Optional[int]:
     """The batches of one epoch where known before training: ``steps_per_epoch``, the arrays' batches, a finite
     ``tf.data.Dataset``'s cardinality or a ``PyDataset``'s ``num_batches``; None when only the data's end tells."""
@@ -290,8 +312,7 @@ def example_stream(data: FitData, *, epochs: int, initial_epoch: int, start_step
     tensors = tf.nest.map_structure(tf.constant, parts)
 
     def epoch_batches(epoch: int) -> Any:
-        shuffled = data.shuffle and data.shuffle != "batch"
-        order = np.random.default_rng([data.seed, epoch]).permutation(n) if shuffled else np.arange(n)
+        order = example_order(n, data.seed, epoch, data.shuffle)
         # Each global batch is cut into `shards` contiguous equal parts, as tf.distribute's rebatching cuts it over
         # replicas: rank i takes part i (the partial last batch too, which splits evenly: checked above).
         windows = (order[s:s + batch] for s in range(0, n, batch))

@@ -8,8 +8,7 @@ import numpy as np
 
 from tfaccel.errors import ConfigError
 
-__all__ = ["LoopResult", "step_data", "python_logs", "should_validate", "epoch_order", "metrics_or_logs",
-           "run_epochs"]
+__all__ = ["LoopResult", "step_data", "python_logs", "should_validate", "metrics_or_logs", "run_epochs"]
 
 
 @dataclasses.dataclass
@@ -75,13 +74,6 @@ def should_validate(epoch: int, validation_freq: Any) -> bool:
     raise ConfigError(f"validation_freq must be an int (every N epochs) or a list of 1-based epochs; received "
                       f"validation_freq={validation_freq!r} of type {type(validation_freq).__name__}. "
                       "Pass e.g. validation_freq=1 or validation_freq=[1, 5]")
-
-
-def epoch_order(n: int, seed: Optional[int], epoch: int, shuffle: bool) -> np.ndarray:
-    """The example order of one epoch: a function of (seed, epoch) only, the same in every process (int32)."""
-    if not shuffle:
-        return np.arange(n, dtype=np.int32)
-    return np.random.default_rng([0 if seed is None else int(seed), int(epoch)]).permutation(n).astype(np.int32)
 
 
 def metrics_or_logs(model: Any, logs: Any) -> Any:

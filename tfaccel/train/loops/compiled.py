@@ -10,7 +10,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
-from tfaccel.train.loops.base import LoopResult, epoch_order, metrics_or_logs, python_logs, run_epochs, step_data
+from tfaccel.train.data import example_order
+from tfaccel.train.loops.base import LoopResult, metrics_or_logs, python_logs, run_epochs, step_data
 
 __all__ = ["compiled_blockers", "run_compiled"]
 
@@ -137,7 +138,7 @@ def _evaluate(model: Any, val_pass: _Pass, cb_list: Any) -> Dict[str, Any]:
 
 
 def run_compiled(model: Any, *, x: Any, y: Any, sample_weight: Any, batch_size: int, epochs: int,
-                 initial_epoch: int, shuffle: bool, seed: Optional[int], validation: Any,
+                 initial_epoch: int, shuffle: Any, seed: Optional[int], validation: Any,
                  validation_batch_size: Optional[int], validation_freq: Union[int, List[int]], jit_compile: bool,
                  callbacks: List[Any], verbose: Any) -> LoopResult:
     """Trains ``model`` as Keras ``fit`` would, each epoch's whole batches in one compiled call.
@@ -146,7 +147,7 @@ def run_compiled(model: Any, *, x: Any, y: Any, sample_weight: Any, batch_size: 
         model: the user's compiled Keras model (one replica). x: an array, a dict or a list of arrays; y: an array
             or None; sample_weight: None or an array (class weights folded in). validation: None or
             (x, y, sample_weight). batch_size, epochs, initial_epoch, validation_batch_size, validation_freq,
-            verbose: as in Keras ``fit``. shuffle: each epoch's order drawn from (seed, epoch).
+            verbose: as in Keras ``fit``. shuffle: Keras' ``shuffle``; each epoch's order is ``example_order``'s.
         jit_compile: compile the steps and the epoch loop with XLA.
         callbacks: epoch-level callbacks (:func:`compiled_blockers` returned [] for them).
 
@@ -166,7 +167,7 @@ def run_compiled(model: Any, *, x: Any, y: Any, sample_weight: Any, batch_size: 
         batch_size=validation_batch_size or batch_size, jit_compile=jit_compile)
     return run_epochs(model, callbacks=callbacks, verbose=verbose, epochs=epochs, initial_epoch=initial_epoch,
                       steps_per_epoch=train.num_batches,
-                      train_epoch=lambda epoch, _: (train.run(epoch_order(train.num_examples, seed, epoch, shuffle)),
+                      train_epoch=lambda epoch, _: (train.run(example_order(train.num_examples, seed, epoch, shuffle)),
                                                     train.num_batches),
                       validate=None if val is None else lambda cb_list: _evaluate(model, val, cb_list),
                       validation_freq=validation_freq)

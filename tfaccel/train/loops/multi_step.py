@@ -22,7 +22,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tfaccel.train.loops.base import LoopResult, epoch_order, metrics_or_logs, python_logs, run_epochs, step_data
+from tfaccel.train.data import example_order
+from tfaccel.train.loops.base import LoopResult, metrics_or_logs, python_logs, run_epochs, step_data
 
 __all__ = ["MULTI_STEP_STRATEGIES", "multi_step_blockers", "replica_splits", "run_multi_step"]
 
@@ -249,10 +250,10 @@ def run_multi_step(model: Any, *, data: Any, epochs: int, initial_epoch: int, st
     val = None if data.validation is None else _ReplicatedPass(
         model, model.test_step, step_data(*data.validation), batch_size=validation_batch_size or data.batch_size,
         jit_compile=jit)
-    shuffled = bool(data.shuffle) and data.shuffle != "batch"  # as example_stream orders Keras fit's batches
 
     def train_epoch(epoch: int, cb_list: Any) -> Tuple[Any, int]:
-        return _train_epoch(model, train, cb_list, order=epoch_order(train.num_examples, data.seed, epoch, shuffled),
+        order = example_order(train.num_examples, data.seed, epoch, data.shuffle)
+        return _train_epoch(model, train, cb_list, order=order,
                             first=start_step if epoch == initial_epoch else 0,
                             steps_per_execution=steps_per_execution)
 
