@@ -82,8 +82,9 @@ def test_multi_step_loop_replicas_together_visit_the_order(monkeypatch: pytest.M
 
     monkeypatch.setattr(multi_step._ReplicatedPass, "indices", spy)
     x, y = _data()
-    with tfaccel.scope(strategy="mirrored"):
+    with tfaccel.scope() as plan:  # "auto": mirrored over the 2 virtual CPUs (the request other tests make too)
         model = _model()
+    assert plan.strategy == "mirrored" and plan.num_replicas == 2
     data = prepare_data(x, y, batch_size=BATCH, seed=SEED)
     multi_step.run_multi_step(model, data=data, epochs=EPOCHS, initial_epoch=0, start_step=0, steps_per_execution=3,
                               validation_batch_size=None, validation_freq=1, callbacks=[], verbose=0)

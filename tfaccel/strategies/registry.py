@@ -172,7 +172,7 @@ def _ensure_builtins() -> None:
     global _builtins_added
     if _builtins_added:
         return
-    from tfaccel.strategies.builtin import BUILTIN_ENTRIES
+    from tfaccel.strategies.entries import BUILTIN_ENTRIES
 
     with _lock:
         if _builtins_added:
@@ -199,7 +199,8 @@ def _resolve_inputs(devices: Optional[Any], task: Optional[Any]) -> Tuple[Any, O
     return devices, task
 
 
-def _count_logical_cpus() -> int:
+def count_logical_cpus() -> int:
+    """The logical CPU devices of TensorFlow's runtime (virtual CPUs included); initialises the runtime."""
     import tensorflow as tf
 
     return len(tf.config.list_logical_devices("CPU"))
@@ -227,7 +228,7 @@ def choose(name: str = "auto", *, devices: Optional[Any] = None, task: Optional[
     from tfaccel.strategies.auto import choose_strategy
 
     chosen, reason = choose_strategy(devices=devices, task=task, environ=environ,
-                                     count_cpus=_count_logical_cpus if detected else None)
+                                     count_cpus=count_logical_cpus if detected else None)
     return chosen, reason, devices, task
 
 

@@ -42,6 +42,7 @@ class FitData:
             examples itself; Keras' own shuffling applies otherwise).
         class_weight: left to Keras for datasets (for arrays it is already in ``sample_weight``).
         note: one line for the plan.
+        what: what the data is, for messages (``"in-memory arrays"``, ``"a tf.data.Dataset"``, ...).
     """
 
     kind: str
@@ -56,6 +57,7 @@ class FitData:
     seed: Optional[int] = None
     class_weight: Optional[Dict[int, float]] = None
     note: str = ""
+    what: str = "in-memory arrays"
 
 
 def is_batched(dataset: Any) -> bool:
@@ -92,10 +94,8 @@ def agree_on_seed(seed: Optional[int], *, backend: Any) -> int:
     if seed is not None:
         return int(seed)
     fresh = secrets.randbelow(2**31 - 1) if backend.worker_index == 0 else 0
-    if backend.num_workers > 1 and backend.name == "horovod":
-        from tfaccel.strategies.horovod import import_horovod
-
-        fresh = int(import_horovod().broadcast_object(fresh, root_rank=0, name="tfaccel_seed"))
+    if backend.num_workers > 1 and backend.broadcast is not None:  # processes outside tf.distribute (Horovod)
+        fresh = int(backend.broadcast(fresh, "tfaccel_seed"))
     elif backend.num_workers > 1:
         import tensorflow as tf
 
@@ -139,10 +139,10 @@ def _split(x: Any, y: Any, sample_weight: Any, validation_split: float) -> Tuple
     """Keras' split: the last ``validation_split`` of the examples, before any shuffling."""
     if not 0.0 < validation_split < 1.0:
         raise ConfigError(f"validation_split must be a fraction between 0 and 1; received {validation_split!r}")
-    from keras.src.trainers.data_adapters.array_slicing import train_validation_split
+    from tfaccel.compat.keras_internals import train_validation_split
 
     try:
-        return train_validation_split((x, y, sample_weight), validation_split=validation_split)
+        return train_validation_split((x, y, sample_weight), validation_split)
     except ValueError as exc:
         raise ConfigError(f"validation_split={validation_split}: {exc}") from exc
 
@@ -157,7 +157,7 @@ def _class_weights(y: Any, class_weight: Optional[Dict[int, float]], sample_weig
         raise ConfigError(f"class_weight must be a dict {{class index: weight}}; received {class_weight!r}")
     if y is None:
         raise ConfigError("class_weight needs targets y")
-    from keras.src.trainers.data_adapters.data_adapter_utils import class_weight_to_sample_weights
+    from tfaccel.compat.keras_internals import class_weight_to_sample_weights
 
     return class_weight_to_sample_weights(y, class_weight)
 
@@ -240,7 +240,7 @@ def _not_arrays(kind: str, x: Any, y: Any, sample_weight: Any, validation_split:
         get_logger().warning("fit: shuffle=True does not apply to a tf.data.Dataset (Keras does not shuffle datasets "
                              "either); shuffle inside your pipeline (dataset.shuffle(...)) if you want it")
     return FitData(kind, x, None, None, validation, None, None, steps_per_epoch, shuffle, seed, class_weight,
-                   f"{what} used as given")
+                   f"{what} used as given", what)
 
 
 def example_order(num_examples: int, seed: Optional[int], epoch: int, shuffle: Any) -> np.ndarray:

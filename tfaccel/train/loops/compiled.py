@@ -6,14 +6,18 @@ runs every whole batch, and the partial last batch runs as its own step (no padd
 ``fit``/``evaluate`` (keras/src/backend/tensorflow/trainer.py). What it cannot mirror: :func:`compiled_blockers`.
 """
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from tfaccel.errors import ConfigError
 from tfaccel.train.data import example_order
-from tfaccel.train.loops.base import LoopResult, metrics_or_logs, python_logs, run_epochs, step_data
+from tfaccel.train.loops.base import Loop, LoopResult, evaluation_pass, run_epochs, step_data
 
-__all__ = ["compiled_blockers", "run_compiled"]
+if TYPE_CHECKING:
+    from tfaccel.train.context import FitContext
+
+__all__ = ["CompiledLoop", "compiled_blockers", "run_compiled"]
 
 _BATCH_HOOKS = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end",
                 "on_test_batch_begin", "on_test_batch_end")
@@ -129,12 +133,8 @@ class _Pass:
 
 
 def _evaluate(model: Any, val_pass: _Pass, cb_list: Any) -> Dict[str, Any]:
-    """Keras' ``evaluate`` as ``fit`` calls it: same callbacks, all metrics reset first, ``val_`` prefixes."""
-    cb_list.on_test_begin()
-    model.reset_metrics()
-    logs = python_logs(metrics_or_logs(model, val_pass.run(np.arange(val_pass.num_examples, dtype=np.int32))))
-    cb_list.on_test_end(logs)
-    return {f"val_{name}": value for name, value in logs.items()}
+    """Keras' ``evaluate`` as ``fit`` calls it (``evaluation_pass``), all batches in one compiled call."""
+    return evaluation_pass(model, cb_list, lambda: val_pass.run(np.arange(val_pass.num_examples, dtype=np.int32)))
 
 
 def run_compiled(model: Any, *, x: Any, y: Any, sample_weight: Any, batch_size: int, epochs: int,
@@ -171,3 +171,42 @@ def run_compiled(model: Any, *, x: Any, y: Any, sample_weight: Any, batch_size: 
                                                     train.num_batches),
                       validate=None if val is None else lambda cb_list: _evaluate(model, val, cb_list),
                       validation_freq=validation_freq)
+
+
+class CompiledLoop(Loop):
+    """One replica, array data, epoch-level callbacks: each epoch's whole batches in one compiled call."""
+
+    name = "compiled"
+    own = True
+
+    def serves(self, ctx: "FitContext") -> bool:
+        return ctx.backend.num_replicas_in_sync == 1 and ctx.backend.traits.single_device
+
+    def blockers(self, ctx: "FitContext") -> List[str]:
+        data, request, backend = ctx.data, ctx.request, ctx.backend
+        blockers = [] if self.serves(ctx) else [
+            f"{backend.describe()} with {backend.num_replicas_in_sync} replica(s)"]
+        if data.kind != "arrays":
+            blockers.append(f"data is {data.what}, not in-memory arrays")
+        elif data.validation is not None and data.validation[1] is None and data.validation[2] is None:
+            blockers.append("validation_data is not arrays")
+        if request.backups.backup_freq:
+            blockers.append("backup_freq asks for step-level backups")
+        blockers += compiled_blockers(ctx.model, callbacks=ctx.user_callbacks,
+                                      steps_per_execution_given=request.loop.steps_per_execution != "auto")
+        if request.loop.loop == "compiled" and blockers:
+            raise ConfigError("loop='compiled' cannot train this job exactly like Keras fit: " + "; ".join(blockers) +
+                              ". Use loop='auto' (Keras fit then trains it)")
+        return blockers
+
+    def describe(self, ctx: "FitContext", rejected: List[Tuple[Loop, List[str]]]) -> str:
+        return "compiled whole-epoch loop running the model's train_step (one replica, array data)"
+
+    def run(self, ctx: "FitContext") -> LoopResult:
+        data, validation = ctx.data, ctx.request.validation
+        return run_compiled(ctx.model, x=data.x, y=data.y, sample_weight=data.sample_weight,
+                            batch_size=data.batch_size, epochs=ctx.request.epochs, initial_epoch=ctx.start_epoch,
+                            shuffle=data.shuffle, seed=data.seed, validation=data.validation,
+                            validation_batch_size=validation.batch_size, validation_freq=validation.freq,
+                            jit_compile=bool(ctx.model.jit_compile), callbacks=ctx.loop_callbacks(),
+                            verbose=ctx.verbose)

@@ -7,7 +7,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tfaccel.compat import keras_sharded
+from tfaccel.compat import keras_internals, keras_sharded
 from tfaccel.errors import ConfigError
 from tfaccel.train.data import FitData, example_order
 from tfaccel.train.loops.base import step_data
@@ -131,9 +131,9 @@ class WorkerStep:
             seen.update((id(v), v) for v in metric.variables)
         self.metric_variables = list(seen.values())
         self.state_variables = [v for v in model.variables if id(v) not in seen]
-        # Keras 3.15 keeps the "loss" Mean in model._loss_tracker (keras/src/trainers/trainer.py); its train_step
+        # Keras 3.15 keeps the "loss" Mean in a private attribute (tfaccel.compat.keras_internals); its train_step
         # updates it with the batch size as weight. There is no public handle on it.
-        self.loss_tracker = getattr(model, "_loss_tracker", None)
+        self.loss_tracker = keras_internals.loss_tracker(model)
         with backend.scope():  # on the ps tasks: they outlive a lost worker
             self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfaccel_steps")
             self.accounting = Accounting(max(1, int(backend.num_workers)))
