@@ -96,7 +96,8 @@ class _TFDeviceBackend:
         return None  # TF only reports total memory after initialisation; details carry what it knows
 
 
-def _backend(backend: Optional[Any]) -> Any:
+def device_backend(backend: Optional[Any] = None) -> Any:
+    """``backend`` (a test's stand-in for ``tf.config``), else the one that calls TensorFlow's ``tf.config``."""
     return backend if backend is not None else _TFDeviceBackend()
 
 
@@ -134,28 +135,10 @@ def configure_devices(
         >>> tfaccel.configure_devices(virtual_cpus=2)["virtual_cpus"]  # doctest: +SKIP
         2
     """
-    be = _backend(_backend_override)
-    if memory_limit_mb is not None and (isinstance(memory_limit_mb, bool) or not isinstance(memory_limit_mb, int)
-                                        or memory_limit_mb <= 0):
-        raise ConfigError(f"memory_limit_mb must be a positive whole number of MiB; received {memory_limit_mb!r}. "
-                          "Example: configure_devices(memory_limit_mb=4096)")
-    if virtual_cpus is not None and (isinstance(virtual_cpus, bool) or not isinstance(virtual_cpus, int)
-                                     or virtual_cpus < 1):
-        raise ConfigError(f"virtual_cpus must be a whole number >= 1; received {virtual_cpus!r}. "
-                          "Example: configure_devices(virtual_cpus=2)")
+    be = device_backend(_backend_override)
+    _check_counts(memory_limit_mb, virtual_cpus)
     gpus = be.list_physical_devices("GPU")
-    if visible_gpus is not None:
-        if isinstance(visible_gpus, (str, bytes)) or not all(
-                isinstance(i, int) and not isinstance(i, bool) for i in visible_gpus):
-            raise ConfigError(f"visible_gpus must be a list of GPU indices; received {visible_gpus!r}. "
-                              "Example: configure_devices(visible_gpus=[0, 1])")
-        bad = [i for i in visible_gpus if not 0 <= i < len(gpus)]
-        if bad:
-            valid = f"0..{len(gpus) - 1}" if gpus else "none (no GPU is visible to TensorFlow here)"
-            raise ConfigError(f"visible_gpus: GPU index {bad[0]} does not exist; received {list(visible_gpus)!r}, "
-                              f"valid indices: {valid}")
-        if len(set(visible_gpus)) != len(visible_gpus):
-            raise ConfigError(f"visible_gpus: an index is repeated; received {list(visible_gpus)!r}")
+    _check_visible_gpus(visible_gpus, len(gpus))
     chosen = [gpus[i] for i in visible_gpus] if visible_gpus is not None else list(gpus)
     cpus = be.list_physical_devices("CPU")
 
@@ -168,22 +151,64 @@ def configure_devices(
             f"virtual_cpus={virtual_cpus!r}). Call tfaccel.configure_devices(...) first thing in the process, "
             "before creating tensors, models or strategies (or pass the same settings to compile_and_fit).")
 
+    _apply(be, chosen if visible_gpus is not None else None, chosen, memory_limit_mb=memory_limit_mb,
+           memory_growth=memory_growth, cpu=cpus[0] if cpus and virtual_cpus is not None else None,
+           virtual_cpus=virtual_cpus)
+    summary = _summary(visible_gpus, chosen, gpus, memory_growth, memory_limit_mb, virtual_cpus, changed=True)
+    get_logger().debug("configured devices: %s", summary)
+    return summary
+
+
+def _apply(be: Any, visible: Optional[List[Any]], chosen: List[Any], *, memory_limit_mb: Optional[int],
+           memory_growth: bool, cpu: Optional[Any], virtual_cpus: Optional[int]) -> None:
+    """Makes ``visible`` the visible GPUs (None: leave them), limits or grows each chosen GPU's memory and splits
+    ``cpu`` into ``virtual_cpus`` logical devices (when more than one).
+
+    Raises:
+        DeviceError: TensorFlow refused (another thread initialised it meanwhile).
+    """
     try:
-        if visible_gpus is not None:
-            be.set_visible_devices(chosen, "GPU")
+        if visible is not None:
+            be.set_visible_devices(visible, "GPU")
         for gpu in chosen:
             if memory_limit_mb is not None:
                 be.set_memory_limit(gpu, memory_limit_mb)
             elif memory_growth:
                 be.set_memory_growth(gpu, True)
-        if virtual_cpus is not None and virtual_cpus > 1 and cpus:
-            be.set_virtual_devices(cpus[0], virtual_cpus)
+        if virtual_cpus is not None and virtual_cpus > 1 and cpu is not None:
+            be.set_virtual_devices(cpu, virtual_cpus)
     except RuntimeError as exc:  # a race with another thread initialising TF; say so plainly
         raise DeviceError(f"TensorFlow refused the device configuration: {exc}. Call configure_devices() before "
                           "any TensorFlow op runs.") from exc
-    summary = _summary(visible_gpus, chosen, gpus, memory_growth, memory_limit_mb, virtual_cpus, changed=True)
-    get_logger().debug("configured devices: %s", summary)
-    return summary
+
+
+def _check_counts(memory_limit_mb: Any, virtual_cpus: Any) -> None:
+    """configure_devices' memory limit and CPU count (ConfigError naming the one that is wrong)."""
+    if memory_limit_mb is not None and (isinstance(memory_limit_mb, bool) or not isinstance(memory_limit_mb, int)
+                                        or memory_limit_mb <= 0):
+        raise ConfigError(f"memory_limit_mb must be a positive whole number of MiB; received {memory_limit_mb!r}. "
+                          "Example: configure_devices(memory_limit_mb=4096)")
+    if virtual_cpus is not None and (isinstance(virtual_cpus, bool) or not isinstance(virtual_cpus, int)
+                                     or virtual_cpus < 1):
+        raise ConfigError(f"virtual_cpus must be a whole number >= 1; received {virtual_cpus!r}. "
+                          "Example: configure_devices(virtual_cpus=2)")
+
+
+def _check_visible_gpus(visible_gpus: Any, num_gpus: int) -> None:
+    """configure_devices' GPU indices: whole numbers, each an existing GPU, none repeated."""
+    if visible_gpus is None:
+        return
+    if isinstance(visible_gpus, (str, bytes)) or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in visible_gpus):
+        raise ConfigError(f"visible_gpus must be a list of GPU indices; received {visible_gpus!r}. "
+                          "Example: configure_devices(visible_gpus=[0, 1])")
+    bad = [i for i in visible_gpus if not 0 <= i < num_gpus]
+    if bad:
+        valid = f"0..{num_gpus - 1}" if num_gpus else "none (no GPU is visible to TensorFlow here)"
+        raise ConfigError(f"visible_gpus: GPU index {bad[0]} does not exist; received {list(visible_gpus)!r}, "
+                          f"valid indices: {valid}")
+    if len(set(visible_gpus)) != len(visible_gpus):
+        raise ConfigError(f"visible_gpus: an index is repeated; received {list(visible_gpus)!r}")
 
 
 def _already_matches(be: Any, visible_gpus: Optional[Sequence[int]], chosen: List[Any],
@@ -243,7 +268,7 @@ def detect_devices(*, _backend_override: Optional[Any] = None, environ: Optional
     Returns:
         A ``DeviceInfo``.
     """
-    be = _backend(_backend_override)
+    be = device_backend(_backend_override)
     gpus = []
     for index, dev in enumerate(be.get_visible_devices("GPU")):
         details = be.get_device_details(dev)

@@ -73,11 +73,10 @@ class Plan:
 
 def _notes(backend: Backend, precision: str) -> Tuple[str, ...]:
     notes = list(getattr(backend, "notes", ()))
-    if backend.name == "tpu":
-        notes.append("TPU: batches use drop_remainder=True (static shapes)")
-    if backend.name == "parameter_server":
-        notes.append("trained by tfaccel's ClusterCoordinator loop (Keras 3 fit does not run ParameterServerStrategy)")
-    if backend.name == "multi_worker":
+    traits = backend.traits
+    if traits.plan_note:
+        notes.append(traits.plan_note)
+    if traits.keras_fit_fix:
         from tfaccel.compat import keras_mwms
 
         if keras_mwms.is_applied():
@@ -140,11 +139,9 @@ def resolve_plan(*, strategy: str = "auto", precision: str = "auto", jit_compile
             strategy, strategy_options = "auto", None
     backend = get_backend(strategy, devices=devices, task=task, **dict(strategy_options or {}))
     jit, jit_reason = resolve_jit(jit_compile, backend=backend, devices=info)
-    plan = Plan(strategy=backend.name, strategy_reason=backend.reason,
-                num_replicas=int(backend.num_replicas_in_sync), num_workers=int(backend.num_workers),
-                worker_index=int(backend.worker_index), task=getattr(task, "name", None),
-                is_chief=bool(backend.is_chief), precision=policy, precision_reason=policy_reason,
-                jit_compile=jit, jit_reason=jit_reason, notes=_notes(backend, policy) + evaluator_notes)
+    plan = Plan(**backend.plan_fields(), task=getattr(task, "name", None), precision=policy,
+                precision_reason=policy_reason, jit_compile=jit, jit_reason=jit_reason,
+                notes=_notes(backend, policy) + evaluator_notes)
     return plan, backend
 
 
@@ -184,25 +181,17 @@ def describe_auto() -> Dict[str, Any]:
     from tfaccel.precision import resolve_precision
     from tfaccel.strategies.auto import choose_strategy
     from tfaccel.strategies._task import current_task
-    from tfaccel.strategies.builtin import MIRRORED_MULTI_DEVICE_JIT_NOTE, PS_JIT_NOTE
-    from tfaccel.strategies.registry import _count_logical_cpus
-    from tfaccel.xla import MULTI_WORKER_CPU_NOTE, resolve_jit
+    from tfaccel.strategies.entries import sketch_backend
+    from tfaccel.strategies.registry import count_logical_cpus
+    from tfaccel.xla import resolve_jit
 
     devices = detect_devices(initialise=False)
     initialised = _runtime_initialised()
     name, reason = choose_strategy(devices=devices, task=current_task(),
-                                   count_cpus=_count_logical_cpus if initialised else None)
+                                   count_cpus=count_logical_cpus if initialised else None)
     if name == "default" and not initialised:
         reason += " (virtual CPUs are not counted before TensorFlow's runtime starts)"
-    replicas = {"mirrored": max(devices.num_gpus, 2)}.get(name, 1)
-    supports, note = True, ""
-    if name == "mirrored":
-        supports, note = False, MIRRORED_MULTI_DEVICE_JIT_NOTE
-    elif name == "parameter_server":
-        supports, note = False, PS_JIT_NOTE
-    elif name == "multi_worker" and not devices.num_gpus:
-        supports, note = False, MULTI_WORKER_CPU_NOTE
-    sketch = Backend(name=name, strategy=None, num_replicas_in_sync=replicas, supports_jit=supports, jit_note=note)
+    sketch = sketch_backend(strategy=name, devices=devices)
     jit, jit_reason = resolve_jit("auto", backend=sketch, devices=devices)
     policy, policy_reason = resolve_precision("auto", devices=devices)
     return {"strategy": name, "strategy_reason": reason, "precision": policy, "precision_reason": policy_reason,

@@ -5,7 +5,7 @@ import json
 import os
 import platform
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from tfaccel._version import __version__
 
@@ -142,7 +142,7 @@ def _ray_report() -> Dict[str, Any]:
     """Ray's installed version (not imported) and whether this process trains under Ray Train."""
     from importlib import metadata
 
-    from tfaccel.launch.ray import ray_context
+    from tfaccel.integrations.ray_train import ray_context
 
     try:
         version: Optional[str] = metadata.version("ray")
@@ -163,71 +163,83 @@ def _local_network() -> Dict[str, Any]:
 
 def format_report(report: Dict[str, Any]) -> str:
     """Renders an ``env_report()`` as the Markdown-ish list ``tfaccel env`` prints (paste it into an issue)."""
-    lines = ["Copy-and-paste the text below in your GitHub issue", ""]
+    items = _software_items(report) + _device_items(report) + _cluster_items(report) + _auto_items(report)
+    return "\n".join(["Copy-and-paste the text below in your GitHub issue", ""] +
+                     [f"- {key}: {value}" for key, value in items])
 
-    def add(key: str, value: Any) -> None:
-        lines.append(f"- {key}: {value}")
 
-    add("tfaccel version", report["tfaccel"])
-    add("Platform", report["platform"])
-    add("Python version", report["python"])
+def _software_items(report: Dict[str, Any]) -> List[Tuple[str, Any]]:
+    items: List[Tuple[str, Any]] = [("tfaccel version", report["tfaccel"]), ("Platform", report["platform"]),
+                                    ("Python version", report["python"])]
     tf_info = report["tensorflow"]
-    add("TensorFlow version", tf_info.get("version") or "not installed")
+    items.append(("TensorFlow version", tf_info.get("version") or "not installed"))
     if tf_info.get("version"):
-        add("TensorFlow built with CUDA", tf_info.get("built_with_cuda"))
+        items.append(("TensorFlow built with CUDA", tf_info.get("built_with_cuda")))
         if tf_info.get("built_with_cuda"):
-            add("CUDA / cuDNN", f"{tf_info.get('cuda_version')} / {tf_info.get('cudnn_version')}")
-    add("Keras version", report["keras"] or "not installed")
-    add("NumPy version", report["numpy"] or "not installed")
+            items.append(("CUDA / cuDNN", f"{tf_info.get('cuda_version')} / {tf_info.get('cudnn_version')}"))
+    items += [("Keras version", report["keras"] or "not installed"),
+              ("NumPy version", report["numpy"] or "not installed")]
     hvd = report["horovod"]
     if not hvd.get("installed"):
-        add("Horovod", "not installed")
+        items.append(("Horovod", "not installed"))
     elif not hvd.get("tensorflow_built"):
-        add("Horovod", f"{hvd.get('version')} (TensorFlow ops unusable: {hvd.get('error')})")
+        items.append(("Horovod", f"{hvd.get('version')} (TensorFlow ops unusable: {hvd.get('error')})"))
     else:
-        add("Horovod", f"{hvd.get('version')} (gloo={hvd['gloo_built']}, mpi={hvd['mpi_built']}, "
-                       f"nccl={hvd['nccl_built']})")
+        items.append(("Horovod", f"{hvd.get('version')} (gloo={hvd['gloo_built']}, mpi={hvd['mpi_built']}, "
+                                 f"nccl={hvd['nccl_built']})"))
+    return items
+
+
+def _device_items(report: Dict[str, Any]) -> List[Tuple[str, Any]]:
     devices = report["devices"]
     if "error" in devices:
-        add("Devices", devices["error"])
-    else:
-        for dev in devices["physical"]:
-            extra = ""
-            if dev["type"] == "GPU":
-                extra = f" ({dev.get('device_name')}, compute capability {dev.get('compute_capability')})"
-            add("Physical device", f"{dev['name']}{extra}")
-        for dev in devices["logical"]:
-            if "error" in dev:
-                add("Logical devices", dev["error"])
-            else:
-                mem = f" ({dev['memory_mb']} MiB)" if dev.get("memory_mb") is not None else ""
-                add("Logical device", f"{dev['name']}{mem}")
-    add("TPU", report["tpu"]["address_hint"] or "none found (COLAB_TPU_ADDR / TPU_NAME unset)")
+        return [("Devices", devices["error"])]
+    items: List[Tuple[str, Any]] = []
+    for dev in devices["physical"]:
+        extra = ""
+        if dev["type"] == "GPU":
+            extra = f" ({dev.get('device_name')}, compute capability {dev.get('compute_capability')})"
+        items.append(("Physical device", f"{dev['name']}{extra}"))
+    for dev in devices["logical"]:
+        if "error" in dev:
+            items.append(("Logical devices", dev["error"]))
+        else:
+            mem = f" ({dev['memory_mb']} MiB)" if dev.get("memory_mb") is not None else ""
+            items.append(("Logical device", f"{dev['name']}{mem}"))
+    return items
+
+
+def _cluster_items(report: Dict[str, Any]) -> List[Tuple[str, Any]]:
+    items: List[Tuple[str, Any]] = [
+        ("TPU", report["tpu"]["address_hint"] or "none found (COLAB_TPU_ADDR / TPU_NAME unset)")]
     tfc = report["tf_config"]
     if not tfc["set"]:
-        add("TF_CONFIG", "not set (single process)")
+        items.append(("TF_CONFIG", "not set (single process)"))
     elif not tfc["valid"]:
-        add("TF_CONFIG", tfc["error"])
+        items.append(("TF_CONFIG", tfc["error"]))
     else:
         roles = ", ".join(f"{r}={n}" for r, n in tfc["roles"].items())
-        add("TF_CONFIG", f"task {tfc['task_type']}:{tfc['task_index']} of {tfc['num_tasks']} ({roles})")
+        items.append(("TF_CONFIG", f"task {tfc['task_type']}:{tfc['task_index']} of {tfc['num_tasks']} ({roles})"))
     net = report.get("local_network")
     if net:
-        add("tfaccel launch local clusters", net["detail"] + ("" if net["private"] else
-                                                             " (their ports can be reached from other machines)"))
+        items.append(("tfaccel launch local clusters", net["detail"] + (
+            "" if net["private"] else " (their ports can be reached from other machines)")))
     ray_info = report.get("ray") or {}
     worker = ray_info.get("worker")
-    add("Ray", (ray_info.get("version") or "not installed") + (
+    items.append(("Ray", (ray_info.get("version") or "not installed") + (
         f" (this process is Ray Train worker {worker['rank']} of {worker['world_size']}, "
         f"{'tfaccel launch --backend ray' if worker['mode'] == 'launch' else 'in a Ray Train function'})"
-        if worker else ""))
+        if worker else "")))
+    return items
+
+
+def _auto_items(report: Dict[str, Any]) -> List[Tuple[str, Any]]:
     auto = report.get("auto") or {}
     if "error" in auto:
-        add("auto choices", auto["error"])
-    else:
-        for key, reason_key in (("strategy", "strategy_reason"), ("precision", "precision_reason"),
-                                ("jit_compile", "jit_reason")):
-            value = auto.get(key)
-            reason = auto.get(reason_key)
-            add(f"auto {key}", f"{value} ({reason})" if reason else value if value is not None else "n/a")
-    return "\n".join(lines)
+        return [("auto choices", auto["error"])]
+    items: List[Tuple[str, Any]] = []
+    for key, reason_key in (("strategy", "strategy_reason"), ("precision", "precision_reason"),
+                            ("jit_compile", "jit_reason")):
+        value, reason = auto.get(key), auto.get(reason_key)
+        items.append((f"auto {key}", f"{value} ({reason})" if reason else value if value is not None else "n/a"))
+    return items

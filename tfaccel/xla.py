@@ -76,30 +76,34 @@ def resolve_jit(requested: Union[str, bool], *, backend: Any, devices: Any) -> T
     requested = _check(requested)
     if requested is False:
         return False, "requested off"
-    if backend.name == "tpu":
-        return False, TPU_NOTE
+    traits = backend.traits
+    if traits.compiled_by_xla:
+        return False, traits.compiled_by_xla
     if not backend.supports_jit:
-        note = backend.jit_note or f"strategy {backend.name!r} does not support XLA"
         if requested is True:
-            get_logger().warning("jit_compile=True cannot work here, falling back to jit_compile=False: %s", note)
-            return False, f"requested on, fell back to off: {note}"
-        return False, note
+            get_logger().warning("jit_compile=True cannot work here, falling back to jit_compile=False: %s",
+                                 backend.jit_note)
+            return False, f"requested on, fell back to off: {backend.jit_note}"
+        return False, backend.jit_note
     if requested is True:
         return True, "requested on"
-    # "auto"
-    if backend.name == "multi_worker":
-        return False, MULTI_WORKER_GPU_NOTE if devices.num_gpus else MULTI_WORKER_CPU_NOTE
-    if backend.name == "horovod":
-        return False, HOROVOD_NOTE
-    if backend.name in ("default", "one_device", "mirrored") and backend.num_replicas_in_sync == 1:
+    return _auto(backend, traits, devices)
+
+
+def _auto(backend: Any, traits: Any, devices: Any) -> Tuple[bool, str]:
+    """``"auto"`` where XLA can work: on where it was measured to help, off with the reason elsewhere."""
+    cpu_note, gpu_note = traits.xla_auto_off
+    if cpu_note:
+        return False, gpu_note if devices.num_gpus else cpu_note
+    if traits.xla_one_replica and backend.num_replicas_in_sync == 1:
         if devices.num_gpus:
             return True, "one GPU replica: XLA fuses the step (Keras' own default for one GPU without a strategy)"
         if CPU_ONE_DEVICE_JIT:
             return True, CPU_ONE_DEVICE_NOTE
         return False, CPU_ONE_DEVICE_NOTE
-    if backend.name == "mirrored":
-        return False, backend.jit_note or "MirroredStrategy over several devices"
-    return False, f"strategy {backend.name!r}: XLA not measured with it; pass jit_compile=True to try it"
+    if traits.xla_several_replicas:
+        return False, backend.jit_note or traits.xla_several_replicas
+    return False, f"{backend.describe(quoted=True)}: XLA not measured with it; pass jit_compile=True to try it"
 
 
 def refine_jit_for_model(jit: bool, reason: str, *, requested: Union[str, bool], model: Any,
@@ -118,6 +122,8 @@ def refine_jit_for_model(jit: bool, reason: str, *, requested: Union[str, bool],
 
     conv_types = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D, keras.layers.DepthwiseConv2D,
                   keras.layers.SeparableConv2D, keras.layers.Conv2DTranspose)
-    if any(isinstance(layer, conv_types) for layer in model._flatten_layers()):
+    from tfaccel.compat.keras_internals import flatten_layers
+
+    if any(isinstance(layer, conv_types) for layer in flatten_layers(model)):
         return False, CPU_CONV_NOTE
     return jit, reason

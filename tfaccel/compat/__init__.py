@@ -1,9 +1,13 @@
-"""Version-guarded fixes for upstream bugs.
+"""Every touch of Keras / TensorFlow internals: version-guarded fixes for upstream bugs, and accessors.
 
-Each module here fixes one upstream problem, names the upstream issues, says on which versions it was
+Each fix module here fixes one upstream problem, names the upstream issues, says on which versions it was
 seen, and offers ``is_needed()``, ``apply()``, ``remove()`` and ``is_applied()``. A fix can be switched off
 with the environment variable ``TFACCEL_DISABLE_COMPAT`` (comma-separated fix names, or ``all``), so that
 a test can check the upstream failure still happens (and tell us when a fix can be retired).
+``keras_internals`` holds the small accessors of internals that are no fix (Keras' validation split, its
+reduction of step outputs, ...) and ``keras_optimizer`` the optimizer subclass tfaccel swaps in; each names
+the versions it was checked on and has a test that fails when the internal moves. Outside this package,
+tfaccel reads no ``keras.src``, no ``tf.__internal__`` and no private attribute of a Keras object.
 """
 
 import os

@@ -3,7 +3,7 @@
 ``python -m tfaccel.launch.server`` is what ``tfaccel launch`` runs in the ps tasks and the worker tasks of a
 parameter-server cluster: those tasks only serve; the chief (coordinator) runs the user's command and
 schedules work on them. The server uses gRPC and ``inter_op_parallelism_threads = workers + 1`` (an
-in-process cluster on 2 CPU cores deadlocks with fewer; see /work/shared/VERIFIED.md), and runs until it
+in-process cluster on 2 CPU cores deadlocked with fewer, measured on TF 2.21), and runs until it
 is ended (SIGTERM from the launcher).
 
 Example:

@@ -21,14 +21,10 @@ import dataclasses
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 from tfaccel.errors import ConfigError, invalid_choice
+from tfaccel.memory.shapes import DEFAULT_SHAPES
 
 __all__ = ["MemoryEstimate", "estimate_memory", "REPLICATED_STRATEGIES", "DEFAULT_SHAPES", "PROCESS_STRATEGIES"]
 
-# Built-in model name -> (input shape, number of classes) used when the caller gives none.
-DEFAULT_SHAPES: Dict[str, Tuple[Tuple[int, ...], int]] = {
-    "mnist_cnn": ((28, 28, 1), 10), "mlp": ((28, 28, 1), 10), "resnet20": ((32, 32, 3), 10),
-    "resnet50": ((224, 224, 3), 1000), "transformer": ((128,), 2),
-}
 # Strategies that keep a full copy of the variables and optimizer slots on every replica.
 REPLICATED_STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu", "horovod")
 # Strategies whose processes hold one replica each on a CPU host: the process peak is estimated for these.

@@ -175,7 +175,7 @@ def _prepare(request: Dict[str, Any], recompute: Optional[Any]) -> Any:
 
     import keras
 
-    from tfaccel.memory.estimate import DEFAULT_SHAPES
+    from tfaccel.memory.shapes import DEFAULT_SHAPES
     from tfaccel.memory.recompute import enable_recompute
     from tfaccel.models import build_model
 

@@ -6,7 +6,65 @@ want that; ``compile_and_fit`` uses the whole ``Backend``.
 """
 
 import dataclasses
-from typing import Any, Callable, ContextManager, List, Tuple
+import functools
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
+
+__all__ = ["Backend", "Traits"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Traits:
+    """What differs per built-in strategy, read by the training loops, the plan and the XLA decision (a strategy
+    registered by a user has the defaults: none of these).
+
+    Attributes:
+        multi_step: tfaccel's multi-step loop runs under it (replicas gather their part of in-memory arrays).
+        single_device: one replica in one process when it has one replica (the compiled loop can run it).
+        keras_multi_step_issue: why Keras' own multi-step train function cannot run under it ("": it can).
+        every_worker_saves: every worker writes checkpoints (MultiWorkerMirroredStrategy's rule); the chief's
+            copy is the one kept.
+        shards_by_rank: data is sharded by hand, one pipeline per rank (no tf.distribute input pipeline).
+        compiled_by_xla: why Keras' ``jit_compile`` does not apply: everything is compiled by XLA already.
+        xla_auto_off: ``"auto"`` keeps XLA off: (why on CPUs, why on GPUs).
+        xla_one_replica: with one replica, the one-device XLA rule applies.
+        xla_several_replicas: why ``"auto"`` keeps XLA off with several replicas ("": not measured).
+        plan_note: a line the plan states about it.
+        keras_fit_fix: tfaccel.compat.keras_mwms's Keras fit fix is for it (the plan says when it is applied).
+    """
+
+    multi_step: bool = False
+    single_device: bool = False
+    keras_multi_step_issue: str = ""
+    every_worker_saves: bool = False
+    shards_by_rank: bool = False
+    compiled_by_xla: str = ""
+    xla_auto_off: Tuple[str, str] = ("", "")
+    xla_one_replica: bool = False
+    xla_several_replicas: str = ""
+    plan_note: str = ""
+    keras_fit_fix: bool = False
+
+
+@functools.lru_cache(maxsize=None)
+def _builtin_traits() -> Dict[str, Traits]:
+    from tfaccel.xla import HOROVOD_NOTE, MULTI_WORKER_CPU_NOTE, MULTI_WORKER_GPU_NOTE, TPU_NOTE
+
+    return {
+        "default": Traits(single_device=True, xla_one_replica=True),
+        "one_device": Traits(single_device=True, xla_one_replica=True),
+        "mirrored": Traits(multi_step=True, xla_one_replica=True,
+                           xla_several_replicas="MirroredStrategy over several devices"),
+        # Keras 3.15's multi-step loop fails under MultiWorkerMirroredStrategy: "You must feed a value for
+        # placeholder tensor .../while/cond/Placeholder" from the distributed iterator (Keras 3.15.1, TF 2.21.0).
+        "multi_worker": Traits(multi_step=True, every_worker_saves=True, keras_fit_fix=True,
+                               keras_multi_step_issue="Keras 3.15's multi-step loop fails under "
+                                                      "MultiWorkerMirroredStrategy",
+                               xla_auto_off=(MULTI_WORKER_CPU_NOTE, MULTI_WORKER_GPU_NOTE)),
+        "parameter_server": Traits(plan_note="trained by tfaccel's ClusterCoordinator loop (Keras 3 fit does not "
+                                             "run ParameterServerStrategy)"),
+        "tpu": Traits(compiled_by_xla=TPU_NOTE, plan_note="TPU: batches use drop_remainder=True (static shapes)"),
+        "horovod": Traits(shards_by_rank=True, xla_auto_off=(HOROVOD_NOTE, HOROVOD_NOTE)),
+    }
 
 
 @dataclasses.dataclass
@@ -47,6 +105,38 @@ class Backend:
     extra_callbacks: Callable[[], List[Any]] = lambda: []
     # Callbacks that must run after the user's per-batch callbacks (Horovod: every rank stops at the same step).
     batch_sync_callbacks: Callable[[], List[Any]] = lambda: []
+    # Processes that agree without tf.distribute (Horovod): rank 0's value for every rank, and rank 0's backup.
+    broadcast: Optional[Callable[[Any, str], Any]] = None
+    agree_on_backup: Callable[[Any], Any] = lambda state: state
+    # (details key, line) for what wrap_optimizer and extra_callbacks change on the user's model.
+    optimizer_change: Tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.supports_jit and not self.jit_note:
+            self.jit_note = f"strategy {self.name!r} does not support XLA"
+
+    @property
+    def traits(self) -> Traits:
+        """What differs under this strategy (:class:`Traits`; the defaults for a strategy a user registered)."""
+        return _builtin_traits().get(self.name, Traits())
+
+    def describe(self, *, quoted: bool = False, prefix: str = "strategy ") -> str:
+        """``strategy mirrored`` (``strategy 'mirrored'`` quoted; ``mirrored`` with no prefix), for messages."""
+        return prefix + (repr(self.name) if quoted else self.name)
+
+    def keras_multi_step_fallback(self) -> Optional[Tuple[str, str]]:
+        """(why Keras' own train function runs one step per call here, the warning when more were asked for);
+        None where Keras' multi-step train function works."""
+        issue = self.traits.keras_multi_step_issue
+        if not issue:
+            return None
+        return f"{self.name}: {issue}", f"cannot work under {self.name} ({issue}); using 1"
+
+    def plan_fields(self) -> Dict[str, Any]:
+        """What the plan records of this backend: ``strategy`` (the registry name), its reason, the layout."""
+        return dict(strategy=self.name, strategy_reason=self.reason, num_replicas=int(self.num_replicas_in_sync),
+                    num_workers=int(self.num_workers), worker_index=int(self.worker_index),
+                    is_chief=bool(self.is_chief))
 
     def scope(self) -> ContextManager:
         """The context in which the model and optimizer must be built."""

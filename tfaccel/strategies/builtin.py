@@ -1,4 +1,4 @@
-"""The built-in registry entries: tf.distribute strategies, TPU and the lazy Horovod entry.
+"""The factories of the built-in tf.distribute strategies (their registry entries: ``tfaccel.strategies.entries``).
 
 TensorFlow is imported inside the factories, never at module import.
 """
@@ -7,11 +7,9 @@ import contextlib
 import numbers
 from typing import Any, Dict, Optional, Sequence, Tuple
 
-from tfaccel.errors import BackendUnavailableError, ConfigError, DeviceError, invalid_choice
-from tfaccel.strategies import tpu as _tpu
+from tfaccel.errors import ConfigError, DeviceError, invalid_choice
 from tfaccel.strategies._task import training_roles, worker_position
 from tfaccel.strategies.base import Backend
-from tfaccel.strategies.registry import register_strategy
 from tfaccel.xla import MULTI_WORKER_CPU_NOTE
 
 __all__ = ["CROSS_DEVICE_OPS", "COLLECTIVE_IMPLEMENTATIONS", "MIRRORED_MULTI_DEVICE_JIT_NOTE"]
@@ -389,40 +387,3 @@ def make_parameter_server(*, devices: Any, task: Optional[Any], variable_partiti
                    num_workers=len(roles["worker"]), worker_index=0, is_chief=True, uses_keras_fit=False,
                    coordinator=coordinator, supports_jit=False, jit_note=PS_JIT_NOTE,
                    notes=(_partitioner_note(settings, len(roles["ps"])),) if partitioner is not None else ())
-
-
-# --------------------------------------------------------------------------------------------------- horovod
-def make_horovod(*, devices: Any, task: Optional[Any], **options: Any) -> Backend:
-    """Loads ``tfaccel.strategies.horovod.make_backend`` lazily (Horovod is an optional, compiled dependency)."""
-    try:
-        from tfaccel.strategies.horovod import make_backend
-    except ImportError as exc:
-        raise BackendUnavailableError(
-            f"horovod: Horovod cannot be loaded here ({exc}). Install it with TensorFlow support, e.g. "
-            "`HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 pip install --no-build-isolation horovod` (see the README "
-            "section on Horovod for the extra build flags TF 2.21 needs), or pick another strategy") from exc
-    return make_backend(devices=devices, task=task, **options)
-
-
-# mirrored and multi_worker are collective: one of them per process (see tfaccel.strategies.registry).
-register_strategy("default", description="TensorFlow's default strategy: one replica, no distribution",
-                  factory=make_default, request=default_request)
-register_strategy("one_device", description="OneDeviceStrategy: everything on one device (a GPU when present)",
-                  factory=make_one_device, options=("device",), request=one_device_request)
-register_strategy("mirrored", description="MirroredStrategy: synchronous data parallelism over the GPUs (or "
-                  "virtual CPUs) of one process", factory=make_mirrored, options=("device_names", "cross_device_ops"),
-                  request=mirrored_request, collective=True)
-register_strategy("multi_worker", description="MultiWorkerMirroredStrategy: synchronous data parallelism over "
-                  "several processes/hosts (TF_CONFIG), with tfaccel's Keras 3 fit fix",
-                  factory=make_multi_worker, options=("implementation", "bytes_per_pack", "timeout_seconds",
-                                                     "apply_compat", "startup_timeout_seconds",
-                                                     "heartbeat_timeout_seconds"),
-                  request=multi_worker_request, collective=True)
-register_strategy("parameter_server", description="ParameterServerStrategy + ClusterCoordinator: asynchronous "
-                  "training with ps tasks, run by tfaccel's coordinator loop (not Keras fit)",
-                  factory=make_parameter_server, options=("variable_partitioner", "min_shard_bytes", "max_shards"),
-                  request=parameter_server_request)
-register_strategy("tpu", description="TPUStrategy: Cloud TPU, Colab TPU or a TPU VM (TPUClusterResolver)",
-                  factory=_tpu.make_tpu, options=_tpu.OPTIONS)
-register_strategy("horovod", description="Horovod all-reduce over ranks started by horovodrun/mpirun (optional "
-                  "dependency)", factory=make_horovod, options=("compression", "pin_gpu"))

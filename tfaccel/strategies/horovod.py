@@ -407,9 +407,9 @@ def pin_gpu_to_local_rank(local_rank: int, *, _backend_override: Any = None) -> 
     Raises:
         DeviceError: TensorFlow already initialised its devices with another GPU visible.
     """
-    from tfaccel.devices import _backend
+    from tfaccel.devices import device_backend
 
-    be = _backend(_backend_override)
+    be = device_backend(_backend_override)
     gpus = be.list_physical_devices("GPU")
     if not gpus:
         return None
@@ -495,5 +495,9 @@ def make_backend(*, devices: Any = None, task: Any = None, compression: str = "n
         wrap_optimizer=wrap_optimizer,
         extra_callbacks=extra_callbacks,
         batch_sync_callbacks=batch_sync_callbacks,
+        broadcast=lambda value, name: hvd.broadcast_object(value, root_rank=0, name=name),
+        agree_on_backup=lambda state: agree_on_backup(state, _hvd=hvd),
+        optimizer_change=("horovod", "optimizer averages gradients over ranks; weights broadcast from rank 0; "
+                                     "metrics averaged"),
     )
 

@@ -88,6 +88,7 @@ class BackendRequest:
 
 _lock = threading.Lock()
 _REGISTRY: Dict[str, StrategyEntry] = {}
+_builtins_added = False
 # The backends built in this process, with their requests. Building happens under the re-entrant lock, so two
 # threads asking at once still build one backend.
 _build_lock = threading.RLock()
@@ -167,7 +168,23 @@ def strategy_entries() -> Dict[str, StrategyEntry]:
 
 
 def _ensure_builtins() -> None:
-    from tfaccel.strategies import builtin  # noqa: F401 - registers the built-in entries on import
+    """Adds the built-in entries once, ahead of any entry registered before the registry was first read."""
+    global _builtins_added
+    if _builtins_added:
+        return
+    from tfaccel.strategies.entries import BUILTIN_ENTRIES
+
+    with _lock:
+        if _builtins_added:
+            return
+        registered_first = dict(_REGISTRY)
+        _REGISTRY.clear()
+        for given in BUILTIN_ENTRIES:
+            _REGISTRY[given["name"]] = StrategyEntry(
+                given["name"], given["description"], given["factory"], tuple(given.get("options", ())),
+                given.get("request"), bool(given.get("collective", False)))
+        _REGISTRY.update(registered_first)
+        _builtins_added = True
 
 
 def _resolve_inputs(devices: Optional[Any], task: Optional[Any]) -> Tuple[Any, Optional[Any]]:
@@ -182,7 +199,8 @@ def _resolve_inputs(devices: Optional[Any], task: Optional[Any]) -> Tuple[Any, O
     return devices, task
 
 
-def _count_logical_cpus() -> int:
+def count_logical_cpus() -> int:
+    """The logical CPU devices of TensorFlow's runtime (virtual CPUs included); initialises the runtime."""
     import tensorflow as tf
 
     return len(tf.config.list_logical_devices("CPU"))
@@ -210,7 +228,7 @@ def choose(name: str = "auto", *, devices: Optional[Any] = None, task: Optional[
     from tfaccel.strategies.auto import choose_strategy
 
     chosen, reason = choose_strategy(devices=devices, task=task, environ=environ,
-                                     count_cpus=_count_logical_cpus if detected else None)
+                                     count_cpus=count_logical_cpus if detected else None)
     return chosen, reason, devices, task
 
 

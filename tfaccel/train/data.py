@@ -18,8 +18,8 @@ import numpy as np
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
 
-__all__ = ["FitData", "batches_per_epoch", "prepare_data", "example_stream", "is_batched", "check_seed", "agree_on_seed",
-           "DEFAULT_BATCH_SIZE"]
+__all__ = ["FitData", "batches_per_epoch", "prepare_data", "example_order", "example_stream", "is_batched", "check_seed",
+           "agree_on_seed", "DEFAULT_BATCH_SIZE"]
 
 DEFAULT_BATCH_SIZE = 32  # Keras' own default for arrays
 
@@ -42,6 +42,7 @@ class FitData:
             examples itself; Keras' own shuffling applies otherwise).
         class_weight: left to Keras for datasets (for arrays it is already in ``sample_weight``).
         note: one line for the plan.
+        what: what the data is, for messages (``"in-memory arrays"``, ``"a tf.data.Dataset"``, ...).
     """
 
     kind: str
@@ -56,6 +57,7 @@ class FitData:
     seed: Optional[int] = None
     class_weight: Optional[Dict[int, float]] = None
     note: str = ""
+    what: str = "in-memory arrays"
 
 
 def is_batched(dataset: Any) -> bool:
@@ -92,10 +94,8 @@ def agree_on_seed(seed: Optional[int], *, backend: Any) -> int:
     if seed is not None:
         return int(seed)
     fresh = secrets.randbelow(2**31 - 1) if backend.worker_index == 0 else 0
-    if backend.num_workers > 1 and backend.name == "horovod":
-        from tfaccel.strategies.horovod import import_horovod
-
-        fresh = int(import_horovod().broadcast_object(fresh, root_rank=0, name="tfaccel_seed"))
+    if backend.num_workers > 1 and backend.broadcast is not None:  # processes outside tf.distribute (Horovod)
+        fresh = int(backend.broadcast(fresh, "tfaccel_seed"))
     elif backend.num_workers > 1:
         import tensorflow as tf
 
@@ -139,10 +139,10 @@ def _split(x: Any, y: Any, sample_weight: Any, validation_split: float) -> Tuple
     """Keras' split: the last ``validation_split`` of the examples, before any shuffling."""
     if not 0.0 < validation_split < 1.0:
         raise ConfigError(f"validation_split must be a fraction between 0 and 1; received {validation_split!r}")
-    from keras.src.trainers.data_adapters.array_slicing import train_validation_split
+    from tfaccel.compat.keras_internals import train_validation_split
 
     try:
-        return train_validation_split((x, y, sample_weight), validation_split=validation_split)
+        return train_validation_split((x, y, sample_weight), validation_split)
     except ValueError as exc:
         raise ConfigError(f"validation_split={validation_split}: {exc}") from exc
 
@@ -157,7 +157,7 @@ def _class_weights(y: Any, class_weight: Optional[Dict[int, float]], sample_weig
         raise ConfigError(f"class_weight must be a dict {{class index: weight}}; received {class_weight!r}")
     if y is None:
         raise ConfigError("class_weight needs targets y")
-    from keras.src.trainers.data_adapters.data_adapter_utils import class_weight_to_sample_weights
+    from tfaccel.compat.keras_internals import class_weight_to_sample_weights
 
     return class_weight_to_sample_weights(y, class_weight)
 
@@ -240,7 +240,29 @@ def _not_arrays(kind: str, x: Any, y: Any, sample_weight: Any, validation_split:
         get_logger().warning("fit: shuffle=True does not apply to a tf.data.Dataset (Keras does not shuffle datasets "
                              "either); shuffle inside your pipeline (dataset.shuffle(...)) if you want it")
     return FitData(kind, x, None, None, validation, None, None, steps_per_epoch, shuffle, seed, class_weight,
-                   f"{what} used as given")
+                   f"{what} used as given", what)
+
+
+def example_order(num_examples: int, seed: Optional[int], epoch: int, shuffle: Any) -> np.ndarray:
+    """THE example order of one epoch of array data, used by every loop and by :func:`example_stream`.
+
+    A function of ``(seed, epoch)`` only (int32 indices), so every process, every loop and a resumed job see the
+    same batches: batch ``i`` is ``order[i * batch : (i + 1) * batch]``.
+
+    Args:
+        num_examples: the training examples.
+        seed: the job's seed (None counts as 0).
+        epoch: the 0-based epoch.
+        shuffle: Keras' ``shuffle`` argument; ``False`` and ``"batch"`` keep the arrays' order.
+
+    Example:
+        >>> example_order(4, 7, 0, shuffle=False).tolist()
+        [0, 1, 2, 3]
+    """
+    if not shuffle or shuffle == "batch":
+        return np.arange(num_examples, dtype=np.int32)
+    rng = np.random.default_rng([0 if seed is None else int(seed), int(epoch)])
+    return rng.permutation(num_examples).astype(np.int32)
 
 
 def batches_per_epoch(data: FitData) -> Optional[int]:
@@ -290,8 +312,7 @@ def example_stream(data: FitData, *, epochs: int, initial_epoch: int, start_step
     tensors = tf.nest.map_structure(tf.constant, parts)
 
     def epoch_batches(epoch: int) -> Any:
-        shuffled = data.shuffle and data.shuffle != "batch"
-        order = np.random.default_rng([data.seed, epoch]).permutation(n) if shuffled else np.arange(n)
+        order = example_order(n, data.seed, epoch, data.shuffle)
         # Each global batch is cut into `shards` contiguous equal parts, as tf.distribute's rebatching cuts it over
         # replicas: rank i takes part i (the partial last batch too, which splits evenly: checked above).
         windows = (order[s:s + batch] for s in range(0, n, batch))

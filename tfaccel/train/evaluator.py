@@ -230,7 +230,7 @@ def run_evaluator(model: Any, *, validation_data: Any, checkpoint_dir: Optional[
         EvaluatorTimeout: the chief wrote no progress within ``TFACCEL_EVALUATOR_TIMEOUT`` seconds.
     """
     from tfaccel.strategies._task import current_task
-    from tfaccel.train.api import FitResult
+    from tfaccel.train.result import FitResult
     from tfaccel.train.scope import plan_for_model
 
     task = task if task is not None else current_task()

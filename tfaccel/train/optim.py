@@ -21,6 +21,8 @@ or schedule in :class:`ScaledSchedule` (registered for Keras serialisation as ``
 import math
 from typing import Any, Dict, Optional, Tuple
 
+from tfaccel.compat import keras_internals
+from tfaccel.compat.keras_optimizer import adapted_class
 from tfaccel.errors import ConfigError, invalid_choice
 
 __all__ = ["LR_SCALING", "OPTIMIZER_NAMES", "scale_factor", "scaled_schedule", "adapt_optimizer",
@@ -92,96 +94,7 @@ def scaled_schedule(inner: Any, factor: float, warmup_steps: int = 0) -> Any:
     return _schedule_class()(inner, factor, warmup_steps)
 
 
-_ADAPTED: Dict[type, type] = {}
 _ORIGINAL_CLASS = "_tfaccel_original_class"
-
-
-def _adapted_class(base: type) -> type:
-    """A subclass of ``base`` that clips after the all-reduce and accumulates gradients under any strategy."""
-    if base in _ADAPTED:
-        return _ADAPTED[base]
-    import tensorflow as tf
-
-    class _Adapted(base):  # type: ignore[misc, valid-type]
-        tfaccel_accumulation_steps = 1
-
-        def build(self, variables: Any) -> None:
-            super().build(variables)
-            if self.tfaccel_accumulation_steps > 1:
-                self._tfaccel_accumulators = [self.add_variable_from_reference(v, name="tfaccel_accumulator")
-                                              for v in variables]
-                self._tfaccel_micro_step = self.add_variable((), initializer="zeros", dtype="int64",
-                                                             name="tfaccel_micro_step")
-
-        # Clipping is deferred until the gradients have been all-reduced (see module docstring).
-        def _clip_gradients(self, grads: Any) -> Any:
-            return grads
-
-        def _tfaccel_clip(self, grads: Any) -> Any:
-            present = [i for i, g in enumerate(grads) if g is not None]
-            clipped = base._clip_gradients(self, [grads[i] for i in present])
-            out = list(grads)
-            for i, g in zip(present, clipped):
-                out[i] = g
-            return out
-
-        def _all_reduce_sum_gradients(self, grads_and_vars: Any) -> Any:
-            reduced = list(super()._all_reduce_sum_gradients(grads_and_vars))
-            if self.tfaccel_accumulation_steps > 1:
-                return reduced  # clipped once, on the accumulated mean, in apply()
-            grads = self._tfaccel_clip([g for g, _ in reduced])
-            return list(zip(grads, [v for _, v in reduced]))
-
-        def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
-            if self.tfaccel_accumulation_steps <= 1:
-                return super().apply(grads, trainable_variables)
-            return self._tfaccel_accumulate_apply(list(grads), trainable_variables)
-
-        def _tfaccel_accumulate_apply(self, grads: Any, trainable_variables: Any) -> None:
-            trainable_variables = list(self._trainable_variables if trainable_variables is None
-                                       else trainable_variables)
-            if not self.built:
-                self.build(trainable_variables)
-            steps = self.tfaccel_accumulation_steps
-            reduced = [g for g, _ in super()._all_reduce_sum_gradients(list(zip(grads, trainable_variables)))]
-            accs = [self._tfaccel_accumulators[self._get_variable_index(v)] for v in trainable_variables]
-            for acc, g in zip(accs, reduced):
-                if g is not None:
-                    acc.assign_add(tf.cast(g, acc.dtype))
-            is_update = tf.equal((self._tfaccel_micro_step + 1) % steps, 0)
-            mean = self._tfaccel_clip([acc / steps if g is not None else None for acc, g in zip(accs, reduced)])
-            learning_rate = self.learning_rate
-            tvars = [v.value if hasattr(v, "value") and not isinstance(v, tf.Variable) else v
-                     for v in trainable_variables]
-
-            def update(distribution: Any, pairs: Any) -> None:
-                for grad, var in pairs:
-                    if grad is None:
-                        continue
-
-                    def step(v: Any, g: Any) -> Any:
-                        def do() -> Any:
-                            self.update_step(g, v, learning_rate)
-                            return tf.constant(True)
-
-                        return tf.cond(is_update, do, lambda: tf.constant(False))
-
-                    distribution.extended.update(var, step, args=(grad,), group=False)
-
-            tf.__internal__.distribute.interim.maybe_merge_call(update, self._distribution_strategy,
-                                                                list(zip(mean, tvars)))
-            for acc in accs:
-                acc.assign(tf.where(is_update, tf.zeros_like(acc), acc))
-            self._iterations.assign_add(tf.cast(is_update, "int64"))
-            self._tfaccel_micro_step.assign_add(1)
-
-    # Same name and module as the user's class: a saved .keras file names the plain Keras optimizer, so it loads
-    # with keras.models.load_model() in a process that never imported tfaccel.
-    _Adapted.__name__ = base.__name__
-    _Adapted.__qualname__ = base.__qualname__
-    _Adapted.__module__ = base.__module__
-    _ADAPTED[base] = _Adapted
-    return _Adapted
 
 
 def adapt_optimizer(model: Any, *, replicas: int, accumulation_steps: int) -> Optional[str]:
@@ -204,7 +117,7 @@ def adapt_optimizer(model: Any, *, replicas: int, accumulation_steps: int) -> Op
     opt = model.optimizer
     inner = opt.inner_optimizer if isinstance(opt, keras.optimizers.LossScaleOptimizer) else opt
     check_optimizer(inner)
-    bound = getattr(inner, "_distribution_strategy", None)  # Keras 3's TF optimizer binds to it when created
+    bound = keras_internals.optimizer_strategy(inner)  # Keras 3's TF optimizer binds to it when created
     if bound is not None and bound is not model.distribute_strategy and not inner.built:
         raise ConfigError(
             f"optimizer {type(inner).__name__} was created under a {type(bound).__name__}, but the model is built "
@@ -226,7 +139,7 @@ def adapt_optimizer(model: Any, *, replicas: int, accumulation_steps: int) -> Op
     original = type(inner)
     if not hasattr(inner, _ORIGINAL_CLASS):
         setattr(inner, _ORIGINAL_CLASS, original)
-        inner.__class__ = _adapted_class(original)
+        inner.__class__ = adapted_class(original)
     inner.tfaccel_accumulation_steps = int(accumulation_steps)
     parts = []
     if clips and replicas > 1:
@@ -272,7 +185,7 @@ def scale_learning_rate(model: Any, rule: Optional[str], *, global_batch: Option
     if inner.built:
         raise ConfigError("scale_learning_rate needs an optimizer that is not built yet (its rate is wrapped before "
                           "the first step)")
-    current = inner._learning_rate if callable(inner._learning_rate) else float(
-        keras.ops.convert_to_numpy(inner.learning_rate))
+    given = keras_internals.learning_rate_or_schedule(inner)
+    current = given if callable(given) else float(keras.ops.convert_to_numpy(inner.learning_rate))
     inner.learning_rate = scaled_schedule(current, factor, warmup_steps)
     return reason + (f", warmup over {warmup_steps} updates" if warmup_steps else "")

@@ -1,15 +1,24 @@
-"""What the training loops share: their result, and Keras' own conventions for step data, logs and validation."""
+"""What the training loops share: the ``Loop`` interface, their result, steps per execution, and Keras' own
+conventions for step data, logs, the epoch driver and validation."""
 
+import abc
 import dataclasses
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from tfaccel.errors import ConfigError
+from tfaccel.log import get_logger
 
-__all__ = ["LoopResult", "step_data", "python_logs", "should_validate", "epoch_order", "metrics_or_logs",
-           "run_epochs"]
+if TYPE_CHECKING:
+    from tfaccel.train.context import FitContext
+
+__all__ = ["Loop", "LoopResult", "EpochHooks", "step_data", "python_logs", "should_validate", "metrics_or_logs",
+           "run_epochs", "evaluation_pass", "steps_per_execution", "STEPS_PER_EXECUTION_AUTO_MAX"]
+
+# Upper bound of steps_per_execution="auto" (measured: 64 steps per execution + XLA gave 6.3x a naive fit here).
+STEPS_PER_EXECUTION_AUTO_MAX = 64
 
 
 @dataclasses.dataclass
@@ -27,6 +36,73 @@ class LoopResult:
     epoch_seconds: List[float]
     steps: int
     details: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class Loop(abc.ABC):
+    """One way to train a job exactly as Keras ``fit`` would. ``tfaccel.train.loops.LOOPS`` lists them in order;
+    the first whose ``blockers`` are empty runs the job.
+
+    Attributes:
+        name: the loop's name in ``FitResult.details["loops_rejected"]``.
+        own: tfaccel's own loop, what ``loop="compiled"`` asks for and ``loop="keras"`` rules out.
+    """
+
+    name: str = ""
+    own: bool = False
+
+    def serves(self, ctx: "FitContext") -> bool:
+        """Whether the loop runs under this job's backend at all (the job itself aside). Defaults to True."""
+        return True
+
+    @abc.abstractmethod
+    def blockers(self, ctx: "FitContext") -> List[str]:
+        """Why this loop cannot train the job exactly like Keras ``fit``: one short phrase each, [] when it can.
+
+        Raises:
+            ConfigError: the request asks for this loop (``loop="compiled"``) and it cannot honour it.
+        """
+
+    @abc.abstractmethod
+    def describe(self, ctx: "FitContext", rejected: List[Tuple["Loop", List[str]]]) -> str:
+        """The plan's one line saying that this loop runs and why (``rejected``: the loops before it, with reasons)."""
+
+    def steps_per_execution(self, ctx: "FitContext") -> Optional[Tuple[int, str]]:
+        """(steps per compiled call, why) where the model's ``steps_per_execution`` applies; None elsewhere."""
+        return None
+
+    def orders_examples(self, ctx: "FitContext") -> bool:
+        """Whether tfaccel orders the examples (so every process must agree on a seed). Defaults to True."""
+        return True
+
+    @abc.abstractmethod
+    def run(self, ctx: "FitContext") -> "LoopResult":
+        """Trains the job (``ctx``: the prepared model, data, callbacks and where to start)."""
+
+
+def steps_per_execution(ctx: "FitContext", *, keras_fit: bool) -> Tuple[int, str]:
+    """(steps per execution, why) for this job, from ``fit``'s ``steps_per_execution`` and the model's.
+
+    Args:
+        ctx: the job.
+        keras_fit: for Keras' own train function (else for tfaccel's multi-step loop).
+    """
+    requested, model = ctx.request.loop.steps_per_execution, ctx.model
+    fallback = ctx.backend.keras_multi_step_fallback() if keras_fit else None
+    if fallback is not None:
+        if requested not in ("auto", 1):
+            get_logger().warning("steps_per_execution=%s %s", requested, fallback[1])
+        return 1, fallback[0]
+    if requested != "auto":
+        return int(requested), "given"
+    if model.steps_per_execution != 1:
+        return model.steps_per_execution, "as compiled"
+    per_batch = ctx.per_batch or bool(ctx.request.backups.backup_freq)
+    steps = ctx.batches_per_epoch
+    if per_batch or not steps:
+        # A dataset of unknown length: Keras would end its last call where the data ends, but reports the batch
+        # numbers of a full call, so the steps run could not be counted.
+        return 1, "1: per-batch callbacks must see every batch" if per_batch else "1: epoch length unknown"
+    return min(steps, STEPS_PER_EXECUTION_AUTO_MAX), f"auto: min(steps/epoch={steps}, {STEPS_PER_EXECUTION_AUTO_MAX})"
 
 
 def step_data(x: Any, y: Any, sample_weight: Any, *, constants: bool = False) -> Any:
@@ -77,24 +153,49 @@ def should_validate(epoch: int, validation_freq: Any) -> bool:
                       "Pass e.g. validation_freq=1 or validation_freq=[1, 5]")
 
 
-def epoch_order(n: int, seed: Optional[int], epoch: int, shuffle: bool) -> np.ndarray:
-    """The example order of one epoch: a function of (seed, epoch) only, the same in every process (int32)."""
-    if not shuffle:
-        return np.arange(n, dtype=np.int32)
-    return np.random.default_rng([0 if seed is None else int(seed), int(epoch)]).permutation(n).astype(np.int32)
-
-
 def metrics_or_logs(model: Any, logs: Any) -> Any:
-    """Keras' ``_get_metrics_result_or_logs``: the model's metrics when the step returned the same keys."""
+    """Keras' ``_get_metrics_result_or_logs``: the model's metrics when the step returned the same keys (or when
+    no step ran)."""
     metric_logs = model.get_metrics_result()
-    if isinstance(logs, dict) and set(logs) == set(metric_logs):
+    if logs is None or isinstance(logs, dict) and set(logs) == set(metric_logs):
         return metric_logs
     return logs
 
 
+def evaluation_pass(model: Any, cb_list: Any, run: Callable[[], Any]) -> Dict[str, Any]:
+    """Keras' ``evaluate`` as ``fit`` calls it, around a loop's own way of running the validation batches: the
+    callbacks' test hooks, every metric reset first, the model's metrics (or the last step's logs), ``val_`` keys.
+
+    Args:
+        model: the user's model. cb_list: the epoch driver's ``CallbackList``.
+        run: runs every validation batch with the model's ``test_step``; returns the last step's logs (None: none).
+    """
+    cb_list.on_test_begin()
+    model.reset_metrics()
+    logs = python_logs(metrics_or_logs(model, run()))
+    cb_list.on_test_end(logs)
+    return {f"val_{name}": value for name, value in logs.items()}
+
+
+@dataclasses.dataclass
+class EpochHooks:
+    """What a loop adds to Keras' epoch (each optional).
+
+    Attributes:
+        before_epoch_end: ``(epoch, logs)`` after validation, before the callbacks' ``on_epoch_end`` (backups).
+        after_epoch_end: ``(epoch, logs, seconds)`` after the callbacks' ``on_epoch_end`` (a log line).
+        before_train_end: called after the optimizer's final values, before ``on_train_end``.
+    """
+
+    before_epoch_end: Optional[Callable[[int, Dict[str, Any]], None]] = None
+    after_epoch_end: Optional[Callable[[int, Dict[str, Any], float], None]] = None
+    before_train_end: Optional[Callable[[], None]] = None
+
+
 def run_epochs(model: Any, *, callbacks: List[Any], verbose: Any, epochs: int, initial_epoch: int,
                steps_per_epoch: int, train_epoch: Callable[[int, Any], Tuple[Any, int]],
-               validate: Optional[Callable[[Any], Dict[str, Any]]], validation_freq: Any) -> LoopResult:
+               validate: Optional[Callable[[Any], Dict[str, Any]]], validation_freq: Any,
+               progress_bar: bool = True, hooks: Optional[EpochHooks] = None) -> LoopResult:
     """Keras ``fit``'s epoch driver for tfaccel's own loops: callbacks and History, epoch timing, validation,
     ``stop_training`` and the optimizer's final values, as ``fit`` runs them.
 
@@ -106,19 +207,24 @@ def run_epochs(model: Any, *, callbacks: List[Any], verbose: Any, epochs: int, i
         train_epoch: ``(epoch, callback list) -> (logs, steps run)``: trains one epoch.
         validate: ``callback list -> validation logs`` (``val_`` keys), or None without validation data.
         validation_freq: Keras' ``validation_freq``.
+        progress_bar: Keras' progress bar where ``verbose`` asks for one. Defaults to True.
+        hooks: the loop's additions (:class:`EpochHooks`). Defaults to none.
 
     Returns:
         Keras' history, the training seconds of each epoch (validation and callbacks excluded), the steps run.
     """
     import keras
 
-    cb_list = keras.callbacks.CallbackList(callbacks, add_history=True, add_progbar=verbose != 0, model=model,
-                                           verbose=verbose, epochs=epochs, steps=steps_per_epoch)
+    from tfaccel.compat.keras_internals import backup_and_restore_epoch
+
+    hooks = hooks or EpochHooks()
+    cb_list = keras.callbacks.CallbackList(callbacks, add_history=True, add_progbar=progress_bar and verbose != 0,
+                                           model=model, verbose=verbose, epochs=epochs, steps=steps_per_epoch)
     model.stop_training = False
     cb_list.on_train_begin()
     seconds: List[float] = []
     steps, epoch_logs = 0, None
-    for epoch in range(getattr(model, "_initial_epoch", None) or initial_epoch, epochs):  # BackupAndRestore
+    for epoch in range(backup_and_restore_epoch(model) or initial_epoch, epochs):
         model.reset_metrics()
         cb_list.on_epoch_begin(epoch)
         start = time.perf_counter()
@@ -128,10 +234,16 @@ def run_epochs(model: Any, *, callbacks: List[Any], verbose: Any, epochs: int, i
         epoch_logs = dict(metrics_or_logs(model, logs))
         if validate is not None and should_validate(epoch, validation_freq):
             epoch_logs.update(validate(cb_list))
+        if hooks.before_epoch_end:
+            hooks.before_epoch_end(epoch, epoch_logs)
         cb_list.on_epoch_end(epoch, epoch_logs)
+        if hooks.after_epoch_end:
+            hooks.after_epoch_end(epoch, epoch_logs, seconds[-1])
         if model.stop_training:
             break
     if isinstance(model.optimizer, keras.optimizers.Optimizer) and epochs > 0:
         model.optimizer.finalize_variable_values(model.trainable_weights)
+    if hooks.before_train_end:
+        hooks.before_train_end()
     cb_list.on_train_end(logs=epoch_logs)
     return LoopResult(history=dict(model.history.history), epoch_seconds=seconds, steps=steps)

@@ -6,13 +6,18 @@ runs every whole batch, and the partial last batch runs as its own step (no padd
 ``fit``/``evaluate`` (keras/src/backend/tensorflow/trainer.py). What it cannot mirror: :func:`compiled_blockers`.
 """
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from tfaccel.train.loops.base import LoopResult, epoch_order, metrics_or_logs, python_logs, run_epochs, step_data
+from tfaccel.errors import ConfigError
+from tfaccel.train.data import example_order
+from tfaccel.train.loops.base import Loop, LoopResult, evaluation_pass, run_epochs, step_data
 
-__all__ = ["compiled_blockers", "run_compiled"]
+if TYPE_CHECKING:
+    from tfaccel.train.context import FitContext
+
+__all__ = ["CompiledLoop", "compiled_blockers", "run_compiled"]
 
 _BATCH_HOOKS = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end",
                 "on_test_batch_begin", "on_test_batch_end")
@@ -128,16 +133,12 @@ class _Pass:
 
 
 def _evaluate(model: Any, val_pass: _Pass, cb_list: Any) -> Dict[str, Any]:
-    """Keras' ``evaluate`` as ``fit`` calls it: same callbacks, all metrics reset first, ``val_`` prefixes."""
-    cb_list.on_test_begin()
-    model.reset_metrics()
-    logs = python_logs(metrics_or_logs(model, val_pass.run(np.arange(val_pass.num_examples, dtype=np.int32))))
-    cb_list.on_test_end(logs)
-    return {f"val_{name}": value for name, value in logs.items()}
+    """Keras' ``evaluate`` as ``fit`` calls it (``evaluation_pass``), all batches in one compiled call."""
+    return evaluation_pass(model, cb_list, lambda: val_pass.run(np.arange(val_pass.num_examples, dtype=np.int32)))
 
 
 def run_compiled(model: Any, *, x: Any, y: Any, sample_weight: Any, batch_size: int, epochs: int,
-                 initial_epoch: int, shuffle: bool, seed: Optional[int], validation: Any,
+                 initial_epoch: int, shuffle: Any, seed: Optional[int], validation: Any,
                  validation_batch_size: Optional[int], validation_freq: Union[int, List[int]], jit_compile: bool,
                  callbacks: List[Any], verbose: Any) -> LoopResult:
     """Trains ``model`` as Keras ``fit`` would, each epoch's whole batches in one compiled call.
@@ -146,7 +147,7 @@ def run_compiled(model: Any, *, x: Any, y: Any, sample_weight: Any, batch_size: 
         model: the user's compiled Keras model (one replica). x: an array, a dict or a list of arrays; y: an array
             or None; sample_weight: None or an array (class weights folded in). validation: None or
             (x, y, sample_weight). batch_size, epochs, initial_epoch, validation_batch_size, validation_freq,
-            verbose: as in Keras ``fit``. shuffle: each epoch's order drawn from (seed, epoch).
+            verbose: as in Keras ``fit``. shuffle: Keras' ``shuffle``; each epoch's order is ``example_order``'s.
         jit_compile: compile the steps and the epoch loop with XLA.
         callbacks: epoch-level callbacks (:func:`compiled_blockers` returned [] for them).
 
@@ -166,7 +167,46 @@ def run_compiled(model: Any, *, x: Any, y: Any, sample_weight: Any, batch_size: 
         batch_size=validation_batch_size or batch_size, jit_compile=jit_compile)
     return run_epochs(model, callbacks=callbacks, verbose=verbose, epochs=epochs, initial_epoch=initial_epoch,
                       steps_per_epoch=train.num_batches,
-                      train_epoch=lambda epoch, _: (train.run(epoch_order(train.num_examples, seed, epoch, shuffle)),
+                      train_epoch=lambda epoch, _: (train.run(example_order(train.num_examples, seed, epoch, shuffle)),
                                                     train.num_batches),
                       validate=None if val is None else lambda cb_list: _evaluate(model, val, cb_list),
                       validation_freq=validation_freq)
+
+
+class CompiledLoop(Loop):
+    """One replica, array data, epoch-level callbacks: each epoch's whole batches in one compiled call."""
+
+    name = "compiled"
+    own = True
+
+    def serves(self, ctx: "FitContext") -> bool:
+        return ctx.backend.num_replicas_in_sync == 1 and ctx.backend.traits.single_device
+
+    def blockers(self, ctx: "FitContext") -> List[str]:
+        data, request, backend = ctx.data, ctx.request, ctx.backend
+        blockers = [] if self.serves(ctx) else [
+            f"{backend.describe()} with {backend.num_replicas_in_sync} replica(s)"]
+        if data.kind != "arrays":
+            blockers.append(f"data is {data.what}, not in-memory arrays")
+        elif data.validation is not None and data.validation[1] is None and data.validation[2] is None:
+            blockers.append("validation_data is not arrays")
+        if request.backups.backup_freq:
+            blockers.append("backup_freq asks for step-level backups")
+        blockers += compiled_blockers(ctx.model, callbacks=ctx.user_callbacks,
+                                      steps_per_execution_given=request.loop.steps_per_execution != "auto")
+        if request.loop.loop == "compiled" and blockers:
+            raise ConfigError("loop='compiled' cannot train this job exactly like Keras fit: " + "; ".join(blockers) +
+                              ". Use loop='auto' (Keras fit then trains it)")
+        return blockers
+
+    def describe(self, ctx: "FitContext", rejected: List[Tuple[Loop, List[str]]]) -> str:
+        return "compiled whole-epoch loop running the model's train_step (one replica, array data)"
+
+    def run(self, ctx: "FitContext") -> LoopResult:
+        data, validation = ctx.data, ctx.request.validation
+        return run_compiled(ctx.model, x=data.x, y=data.y, sample_weight=data.sample_weight,
+                            batch_size=data.batch_size, epochs=ctx.request.epochs, initial_epoch=ctx.start_epoch,
+                            shuffle=data.shuffle, seed=data.seed, validation=data.validation,
+                            validation_batch_size=validation.batch_size, validation_freq=validation.freq,
+                            jit_compile=bool(ctx.model.jit_compile), callbacks=ctx.loop_callbacks(),
+                            verbose=ctx.verbose)

@@ -15,7 +15,7 @@ Step accounting: ClusterCoordinator runs a closure again when its worker is lost
 applied stay. Every update is counted on the ps right after it is applied, per worker, with its examples;
 ``details["ps_accounting"]`` reports them against what was scheduled (``ps_step.Accounting``).
 
-Pitfalls handled here (measured on TF 2.21 / Keras 3.15 with real ps/worker processes, see VERIFIED.md):
+Pitfalls handled here (measured on TF 2.21 / Keras 3.15 with real ps/worker processes):
 
 * The optimizer is built inside the strategy scope, or its slot variables land on the chief.
 * Keras 3 ``Variable.assign_add`` is ``assign(read + value)``; concurrent workers lost updates of
@@ -32,8 +32,7 @@ at every epoch end and every ``backup_freq`` steps; a restarted coordinator rest
 """
 
 import math
-import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -42,12 +41,16 @@ from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
 from tfaccel.train.backups import PS_BACKUP_FORMAT, restore_checkpoint_backup, write_checkpoint_backup
 from tfaccel.train.data import FitData
-from tfaccel.train.loops.base import LoopResult, python_logs, should_validate, step_data
+from tfaccel.train.loops.base import (EpochHooks, Loop, LoopResult, evaluation_pass, run_epochs, should_validate,
+                                      step_data)
 from tfaccel.train.loops.ps_step import (STEPS_PER_CLOSURE, WHY_NO_METRIC_OBJECTS, Accounting, Schedule, WorkerStep,
                                          build_on_ps, check_metrics)
 
-__all__ = ["run_coordinator"]
+if TYPE_CHECKING:
+    from tfaccel.train.context import FitContext
+    from tfaccel.train.request import FitRequest
 
+__all__ = ["CoordinatorLoop", "run_coordinator"]
 
 
 def _refuse(model: Any, data: FitData, callbacks: Sequence[Any], accum: int, validation_freq: Any) -> None:
@@ -67,7 +70,7 @@ def _refuse(model: Any, data: FitData, callbacks: Sequence[Any], accum: int, val
             "(both are honoured), or train with strategy 'multi_worker' or 'mirrored'")
     if data.kind in ("dataset", "py_dataset"):
         raise ConfigError(
-            f"strategy parameter_server: x is {data.note.split(' used')[0]}; every worker builds its own input "
+            f"strategy parameter_server: x is {data.what}; every worker builds its own input "
             "pipeline, so pass arrays (x, y[, sample_weight]) or a dataset_fn(input_context) that builds the dataset "
             "on the worker (with steps_per_epoch)")
     if data.kind == "arrays" and data.steps_per_epoch != math.ceil(data.num_examples / data.batch_size):
@@ -102,29 +105,28 @@ def _own_optimizer(model: Any) -> None:
         restore_optimizer_class(model)
 
 
-def _evaluate(model: Any, data: FitData, options: Dict[str, Any], test_step: Any, cb_list: Any) -> Dict[str, Any]:
+def _evaluate(model: Any, data: FitData, request: "FitRequest", test_step: Any, cb_list: Any) -> Dict[str, Any]:
     """Keras' evaluate as fit calls it, on the coordinator (one process: Keras' metric objects count right)."""
     import tensorflow as tf
 
     vx, vy, vsw = data.validation
-    limit = options["validation_steps"]
+    limit = request.validation.steps
     if vy is None and vsw is None and isinstance(vx, tf.data.Dataset):
         batches = vx.take(limit) if limit else vx
     else:
         packed = step_data(vx, vy, vsw)
-        size = options["validation_batch_size"] or data.batch_size or 32
+        size = request.validation.batch_size or data.batch_size or 32
         n = len(tf.nest.flatten(packed)[0])
         starts = range(0, n, size)[:limit] if limit else range(0, n, size)
         batches = (tf.nest.map_structure(lambda a: a[s:s + size], packed) for s in starts)
-    cb_list.on_test_begin()
-    model.reset_metrics()
-    logs = None
-    for batch in batches:
-        logs = test_step(batch)
-    metric_logs = model.get_metrics_result()
-    logs = python_logs(metric_logs if logs is None or set(logs) == set(metric_logs) else logs)
-    cb_list.on_test_end(logs)
-    return {f"val_{name}": value for name, value in logs.items()}
+
+    def run() -> Any:
+        logs = None
+        for batch in batches:
+            logs = test_step(batch)
+        return logs
+
+    return evaluation_pass(model, cb_list, run)
 
 
 def _check_backup(state: Any, *, backup_dir: str, backup_freq: Optional[int], steps: int, accum: int) -> None:
@@ -170,15 +172,15 @@ def _train_epoch(sched: Schedule, epoch: int, first: int, *, backup: Optional[Ca
     return [np.sum(parts, axis=0) for parts in zip(*fetched)]
 
 
-def _prepare(model: Any, data: FitData, *, backend: Any, callbacks: List[Any], options: Dict[str, Any]) -> tuple:
+def _prepare(model: Any, data: FitData, *, backend: Any, callbacks: List[Any], request: "FitRequest") -> tuple:
     """Refusals and backup checks, then the build inside the scope: (backup state or None, step, schedule)."""
     from tfaccel.precision import check_output_dtype
     from tfaccel.train.backups import read_backup
 
-    accum, backup_dir = options["gradient_accumulation_steps"], options["backup_dir"]
-    _refuse(model, data, callbacks, accum, options["validation_freq"])
+    accum, backup_dir = request.loop.gradient_accumulation_steps, request.backups.backup_dir
+    _refuse(model, data, callbacks, accum, request.validation.freq)
     state = read_backup(backup_dir)  # what fit's _resume found: restored after the model is built
-    _check_backup(state, backup_dir=backup_dir, backup_freq=options["backup_freq"], steps=data.steps_per_epoch,
+    _check_backup(state, backup_dir=backup_dir, backup_freq=request.backups.backup_freq, steps=data.steps_per_epoch,
                   accum=accum)
     _own_optimizer(model)
     build_on_ps(model, data, backend=backend)
@@ -190,17 +192,13 @@ def _prepare(model: Any, data: FitData, *, backend: Any, callbacks: List[Any], o
     return state, step, Schedule(step, data, backend=backend)
 
 
-def _epoch_logs(model: Any, step: WorkerStep, totals: List[np.ndarray], *, epoch: int, data: FitData,
-                options: Dict[str, Any], test_step: Any, cb_list: Any) -> Dict[str, Any]:
-    """Keras' epoch logs: the summed totals written into the model's metrics, then the validation pass."""
+def _write_metric_totals(model: Any, step: WorkerStep, totals: List[np.ndarray]) -> Dict[str, Any]:
+    """The epoch's summed metric totals written into the model's metrics; Keras' epoch logs from them."""
     import tensorflow as tf
 
     for variable, total in zip(step.metric_variables, totals):
         variable.assign(tf.cast(total, variable.dtype))
-    logs = python_logs(model.get_metrics_result())
-    if data.validation is not None and should_validate(epoch, options["validation_freq"]):
-        logs.update(_evaluate(model, data, options, test_step, cb_list))
-    return logs
+    return model.get_metrics_result()
 
 
 def _counted(step: WorkerStep, sched: Schedule, at_start: Dict[str, Any], *, seconds: List[float],
@@ -214,7 +212,7 @@ def _counted(step: WorkerStep, sched: Schedule, at_start: Dict[str, Any], *, sec
 
 
 def run_coordinator(model: Any, *, data: FitData, backend: Any, plan: Any, epochs: int, initial_epoch: int,
-                    start_step: int, callbacks: List[Any], verbose: int, options: Dict[str, Any]) -> LoopResult:
+                    start_step: int, callbacks: List[Any], verbose: int, request: "FitRequest") -> LoopResult:
     """Trains the user's compiled model under ParameterServerStrategy as Keras ``fit`` would; see the module doc.
 
     Args:
@@ -222,10 +220,10 @@ def run_coordinator(model: Any, *, data: FitData, backend: Any, plan: Any, epoch
         data: arrays or a ``dataset_fn(input_context)`` (``tfaccel.train.data.prepare_data``).
         backend: the parameter_server backend (strategy and ``ClusterCoordinator``). plan: for the log.
         epochs, initial_epoch, verbose: as in Keras ``fit``. start_step: steps of ``initial_epoch`` already run
-            (a backup; the backup itself is read again from ``options["backup_dir"]``).
+            (a backup; the backup itself is read again from ``request.backups.backup_dir``).
         callbacks: epoch-level callbacks, called on the coordinator.
-        options: ``validation_steps``, ``validation_batch_size``, ``validation_freq``, ``backup_dir``,
-            ``backup_freq``, ``gradient_accumulation_steps`` (``checkpoint_dir`` is written by tfaccel's callback).
+        request: the ``fit`` request: its validation, backups and gradient accumulation (``checkpoint_dir`` is
+            written by tfaccel's callback).
 
     Returns:
         LoopResult with Keras' history; ``details``: optimizer iterations, steps counted, backups, the resume,
@@ -237,59 +235,113 @@ def run_coordinator(model: Any, *, data: FitData, backend: Any, plan: Any, epoch
         ConfigError: what this loop cannot train exactly like ``fit`` (custom train_step, metrics other than mean
             metrics, per-batch callbacks, tf.data datasets), backups that do not fit, no coordinator.
     """
-    import keras
     import tensorflow as tf
 
-    accum, backup_dir, backup_freq = (options[k] for k in ("gradient_accumulation_steps", "backup_dir", "backup_freq"))
-    state, step, sched = _prepare(model, data, backend=backend, callbacks=callbacks, options=options)
+    state, step, sched = _prepare(model, data, backend=backend, callbacks=callbacks, request=request)
     ckpt = tf.train.Checkpoint(model=model, optimizer=model.optimizer, steps=step.steps)  # with the step counter
-    details: Dict[str, Any] = {"backups_written": 0, "resumed": _resume(state, ckpt, backup_dir=backup_dir, step=step)
-                               if state else None}
+    resumed = _resume(state, ckpt, backup_dir=request.backups.backup_dir, step=step) if state else None
+    epochs_run = _Epochs(model, step, sched, ckpt, request=request, first=(initial_epoch, start_step), epochs=epochs,
+                         say=_announce(backend, data, request, verbose))
+    result = run_epochs(model, callbacks=callbacks, verbose=verbose, epochs=epochs, initial_epoch=initial_epoch,
+                        steps_per_epoch=data.steps_per_epoch, train_epoch=epochs_run.train_epoch,
+                        validate=None if data.validation is None else epochs_run.validate,
+                        validation_freq=request.validation.freq, progress_bar=False, hooks=epochs_run.hooks())
+    return epochs_run.finish(result, resumed=resumed)
 
-    def backup(epoch: int, position: int) -> None:
-        write_checkpoint_backup(backup_dir, ckpt, epoch=epoch, step=position, steps_per_epoch=data.steps_per_epoch)
-        details["backups_written"] += 1
 
+class _Epochs:
+    """The coordinator's part of each epoch, for the shared epoch driver (``run_epochs``): the closures, the metric
+    totals, backups and the log line; then the ps' counts."""
+
+    def __init__(self, model: Any, step: WorkerStep, sched: Schedule, ckpt: Any, *, request: "FitRequest",
+                 first: Tuple[int, int], epochs: int, say: Callable[..., None]) -> None:
+        import tensorflow as tf
+
+        self.model, self.step, self.sched, self.ckpt, self.request = model, step, sched, ckpt, request
+        self.data, self.first, self.epochs, self.say = sched.data, first, epochs, say
+        self.test_step = tf.function(model.test_step, reduce_retracing=True)
+        self.counted_at_start, self.at_start = int(step.steps.numpy()), step.accounting.read()
+        self.at_start["iterations"] = int(step.optimizer.iterations.numpy())
+        self.seen = [sum(self.at_start["examples"])]  # examples counted on the ps, after each epoch
+        self.backups_written = 0
+
+    def _first_step(self, epoch: int) -> int:
+        return self.first[1] if epoch == self.first[0] else 0
+
+    def backup(self, epoch: int, position: int) -> None:
+        write_checkpoint_backup(self.request.backups.backup_dir, self.ckpt, epoch=epoch, step=position,
+                                steps_per_epoch=self.data.steps_per_epoch)
+        self.backups_written += 1
+
+    def train_epoch(self, epoch: int, cb_list: Any) -> Tuple[Dict[str, Any], int]:
+        first, backups = self._first_step(epoch), self.request.backups
+        totals = _train_epoch(self.sched, epoch, first, backup=self.backup if backups.backup_dir else None,
+                              backup_freq=backups.backup_freq)
+        self.seen.append(sum(self.step.accounting.read()["examples"]))
+        return _write_metric_totals(self.model, self.step, totals), self.data.steps_per_epoch - first
+
+    def validate(self, cb_list: Any) -> Dict[str, Any]:
+        return _evaluate(self.model, self.data, self.request, self.test_step, cb_list)
+
+    def hooks(self) -> EpochHooks:
+        def log_epoch(epoch: int, logs: Dict[str, Any], seconds: float) -> None:
+            self.say("epoch %d/%d - %d steps - %.1fs - %s", epoch + 1, self.epochs,
+                     self.data.steps_per_epoch - self._first_step(epoch), seconds,
+                     " - ".join(f"{k}: {v:.4f}" for k, v in logs.items()))
+
+        backup_at_end = (lambda epoch, _: self.backup(epoch + 1, 0)) if self.request.backups.backup_dir else None
+        # The model is Keras' again for on_train_end callbacks: evaluate / predict / save on the coordinator.
+        return EpochHooks(before_epoch_end=backup_at_end, after_epoch_end=log_epoch,
+                          before_train_end=lambda: release_from_strategy(self.model))
+
+    def finish(self, result: LoopResult, *, resumed: Optional[Dict[str, Any]]) -> LoopResult:
+        """The loop's result: the steps counted on the ps, the accounting, examples/s from the ps' counts."""
+        step, counted = self.step, int(self.step.steps.numpy())
+        details = {"backups_written": self.backups_written, "resumed": resumed,
+                   **_counted(step, self.sched, self.at_start, seconds=result.epoch_seconds, seen=self.seen),
+                   "optimizer_iterations": int(step.optimizer.iterations.numpy()), "steps_counted": counted,
+                   "data": "per-worker arrays on the workers, order from (seed, epoch)" if self.data.kind == "arrays"
+                   else "per-worker datasets built on the workers by the dataset_fn"}
+        return LoopResult(history=result.history, epoch_seconds=result.epoch_seconds,
+                          steps=counted - self.counted_at_start, details=details)
+
+
+def _announce(backend: Any, data: FitData, request: "FitRequest", verbose: int) -> Callable[..., None]:
+    """Logs how the job is scheduled; returns the logger's method for the epoch lines (debug when quiet)."""
     log = get_logger()
     say = log.info if verbose else log.debug
+    backup_dir, backup_freq = request.backups.backup_dir, request.backups.backup_freq
     say("parameter_server: %d workers, %d steps/epoch in closures of %d steps%s", backend.num_workers,
-        data.steps_per_epoch, STEPS_PER_CLOSURE * accum, f"; backups every {backup_freq} steps and each epoch end"
-        if backup_dir and backup_freq else ("; backups each epoch end" if backup_dir else ""))
-    cb_list = keras.callbacks.CallbackList(callbacks, add_history=True, add_progbar=False, model=model,
-                                           verbose=verbose, epochs=epochs, steps=data.steps_per_epoch)
-    test_step = tf.function(model.test_step, reduce_retracing=True)
-    counted_at_start, accounted_at_start = int(step.steps.numpy()), step.accounting.read()
-    accounted_at_start["iterations"] = int(step.optimizer.iterations.numpy())
-    seconds: List[float] = []
-    seen = [sum(accounted_at_start["examples"])]  # examples counted on the ps, after each epoch
-    model.stop_training = False
-    cb_list.on_train_begin()
-    logs = None
-    for epoch in range(getattr(model, "_initial_epoch", None) or initial_epoch, epochs):  # BackupAndRestore
-        first = start_step if epoch == initial_epoch else 0
-        model.reset_metrics()
-        cb_list.on_epoch_begin(epoch)
-        t0 = time.perf_counter()
-        totals = _train_epoch(sched, epoch, first, backup=backup if backup_dir else None, backup_freq=backup_freq)
-        seconds.append(time.perf_counter() - t0)
-        seen.append(sum(step.accounting.read()["examples"]))
-        logs = _epoch_logs(model, step, totals, epoch=epoch, data=data, options=options, test_step=test_step,
-                           cb_list=cb_list)
-        if backup_dir:
-            backup(epoch + 1, 0)
-        cb_list.on_epoch_end(epoch, logs)
-        say("epoch %d/%d - %d steps - %.1fs - %s", epoch + 1, epochs, data.steps_per_epoch - first, seconds[-1],
-            " - ".join(f"{k}: {v:.4f}" for k, v in logs.items()))
-        if model.stop_training:
-            break
-    if isinstance(model.optimizer, keras.optimizers.Optimizer):
-        model.optimizer.finalize_variable_values(model.trainable_weights)
-    release_from_strategy(model)  # Keras evaluate / predict / save on the coordinator (on_train_end callbacks too)
-    cb_list.on_train_end(logs=logs)
-    counted = int(step.steps.numpy())
-    details.update(_counted(step, sched, accounted_at_start, seconds=seconds, seen=seen),
-                   optimizer_iterations=int(model.optimizer.iterations.numpy()), steps_counted=counted,
-                   data="per-worker arrays on the workers, order from (seed, epoch)" if data.kind == "arrays"
-                   else "per-worker datasets built on the workers by the dataset_fn")
-    return LoopResult(history=dict(model.history.history), epoch_seconds=seconds, steps=counted - counted_at_start,
-                      details=details)
+        data.steps_per_epoch, STEPS_PER_CLOSURE * request.loop.gradient_accumulation_steps,
+        f"; backups every {backup_freq} steps and each epoch end" if backup_dir and backup_freq
+        else ("; backups each epoch end" if backup_dir else ""))
+    return say
+
+
+class CoordinatorLoop(Loop):
+    """parameter_server: tfaccel's ClusterCoordinator loop, the only one that trains under it."""
+
+    name = "coordinator"
+
+    def serves(self, ctx: "FitContext") -> bool:
+        return not ctx.backend.uses_keras_fit
+
+    def blockers(self, ctx: "FitContext") -> List[str]:
+        backend, request = ctx.backend, ctx.request
+        if self.serves(ctx) and request.loop.loop != "auto":
+            raise ConfigError(f"loop={request.loop.loop!r}: {backend.describe()} trains with tfaccel's "
+                              "ClusterCoordinator loop only (Keras 3 fit does not run ParameterServerStrategy, "
+                              "keras-team/keras#18624)")
+        if self.serves(ctx) and request.loop.steps_per_execution != "auto":
+            raise ConfigError(f"steps_per_execution={request.loop.steps_per_execution!r}: {backend.describe()} runs "
+                              "its steps in closures scheduled on the workers by tfaccel's ClusterCoordinator loop, "
+                              "not in Keras' train function; leave steps_per_execution unset")
+        return [] if self.serves(ctx) else [f"{backend.describe()} trains with Keras' train function"]
+
+    def describe(self, ctx: "FitContext", rejected: List[Tuple[Loop, List[str]]]) -> str:
+        return "parameter_server: tfaccel's ClusterCoordinator loop (keras-team/keras#18624)"
+
+    def run(self, ctx: "FitContext") -> LoopResult:
+        return run_coordinator(ctx.model, data=ctx.data, backend=ctx.backend, plan=ctx.plan, epochs=ctx.request.epochs,
+                               initial_epoch=ctx.start_epoch, start_step=ctx.start_step, callbacks=ctx.callbacks,
+                               verbose=ctx.verbose, request=ctx.request)

@@ -10,12 +10,15 @@ several processes must agree on the order of the examples, or a job resumes in t
 go through ``tfaccel.train.data.example_stream`` instead, whose order is a function of ``(seed, epoch)``.
 """
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from tfaccel.train.data import FitData, example_stream
-from tfaccel.train.loops.base import LoopResult
+from tfaccel.train.loops.base import Loop, LoopResult, steps_per_execution
 
-__all__ = ["uses_stream", "run_keras_fit"]
+if TYPE_CHECKING:
+    from tfaccel.train.context import FitContext
+
+__all__ = ["KerasFitLoop", "uses_stream", "run_keras_fit"]
 
 
 def uses_stream(data: FitData, *, backend: Any, backups: bool) -> bool:
@@ -29,7 +32,7 @@ def _distributed(x: Any, backend: Any) -> Any:
         return x  # already a tf.distribute.DistributedDataset
     import tensorflow as tf
 
-    if backend.name == "horovod":
+    if backend.traits.shards_by_rank:
         return x(tf.distribute.InputContext(backend.num_workers, backend.worker_index, backend.num_replicas_in_sync))
     return backend.strategy.distribute_datasets_from_function(x)
 
@@ -46,7 +49,7 @@ def _phases(data: FitData, *, backend: Any, epochs: int, initial_epoch: int, sta
                      initial_epoch=initial_epoch, epochs=epochs, shuffle=data.shuffle,
                      steps_per_epoch=None if data.steps_per_epoch == -(-data.num_examples // data.batch_size)
                      else data.steps_per_epoch)]
-    shards, index = (backend.num_workers, backend.worker_index) if backend.name == "horovod" else (1, 0)
+    shards, index = backend.input_shard if backend.traits.shards_by_rank else (1, 0)
     phases = []
     first_end = initial_epoch + 1 if start_step else epochs
     ds, steps = example_stream(data, epochs=first_end, initial_epoch=initial_epoch, start_step=start_step,
@@ -84,3 +87,39 @@ def run_keras_fit(model: Any, *, data: FitData, backend: Any, epochs: int, initi
             break
     return LoopResult(history=history, epoch_seconds=list(step_counter.epoch_seconds),
                       steps=int(sum(step_counter.epoch_steps)))
+
+
+class KerasFitLoop(Loop):
+    """Keras ``fit`` itself: every job the loops before it cannot train exactly, and whatever asks for it."""
+
+    name = "keras_fit"
+
+    def serves(self, ctx: "FitContext") -> bool:
+        return ctx.backend.uses_keras_fit
+
+    def blockers(self, ctx: "FitContext") -> List[str]:
+        return [] if self.serves(ctx) else ["Keras 3 fit does not run this strategy"]
+
+    def describe(self, ctx: "FitContext", rejected: List[Tuple[Loop, List[str]]]) -> str:
+        """``Keras fit (asked for)``, else the reasons of the first of tfaccel's loops that serves this backend (of
+        the last of them when none does)."""
+        if ctx.request.loop.loop == "keras":
+            return "Keras fit (asked for)"
+        own = [(loop, reasons) for loop, reasons in rejected if loop.own]
+        reasons = next((reasons for loop, reasons in own if loop.serves(ctx)), own[-1][1] if own else [])
+        return "Keras fit (" + "; ".join(reasons) + ")"
+
+    def steps_per_execution(self, ctx: "FitContext") -> Optional[Tuple[int, str]]:
+        return steps_per_execution(ctx, keras_fit=True)
+
+    def orders_examples(self, ctx: "FitContext") -> bool:
+        return uses_stream(ctx.data, backend=ctx.backend, backups=bool(ctx.request.backups.backup_dir))
+
+    def run(self, ctx: "FitContext") -> LoopResult:
+        validation = ctx.request.validation
+        return run_keras_fit(ctx.model, data=ctx.data, backend=ctx.backend, epochs=ctx.request.epochs,
+                             initial_epoch=ctx.start_epoch, start_step=ctx.start_step,
+                             backups=bool(ctx.request.backups.backup_dir), callbacks=ctx.callbacks,
+                             verbose=ctx.verbose, validation_steps=validation.steps,
+                             validation_batch_size=validation.batch_size, validation_freq=validation.freq,
+                             step_counter=ctx.named["timer"])

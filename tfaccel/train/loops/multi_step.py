@@ -18,13 +18,19 @@ hooks once per execution with Keras' (begin, end) step numbers; validation is Ke
 calls it, K steps per call too.
 """
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tfaccel.train.loops.base import LoopResult, epoch_order, metrics_or_logs, python_logs, run_epochs, step_data
+from tfaccel.compat import keras_internals
+from tfaccel.errors import ConfigError
+from tfaccel.train.data import example_order
+from tfaccel.train.loops.base import Loop, LoopResult, evaluation_pass, run_epochs, step_data, steps_per_execution
 
-__all__ = ["MULTI_STEP_STRATEGIES", "multi_step_blockers", "replica_splits", "run_multi_step"]
+if TYPE_CHECKING:
+    from tfaccel.train.context import FitContext
+
+__all__ = ["MULTI_STEP_STRATEGIES", "MultiStepLoop", "multi_step_blockers", "replica_splits", "run_multi_step"]
 
 MULTI_STEP_STRATEGIES = ("mirrored", "multi_worker")
 
@@ -55,12 +61,12 @@ def multi_step_blockers(model: Any, *, backend: Any, data: Any, validation_steps
     """
     replicas = backend.num_replicas_in_sync
     blockers = []
-    if backend.name not in MULTI_STEP_STRATEGIES:
-        blockers.append(f"strategy {backend.name} (the multi-step loop runs {' and '.join(MULTI_STEP_STRATEGIES)})")
+    if not backend.traits.multi_step:
+        blockers.append(f"{backend.describe()} (the multi-step loop runs {' and '.join(MULTI_STEP_STRATEGIES)})")
     if getattr(model, "run_eagerly", False):
         blockers.append("the model was compiled with run_eagerly=True")
     if data.kind != "arrays":
-        return blockers + [f"data is {data.note.split(' used')[0]}, not in-memory arrays"]
+        return blockers + [f"data is {data.what}, not in-memory arrays"]
     if data.validation is not None and data.validation[1] is None and data.validation[2] is None:
         blockers.append("validation_data is not arrays")
     elif data.validation is not None:
@@ -127,9 +133,7 @@ class _ReplicatedPass:
         self._partial_step = tf.function(self._run_partial)
 
     def _reduce(self, outputs: Any) -> Any:
-        from keras.src.backend.tensorflow import trainer  # Keras' own reduction (the MWMS fix patches it there)
-
-        return trainer.reduce_per_replica(outputs, self.strategy, reduction="auto")
+        return keras_internals.reduce_per_replica(outputs, self.strategy)  # Keras' own reduction
 
     def _one(self, values: Any, indices: Any, i: Any) -> Any:
         import tensorflow as tf
@@ -196,18 +200,18 @@ def _wait(logs: Any) -> Any:
 
 
 def _evaluate(model: Any, val_pass: _ReplicatedPass, cb_list: Any, steps_per_execution: int) -> Dict[str, Any]:
-    """Keras' ``evaluate`` as ``fit`` calls it: same callbacks, metrics reset first, ``val_`` prefixes."""
-    cb_list.on_test_begin()
-    model.reset_metrics()
-    indices = val_pass.indices(np.arange(val_pass.num_examples, dtype=np.int32))
-    logs = None
-    for begin, end in _executions(0, val_pass.num_batches, steps_per_execution):
-        cb_list.on_test_batch_begin(begin)
-        logs = val_pass.run(indices, begin, end)
-        cb_list.on_test_batch_end(end, logs)
-    logs = python_logs(metrics_or_logs(model, logs))
-    cb_list.on_test_end(logs)
-    return {f"val_{name}": value for name, value in logs.items()}
+    """Keras' ``evaluate`` as ``fit`` calls it (``evaluation_pass``), K steps per call, batch hooks per call."""
+
+    def run() -> Any:
+        indices = val_pass.indices(np.arange(val_pass.num_examples, dtype=np.int32))
+        logs = None
+        for begin, end in _executions(0, val_pass.num_batches, steps_per_execution):
+            cb_list.on_test_batch_begin(begin)
+            logs = val_pass.run(indices, begin, end)
+            cb_list.on_test_batch_end(end, logs)
+        return logs
+
+    return evaluation_pass(model, cb_list, run)
 
 
 def _train_epoch(model: Any, train: _ReplicatedPass, cb_list: Any, *, order: np.ndarray, first: int,
@@ -245,14 +249,14 @@ def run_multi_step(model: Any, *, data: Any, epochs: int, initial_epoch: int, st
     train = _ReplicatedPass(model, model.train_step, step_data(data.x, data.y, data.sample_weight),
                             batch_size=data.batch_size, jit_compile=jit)
     with model.distribute_strategy.scope():
-        model._symbolic_build(data_batch=step_data(*_first_rows(data, train.per_replica)))  # as Keras fit does
+        keras_internals.symbolic_build(model, step_data(*_first_rows(data, train.per_replica)))  # as Keras fit does
     val = None if data.validation is None else _ReplicatedPass(
         model, model.test_step, step_data(*data.validation), batch_size=validation_batch_size or data.batch_size,
         jit_compile=jit)
-    shuffled = bool(data.shuffle) and data.shuffle != "batch"  # as example_stream orders Keras fit's batches
 
     def train_epoch(epoch: int, cb_list: Any) -> Tuple[Any, int]:
-        return _train_epoch(model, train, cb_list, order=epoch_order(train.num_examples, data.seed, epoch, shuffled),
+        order = example_order(train.num_examples, data.seed, epoch, data.shuffle)
+        return _train_epoch(model, train, cb_list, order=order,
                             first=start_step if epoch == initial_epoch else 0,
                             steps_per_execution=steps_per_execution)
 
@@ -271,3 +275,43 @@ def _first_rows(data: Any, rows: int) -> Tuple[Any, Any, Any]:
         return None if a is None else tf.nest.map_structure(lambda v: np.asarray(v)[:rows], a)
 
     return head(data.x), head(data.y), head(data.sample_weight)
+
+
+class MultiStepLoop(Loop):
+    """mirrored / multi_worker, array data: K steps of the model's train_step per call, where it trains exactly like
+    Keras fit and runs more than one step per call ("auto"), or wherever it can (``loop="compiled"``)."""
+
+    name = "multi_step"
+    own = True
+
+    def serves(self, ctx: "FitContext") -> bool:
+        return ctx.backend.traits.multi_step
+
+    def blockers(self, ctx: "FitContext") -> List[str]:
+        request, backend = ctx.request, ctx.backend
+        blockers = multi_step_blockers(ctx.model, backend=backend, data=ctx.data,
+                                       validation_steps=request.validation.steps,
+                                       validation_batch_size=request.validation.batch_size)
+        if not self.serves(ctx) or blockers:
+            if request.loop.loop == "compiled" and self.serves(ctx):
+                raise ConfigError("loop='compiled' cannot train this job exactly like Keras fit under "
+                                  f"{backend.describe(prefix='')}: " + "; ".join(blockers) +
+                                  ". Use loop='auto' (Keras fit then trains it)")
+            return blockers
+        spe, reason = self.steps_per_execution(ctx)
+        return [f"steps_per_execution {reason}"] if spe == 1 and request.loop.loop != "compiled" else []
+
+    def describe(self, ctx: "FitContext", rejected: List[Tuple[Loop, List[str]]]) -> str:
+        return (f"tfaccel's multi-step loop: {self.steps_per_execution(ctx)[0]} steps of the model's train_step per "
+                f"call under {ctx.backend.describe(prefix='')}, each replica gathering its part of every batch from "
+                "in-memory arrays")
+
+    def steps_per_execution(self, ctx: "FitContext") -> Optional[Tuple[int, str]]:
+        return steps_per_execution(ctx, keras_fit=False)
+
+    def run(self, ctx: "FitContext") -> LoopResult:
+        validation = ctx.request.validation
+        return run_multi_step(ctx.model, data=ctx.data, epochs=ctx.request.epochs, initial_epoch=ctx.start_epoch,
+                              start_step=ctx.start_step, steps_per_execution=ctx.model.steps_per_execution,
+                              validation_batch_size=validation.batch_size, validation_freq=validation.freq,
+                              callbacks=ctx.loop_callbacks(), verbose=ctx.verbose)

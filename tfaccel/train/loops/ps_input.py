@@ -15,6 +15,8 @@ the coordinator loop can say how many updates and examples each worker contribut
 
 from typing import Any, Callable
 
+from tfaccel.compat import keras_internals
+
 __all__ = ["per_worker_choice", "worker_index_iterator", "sharded_dataset_iterator"]
 
 
@@ -36,7 +38,7 @@ def per_worker_choice(coordinator: Any, make_dataset_fn: Callable[[int], Callabl
     picked = []
     for k in range(num_workers):
         every_worker = iter(coordinator.create_per_worker_dataset(make_dataset_fn(k)))
-        picked.append(every_worker._values[k])  # no public accessor (TF 2.21): the k-th worker's RemoteValue
+        picked.append(keras_internals.per_worker_value(every_worker, k))  # the k-th worker's RemoteValue
     return tf.distribute.experimental.coordinator.PerWorkerValues(tuple(picked))
 
 

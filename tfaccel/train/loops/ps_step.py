@@ -3,19 +3,18 @@ what must be built on the ps tasks before the first of them (see ``tfaccel.train
 """
 
 import inspect
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tfaccel.compat import keras_sharded
+from tfaccel.compat import keras_internals, keras_sharded
 from tfaccel.errors import ConfigError
-from tfaccel.train.data import FitData
+from tfaccel.train.data import FitData, example_order
 from tfaccel.train.loops.base import step_data
 from tfaccel.train.loops.ps_input import sharded_dataset_iterator, worker_index_iterator
 
 __all__ = ["STEPS_PER_CLOSURE", "WHY_NO_METRIC_OBJECTS", "exact_assign_add", "leaf_metrics", "check_metrics",
-           "Accounting", "WorkerStep",
-           "Schedule", "build_on_ps"]
+           "Accounting", "WorkerStep", "closure_spans", "closure_batches", "Schedule", "build_on_ps"]
 
 # Optimizer updates per scheduled closure: fewer RPC round-trips, still fine-grained enough to spread over workers.
 STEPS_PER_CLOSURE = 8
@@ -132,9 +131,9 @@ class WorkerStep:
             seen.update((id(v), v) for v in metric.variables)
         self.metric_variables = list(seen.values())
         self.state_variables = [v for v in model.variables if id(v) not in seen]
-        # Keras 3.15 keeps the "loss" Mean in model._loss_tracker (keras/src/trainers/trainer.py); its train_step
+        # Keras 3.15 keeps the "loss" Mean in a private attribute (tfaccel.compat.keras_internals); its train_step
         # updates it with the batch size as weight. There is no public handle on it.
-        self.loss_tracker = getattr(model, "_loss_tracker", None)
+        self.loss_tracker = keras_internals.loss_tracker(model)
         with backend.scope():  # on the ps tasks: they outlive a lost worker
             self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfaccel_steps")
             self.accounting = Accounting(max(1, int(backend.num_workers)))
@@ -215,6 +214,19 @@ class WorkerStep:
         return totals
 
 
+def closure_spans(start: int, end: int, accum: int) -> List[Tuple[int, int]]:
+    """``[first, last)`` steps of each closure scheduled for steps ``[start, end)`` of an epoch."""
+    per_closure = accum * STEPS_PER_CLOSURE
+    return [(first, min(end, first + per_closure)) for first in range(start, end, per_closure)]
+
+
+def closure_batches(order: np.ndarray, first: int, last: int, *, batch: int,
+                    accum: int) -> Tuple[Tuple[np.ndarray, ...], ...]:
+    """The example indices of steps ``[first, last)`` of an epoch in ``order``, grouped by optimizer update."""
+    return tuple(tuple(order[s * batch:(s + 1) * batch] for s in range(u, u + accum))
+                 for u in range(first, last, accum))
+
+
 class Schedule:
     """The per-worker input (built on the workers) and the closures the coordinator schedules over it."""
 
@@ -261,25 +273,21 @@ class Schedule:
         return self._closures[updates]
 
     def order(self, epoch: int) -> np.ndarray:
-        """Example indices of an epoch, a function of (seed, epoch) only, as ``tfaccel.train.data.example_stream``."""
-        data = self.data
-        shuffled = data.shuffle and data.shuffle != "batch"
-        n = data.num_examples
-        return (np.random.default_rng([data.seed, epoch]).permutation(n) if shuffled else np.arange(n)).astype(np.int32)
+        """Example indices of an epoch: ``tfaccel.train.data.example_order``, as every loop orders them."""
+        return example_order(self.data.num_examples, self.data.seed, epoch, self.data.shuffle)
 
     def schedule(self, order: Optional[np.ndarray], start: int, end: int) -> List[Any]:
         """Schedules steps ``[start, end)`` of an epoch (whole updates) in closures of ``STEPS_PER_CLOSURE`` updates."""
         import tensorflow as tf
 
-        accum, batch = self.step.accum, self.data.batch_size
+        accum = self.step.accum
         remotes = []
-        for first in range(start, end, accum * STEPS_PER_CLOSURE):
-            last = min(end, first + accum * STEPS_PER_CLOSURE)
+        for first, last in closure_spans(start, end, accum):
             if order is None:
                 fn, args = self._stream_closure((last - first) // accum), (self.iterator, self.workers)
             else:
-                groups = tuple(tuple(tf.constant(order[s * batch:(s + 1) * batch]) for s in range(u, u + accum))
-                               for u in range(first, last, accum))
+                groups = tf.nest.map_structure(tf.constant, closure_batches(order, first, last,
+                                                                            batch=self.data.batch_size, accum=accum))
                 fn, args = self._closure, (self.iterator, self.workers, groups)
             remotes.append(self.coordinator.schedule(fn, args=args))
             self.closures_scheduled += 1

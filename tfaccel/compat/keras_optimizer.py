@@ -1,0 +1,122 @@
+"""The Keras 3 optimizer subclass behind ``tfaccel.train.optim.adapt_optimizer``: clipping after the all-reduce and
+gradient accumulation under any strategy.
+
+Upstream (seen on Keras 3.15.1 / TensorFlow 2.21.0; no upstream issue filed, so none is named):
+
+* ``clipnorm`` / ``clipvalue`` / ``global_clipnorm`` are applied in ``BaseOptimizer.apply`` *before* the TF
+  backend all-reduces the gradients, so under a multi-replica strategy each replica clips its own partial
+  gradient. The subclass clips after the all-reduce (it overrides the private ``_clip_gradients`` and
+  ``_all_reduce_sum_gradients``).
+* Keras' ``gradient_accumulation_steps`` fails under MirroredStrategy (``merge_call called while defining a new
+  graph``). The subclass reduces every micro-step, accumulates the reduced gradients and applies the update in
+  ``extended.update`` under a condition (``tf.__internal__``'s ``maybe_merge_call``, as Keras' optimizers do).
+
+It reads the optimizer's private ``_trainable_variables``, ``_get_variable_index``, ``_iterations`` and
+``_distribution_strategy``; tests/training/test_training_optim.py fails when one of them moves.
+"""
+
+from typing import Any, Dict, List
+
+from tfaccel.compat import keras_internals
+
+__all__ = ["adapted_class"]
+
+_ADAPTED: Dict[type, type] = {}
+
+
+class _ClipAfterReduceAccumulate:
+    """Mixed in before the user's optimizer class (see the module doc); ``tfaccel_accumulation_steps`` is set on
+    the instance by ``adapt_optimizer``."""
+
+    tfaccel_accumulation_steps = 1
+
+    def build(self, variables: Any) -> None:
+        super().build(variables)  # type: ignore[misc]
+        if self.tfaccel_accumulation_steps > 1:
+            self._tfaccel_accumulators = [self.add_variable_from_reference(v, name="tfaccel_accumulator")
+                                          for v in variables]
+            self._tfaccel_micro_step = self.add_variable((), initializer="zeros", dtype="int64",
+                                                         name="tfaccel_micro_step")
+
+    # Clipping is deferred until the gradients have been all-reduced (see module docstring).
+    def _clip_gradients(self, grads: Any) -> Any:
+        return grads
+
+    def _tfaccel_clip(self, grads: Any) -> Any:
+        present = [i for i, g in enumerate(grads) if g is not None]
+        clipped = super()._clip_gradients([grads[i] for i in present])  # type: ignore[misc]
+        out = list(grads)
+        for i, g in zip(present, clipped):
+            out[i] = g
+        return out
+
+    def _all_reduce_sum_gradients(self, grads_and_vars: Any) -> Any:
+        reduced = list(super()._all_reduce_sum_gradients(grads_and_vars))  # type: ignore[misc]
+        if self.tfaccel_accumulation_steps > 1:
+            return reduced  # clipped once, on the accumulated mean, in apply()
+        grads = self._tfaccel_clip([g for g, _ in reduced])
+        return list(zip(grads, [v for _, v in reduced]))
+
+    def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
+        if self.tfaccel_accumulation_steps <= 1:
+            return super().apply(grads, trainable_variables)  # type: ignore[misc]
+        return self._tfaccel_accumulate_apply(list(grads), trainable_variables)
+
+    def _tfaccel_accumulate_apply(self, grads: Any, trainable_variables: Any) -> None:
+        import tensorflow as tf
+
+        trainable_variables = list(self._trainable_variables if trainable_variables is None
+                                   else trainable_variables)
+        if not self.built:
+            self.build(trainable_variables)
+        steps = self.tfaccel_accumulation_steps
+        reduced = [g for g, _ in super()._all_reduce_sum_gradients(  # type: ignore[misc]
+            list(zip(grads, trainable_variables)))]
+        accs = [self._tfaccel_accumulators[self._get_variable_index(v)] for v in trainable_variables]
+        for acc, g in zip(accs, reduced):
+            if g is not None:
+                acc.assign_add(tf.cast(g, acc.dtype))
+        is_update = tf.equal((self._tfaccel_micro_step + 1) % steps, 0)
+        mean = self._tfaccel_clip([acc / steps if g is not None else None for acc, g in zip(accs, reduced)])
+        tvars = [v.value if hasattr(v, "value") and not isinstance(v, tf.Variable) else v
+                 for v in trainable_variables]
+        keras_internals.maybe_merge_call(self._tfaccel_update(is_update), self._distribution_strategy,
+                                         list(zip(mean, tvars)))
+        for acc in accs:
+            acc.assign(tf.where(is_update, tf.zeros_like(acc), acc))
+        self._iterations.assign_add(tf.cast(is_update, "int64"))
+        self._tfaccel_micro_step.assign_add(1)
+
+    def _tfaccel_update(self, is_update: Any) -> Any:
+        """``(distribution, pairs) -> None``: each variable's update, run only on an update step."""
+        import tensorflow as tf
+
+        learning_rate = self.learning_rate
+
+        def update(distribution: Any, pairs: List[Any]) -> None:
+            for grad, var in pairs:
+                if grad is None:
+                    continue
+
+                def step(v: Any, g: Any) -> Any:
+                    def do() -> Any:
+                        self.update_step(g, v, learning_rate)
+                        return tf.constant(True)
+
+                    return tf.cond(is_update, do, lambda: tf.constant(False))
+
+                distribution.extended.update(var, step, args=(grad,), group=False)
+
+        return update
+
+
+def adapted_class(base: type) -> type:
+    """A subclass of ``base`` that clips after the all-reduce and accumulates gradients under any strategy.
+
+    Same name and module as ``base``: a saved .keras file names the plain Keras optimizer, so it loads with
+    ``keras.models.load_model()`` in a process that never imported tfaccel.
+    """
+    if base not in _ADAPTED:
+        _ADAPTED[base] = type(base.__name__, (_ClipAfterReduceAccumulate, base),
+                              {"__module__": base.__module__, "__qualname__": base.__qualname__})
+    return _ADAPTED[base]

@@ -1,0 +1,268 @@
+"""``prepare`` a ``fit`` request into a ``FitContext`` (data, loop, resume, optimizer, XLA, callbacks), ``train`` it.
+
+``prepare`` does, in order: the plan the model was built under, the one preparation of the data, the choice of
+the loop (``tfaccel.train.loops.choose``), one seed for every process where tfaccel orders the examples, what
+tfaccel changes on the model (optimizer adaptation, learning-rate scaling, XLA, recomputation), the resume from
+a backup, tfaccel's callbacks, steps per execution, and the plan's announcement. ``train`` runs the loop and
+makes the ``FitResult``.
+"""
+
+import dataclasses
+import sys
+import time
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
+from tfaccel.errors import ConfigError
+from tfaccel.log import get_logger
+from tfaccel.train.data import FitData
+from tfaccel.train.request import FitRequest
+from tfaccel.train.result import FitResult
+
+if TYPE_CHECKING:
+    from tfaccel.plan import Plan
+    from tfaccel.strategies.base import Backend
+    from tfaccel.train.loops.base import Loop, LoopResult
+
+__all__ = ["FitContext", "prepare", "train"]
+
+
+@dataclasses.dataclass
+class FitContext:
+    """One ``fit`` call being prepared and run: what the loops read.
+
+    Attributes:
+        model: the user's compiled model. request: the checked arguments.
+        plan, backend: what the model was built under. requested_jit: ``scope()``'s ``jit_compile``.
+        data: the prepared data (its seed agreed by every process once the loop orders the examples).
+        verbose: Keras' verbosity on this process. start_epoch, start_step: where training starts (a resume).
+        resumed: whether it resumes from a backup. user_callbacks: the user's callbacks (as tfaccel runs them).
+        callbacks: every callback, in Keras' order.
+        named: tfaccel's own callbacks by role (``timer``, ``backup``, ``checkpoint``).
+        details: what goes into ``FitResult.details``.
+    """
+
+    model: Any
+    request: FitRequest
+    plan: "Plan"
+    backend: "Backend"
+    requested_jit: Any
+    data: FitData
+    verbose: int = 0
+    start_epoch: int = 0
+    start_step: int = 0
+    resumed: bool = False
+    user_callbacks: List[Any] = dataclasses.field(default_factory=list)
+    callbacks: List[Any] = dataclasses.field(default_factory=list)
+    named: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    details: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def per_batch(self) -> bool:
+        """Whether a user callback acts per batch (Keras calls batch hooks once per execution, not per step)."""
+        from tfaccel.train.loops.compiled import compiled_blockers
+
+        return any(b.startswith("callback ") for b in compiled_blockers(self.model, callbacks=self.user_callbacks))
+
+    @property
+    def batches_per_epoch(self) -> Optional[int]:
+        """The batches of one epoch where known before training (``tfaccel.train.data.batches_per_epoch``)."""
+        from tfaccel.train.data import batches_per_epoch
+
+        return batches_per_epoch(self.data)
+
+    def loop_callbacks(self) -> List[Any]:
+        """The callbacks for a loop that times its epochs itself (all but tfaccel's ``Throughput``)."""
+        return [cb for cb in self.callbacks if cb is not self.named["timer"]]
+
+
+def _verbose(verbose: Any, chief: bool) -> int:
+    if verbose == "auto":
+        return (1 if sys.stdout.isatty() else 2) if chief else 0
+    return int(verbose) if chief else 0
+
+
+def prepare(model: Any, request: FitRequest) -> Tuple[FitContext, "Loop"]:
+    """The context of one ``fit`` call and the loop that trains it (see the module doc for the order).
+
+    Raises:
+        ConfigError: what the data, the loop, the backup or the model cannot honour, before training starts.
+    """
+    from tfaccel.train.data import agree_on_seed, prepare_data
+    from tfaccel.train.loops import choose
+    from tfaccel.train.scope import plan_for_model
+
+    plan, backend, requested_jit = plan_for_model(model)
+    data = prepare_data(request.x, request.y, sample_weight=request.sample_weight, class_weight=request.class_weight,
+                        validation_split=request.validation.split, validation_data=request.validation.data,
+                        batch_size=request.batch_size, shuffle=request.shuffle,
+                        steps_per_epoch=request.steps_per_epoch, seed=request.seed)
+    ctx = FitContext(model, request, plan, backend, requested_jit, data, _verbose(request.verbose, backend.is_chief),
+                     user_callbacks=list(request.callbacks))
+    loop, loop_reason, rejected = choose(ctx)
+    if loop.orders_examples(ctx):
+        ctx.data = dataclasses.replace(data, seed=agree_on_seed(data.seed, backend=backend))
+    changes = _adapt(ctx)
+    if request.recompute is not None:
+        from tfaccel.memory import enable_recompute
+
+        changes["recompute"] = "blocks " + ", ".join(enable_recompute(model, request.recompute))
+    state, (start_epoch, ctx.start_step) = _resume(ctx)
+    ctx.start_epoch, ctx.resumed = max(start_epoch, request.initial_epoch), state is not None
+    _add_callbacks(ctx)
+    spe = loop.steps_per_execution(ctx)
+    if spe is not None:
+        if spe[0] != model.steps_per_execution:
+            model.steps_per_execution, model.train_function = spe[0], None
+        changes["steps_per_execution"] = f"{spe[0]} ({spe[1]})"
+    _announce(ctx, loop_reason=loop_reason, changes=changes)
+    ctx.details = {"loop": loop_reason, "loops_rejected": rejected, "data": ctx.data.note, "seed": ctx.data.seed,
+                   **changes}
+    return ctx, loop
+
+
+def _resume(ctx: FitContext) -> tuple:
+    """(state, (epoch, step)) of the backup to resume from; the weights and optimizer state are loaded."""
+    from tfaccel.train.backups import read_backup
+
+    backup_dir, backend, model = ctx.request.backups.backup_dir, ctx.backend, ctx.model
+    state = read_backup(backup_dir)
+    if state and state.get("format") and backend.uses_keras_fit:
+        raise ConfigError(f"backup_dir {backup_dir}: holds {state['weights']}, a {state['format']} backup written by "
+                          f"a parameter_server job; {backend.describe()} resumes only from its own Keras weight "
+                          "backups. Resume it with strategy='parameter_server', or give this job another backup_dir")
+    if backup_dir:  # Horovod: only rank 0 writes backups, so every rank resumes from rank 0's
+        state = backend.agree_on_backup(state)
+    if not state or not backend.uses_keras_fit:
+        return state, (state.epoch, state.step) if state else (0, 0)
+    if not model.built:
+        raise ConfigError("resuming from backup_dir needs a built model: give the model an Input layer "
+                          "(keras.Input(shape)) so its weights exist before training")
+    with backend.scope():
+        # model.optimizer: under mixed_float16 the LossScaleOptimizer, whose own variables the backup holds too.
+        model.optimizer.build(model.trainable_variables)
+    if state["weights_path"]:  # None: a Horovod rank without rank 0's file gets rank 0's broadcast
+        model.load_weights(state["weights_path"])
+    return state, (state.epoch, state.step)
+
+
+def _adapt(ctx: FitContext) -> Dict[str, Any]:
+    """Everything tfaccel changes on the user's model before training, each change named for the plan."""
+    from tfaccel.train.optim import adapt_optimizer, scale_learning_rate as scale_lr
+
+    model, backend, data, request = ctx.model, ctx.backend, ctx.data, ctx.request
+    if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False):
+        raise ConfigError("fit: the model is not compiled; call model.compile(optimizer=..., loss=...) inside "
+                          "`with tfaccel.scope():` first")
+    if backend.uses_keras_fit:  # the coordinator loop warns itself
+        from tfaccel.precision import check_output_dtype
+
+        check_output_dtype(model)  # float16/bfloat16 outputs: the Keras mixed precision guide's warning
+    changes: Dict[str, Any] = {}
+    accumulation = request.loop.gradient_accumulation_steps
+    note = adapt_optimizer(model, replicas=backend.num_replicas_in_sync, accumulation_steps=accumulation)
+    if note:
+        changes["optimizer"] = note
+    updates = max(1, (data.steps_per_epoch or 1) // accumulation)
+    lr = request.learning_rate
+    base = lr.base_batch_size or (data.batch_size // backend.num_replicas_in_sync if data.batch_size else None)
+    changes["learning_rate"] = scale_lr(model, lr.rule, global_batch=data.batch_size, base_batch=base,
+                                        warmup_steps=int(round(lr.warmup_epochs * updates)))
+    backend.wrap_optimizer(model.optimizer)  # in place (Horovod): the user keeps their object
+    if backend.optimizer_change:
+        changes[backend.optimizer_change[0]] = backend.optimizer_change[1]
+    jit, jit_reason = _refined_jit(ctx.plan, model, ctx.requested_jit)
+    if bool(model.jit_compile) != jit or jit_reason != ctx.plan.jit_reason:  # the model's own reason, e.g. convs
+        changes["jit_compile"] = f"{model.jit_compile} -> {jit} ({jit_reason})"
+        model.jit_compile = jit
+        model.train_function = model.test_function = model.predict_function = None
+    return changes
+
+
+def _refined_jit(plan: Any, model: Any, requested_jit: Any) -> Tuple[bool, str]:
+    """The plan's "auto" XLA decision, revisited now that the model exists (convolutions on CPU: off)."""
+    from tfaccel.devices import detect_devices
+    from tfaccel.xla import refine_jit_for_model
+
+    jit, reason = refine_jit_for_model(plan.jit_compile, plan.jit_reason, requested=requested_jit, model=model,
+                                       devices=detect_devices())
+    return bool(jit), reason
+
+
+def _add_callbacks(ctx: FitContext) -> None:
+    """tfaccel's callbacks around the user's: the backend's first, then the user's, then tfaccel's own."""
+    import keras
+
+    from tfaccel.integrations.ray_train import report_callbacks
+    from tfaccel.train.backups import ChiefCheckpoint, StepBackup, Throughput
+    from tfaccel.train.evaluator import evaluator_callbacks
+
+    backend, data, backups = ctx.backend, ctx.data, ctx.request.backups
+    chief = backend.is_chief
+    named: Dict[str, Any] = {"timer": Throughput(examples_per_step=data.batch_size or 0)}
+    if backups.backup_dir and backend.uses_keras_fit:  # parameter_server: the coordinator loop writes its own
+        named["backup"] = StepBackup(backups.backup_dir, save_freq=backups.backup_freq, is_chief=chief,
+                                     step_offset=ctx.start_step, steps_per_epoch=data.steps_per_epoch or 0)
+    if backups.checkpoint_dir:
+        named["checkpoint"] = ChiefCheckpoint(backups.checkpoint_dir, is_chief=chief,
+                                              every_worker_saves=backend.traits.every_worker_saves)
+    after = (list(backend.batch_sync_callbacks()) if ctx.per_batch else []) + list(named.values())
+    after += evaluator_callbacks(checkpoint_dir=backups.checkpoint_dir, checkpoints=named.get("checkpoint"),
+                                 is_chief=chief)
+    if backups.tensorboard_dir and chief:
+        after.append(keras.callbacks.TensorBoard(backups.tensorboard_dir))
+    after += report_callbacks(is_chief=chief, checkpoint_dir=backups.checkpoint_dir)  # after the checkpoint
+    # Backend callbacks first: Horovod's metric averaging must run before a user's EarlyStopping or checkpoint
+    # reads the metrics, or ranks could stop at different epochs and hang.
+    ctx.callbacks = list(backend.extra_callbacks()) + ctx.user_callbacks + after
+    ctx.named = named
+
+
+def _announce(ctx: FitContext, *, loop_reason: str, changes: Dict[str, Any]) -> None:
+    if not ctx.backend.is_chief:
+        return
+    say = get_logger().info if ctx.request.verbose != 0 else get_logger().debug  # verbose=0: quiet, like Keras
+    say("plan: %s", ctx.plan.summary())
+    say("data: %s; loop: %s%s", ctx.data.note, loop_reason, "".join(f"; {k}: {v}" for k, v in changes.items()))
+
+
+def train(ctx: FitContext, loop: "Loop") -> FitResult:
+    """Runs the loop from where the context starts; the ``FitResult``. A finished job's backup is removed."""
+    from tfaccel.train.backups import remove_backup
+    from tfaccel.train.optim import restore_optimizer_class
+
+    t0 = time.perf_counter()
+    try:
+        outcome = loop.run(ctx) if ctx.start_epoch < ctx.request.epochs else None
+    finally:
+        restore_optimizer_class(ctx.model)
+    seconds = time.perf_counter() - t0
+    if ctx.request.backups.backup_dir and ctx.backend.is_chief:
+        remove_backup(ctx.request.backups.backup_dir)  # training completed: nothing to resume any more
+    result = _result(ctx, outcome, seconds)
+    if ctx.backend.is_chief and ctx.verbose:
+        get_logger().info("%s", result.summary())
+    return result
+
+
+def _result(ctx: FitContext, outcome: Optional["LoopResult"], seconds: float) -> FitResult:
+    data, details = ctx.data, ctx.details
+    epoch_seconds = outcome.epoch_seconds if outcome else []
+    timed = epoch_seconds[1:] if len(epoch_seconds) > 1 else epoch_seconds
+    per_epoch = data.num_examples or (data.batch_size or 0) * (data.steps_per_epoch or 0)
+    examples_per_sec = len(timed) * per_epoch / sum(timed) if timed and sum(timed) > 0 else 0.0
+    if outcome is not None and "examples_per_sec" in outcome.details:  # parameter_server: counted on the ps
+        examples_per_sec = outcome.details.pop("examples_per_sec")
+    if outcome is not None:
+        details.update(outcome.details)
+    if not ctx.backend.uses_keras_fit:  # parameter_server: how each large variable was placed over the ps tasks
+        from tfaccel.compat.keras_sharded import placements
+
+        details["variable_placement"] = placements(ctx.model.variables)
+    if "backup" in ctx.named:
+        details["backups_written"] = ctx.named["backup"].saves
+    if "checkpoint" in ctx.named:
+        details["checkpoints"] = list(ctx.named["checkpoint"].saved)
+    return FitResult(model=ctx.model, history=outcome.history if outcome else {}, plan=ctx.plan,
+                     examples_per_sec=examples_per_sec, seconds=seconds, global_batch_size=data.batch_size,
+                     steps_per_epoch=data.steps_per_epoch, steps=outcome.steps if outcome else 0,
+                     resumed_from=(ctx.start_epoch, ctx.start_step) if ctx.resumed else None, details=details)
