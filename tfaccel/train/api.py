@@ -187,7 +187,7 @@ def _steps_per_execution(requested: Any, *, backend: Any, model: Any, per_batch_
 
 def _resume(backup_dir: Optional[str], *, backend: Any, model: Any) -> tuple:
     """(state, epoch, step) of the backup to resume from; the weights and optimizer state are loaded."""
-    from tfaccel.train.backups import read_backup
+    from tfaccel.train.backups import load_backup_weights, read_backup
 
     state = read_backup(backup_dir)
     if state and state.get("format") and backend.uses_keras_fit:
@@ -207,7 +207,7 @@ def _resume(backup_dir: Optional[str], *, backend: Any, model: Any) -> tuple:
         # model.optimizer: under mixed_float16 the LossScaleOptimizer, whose own variables the backup holds too.
         model.optimizer.build(model.trainable_variables)
     if state["weights_path"]:  # None: a Horovod rank without rank 0's file gets rank 0's broadcast
-        model.load_weights(state["weights_path"])
+        load_backup_weights(model, state, backup_dir=backup_dir)
     return state, (state.epoch, state.step)
 
 
@@ -376,6 +376,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: Optional[int] = No
         return run_evaluator(model, validation_data=validation_data, checkpoint_dir=checkpoint_dir,
                              backup_dir=backup_dir, tensorboard_dir=tensorboard_dir,
                              batch_size=validation_batch_size or batch_size, validation_steps=validation_steps)
+    from tfaccel.train.backup_check import check_position
     from tfaccel.train.data import agree_on_seed, batches_per_epoch, prepare_data
     from tfaccel.train.scope import plan_for_model
 
@@ -400,6 +401,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: Optional[int] = No
 
         changes["recompute"] = "blocks " + ", ".join(enable_recompute(model, recompute))
     state, (start_epoch, start_step) = _resume(backup_dir, backend=backend, model=model)
+    check_position(state, backup_dir=backup_dir, steps_per_epoch=data.steps_per_epoch)
     start_epoch = max(start_epoch, initial_epoch)
     per_batch = _needs_every_batch(model, user_callbacks)
     before, after, named = _tfaccel_callbacks(backend=backend, data=data, backup_dir=backup_dir,
