@@ -371,7 +371,9 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: Optional[int] = No
               verbose=verbose, loop=loop, callbacks=callbacks, gradient_accumulation_steps=gradient_accumulation_steps,
               steps_per_execution=steps_per_execution, warmup_epochs=warmup_epochs)
     from tfaccel.train.evaluator import is_evaluator_task, run_evaluator
+    from tfaccel.train.keras_generation import check_keras3_model
 
+    check_keras3_model(model)  # a tf_keras model: say so, not "not compiled"
     if is_evaluator_task():  # the side-car evaluator of a cluster: evaluate the chief's checkpoints, do not train
         return run_evaluator(model, validation_data=validation_data, checkpoint_dir=checkpoint_dir,
                              backup_dir=backup_dir, tensorboard_dir=tensorboard_dir,
@@ -546,6 +548,7 @@ def compile_and_fit(build_model: Callable[[], Any], train_data: Any, *, validati
     """
     import keras
 
+    from tfaccel.train.keras_generation import check_keras3_model
     from tfaccel.train.scope import scope
 
     if not callable(build_model) or isinstance(build_model, keras.layers.Layer):
@@ -565,6 +568,7 @@ def compile_and_fit(build_model: Callable[[], Any], train_data: Any, *, validati
 
             keras.utils.set_random_seed(check_seed(fit_options["seed"]))
         model = build_model()
+        check_keras3_model(model, where="compile_and_fit: build_model")
         if not isinstance(model, keras.Model):
             raise ConfigError(f"build_model must return a keras.Model; it returned {type(model).__name__}")
         if loss is not None or not getattr(model, "compiled", False):
