@@ -239,3 +239,15 @@ def test_resume_refuses_a_step_outside_the_epoch(tmp_path):
     _edit_pointer(backup_dir, step=-1)
     with pytest.raises(ConfigError, match=r"epoch and step must be whole numbers >= 0; received epoch=0, step=-1"):
         _fit(_model(), backup_dir)
+
+
+def test_a_pointer_swap_killed_midway_leaves_nothing_once_training_completes(tmp_path):
+    """Found by the kills-during-saves tally: a SIGKILL inside the pointer's atomic write left its temporary
+    file, so backup_dir survived the completed job."""
+    backup_dir = tmp_path / "backup"
+    _backup_of(_model(), backup_dir)
+    (backup_dir / ".tmp-tfaccel_backup.json-k1ll3d").write_text('{"epoch": 0, "st')
+    (backup_dir / "notes.txt").write_text("the user's")
+    result = _fit(_model(), backup_dir)
+    assert result.resumed_from == (0, 2)
+    assert os.listdir(backup_dir) == ["notes.txt"]  # tfaccel's files gone, the user's kept

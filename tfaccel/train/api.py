@@ -371,6 +371,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: Optional[int] = No
               verbose=verbose, loop=loop, callbacks=callbacks, gradient_accumulation_steps=gradient_accumulation_steps,
               steps_per_execution=steps_per_execution, warmup_epochs=warmup_epochs)
     from tfaccel.train.evaluator import is_evaluator_task, run_evaluator
+    from tfaccel.train.keras_callbacks import keras_resume_epoch, worker_callbacks
     from tfaccel.train.keras_generation import check_keras3_model
 
     check_keras3_model(model)  # a tf_keras model: say so, not "not compiled"
@@ -405,6 +406,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: Optional[int] = No
     state, (start_epoch, start_step) = _resume(backup_dir, backend=backend, model=model)
     check_position(state, backup_dir=backup_dir, steps_per_epoch=data.steps_per_epoch)
     start_epoch = max(start_epoch, initial_epoch)
+    start_epoch = max(start_epoch, keras_resume_epoch(user_callbacks, model=model, backend=backend))
+    user_callbacks = worker_callbacks(user_callbacks, backend=backend)  # the chief alone writes the user's paths
     per_batch = _needs_every_batch(model, user_callbacks)
     before, after, named = _tfaccel_callbacks(backend=backend, data=data, backup_dir=backup_dir,
                                               backup_freq=backup_freq, checkpoint_dir=checkpoint_dir,

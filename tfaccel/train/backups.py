@@ -30,7 +30,7 @@ _ADOPTED: Dict[str, Any] = {}
 def atomic_write_text(path: str, text: str) -> None:
     """Writes ``text`` to ``path`` so readers see the old or the new content, never a mix."""
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{os.path.basename(path)}-", dir=directory)  # named: see remove_backup
     try:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
@@ -216,7 +216,8 @@ def remove_backup(backup_dir: str) -> None:
     if not os.path.isdir(backup_dir):
         return
     for name in os.listdir(backup_dir):
-        if (name == _STATE_FILE or is_backup_data(name)) and not os.path.islink(os.path.join(backup_dir, name)):
+        ours = name == _STATE_FILE or is_backup_data(name) or name.startswith(f".tmp-{_STATE_FILE}-")  # a killed swap
+        if ours and not os.path.islink(os.path.join(backup_dir, name)):
             _remove_data(os.path.join(backup_dir, name))
     with contextlib.suppress(OSError):
         os.rmdir(backup_dir)
