@@ -175,7 +175,8 @@ def test_progress_only_when_the_cluster_has_an_evaluator(tmp_path) -> None:
                                                task=_task("chief"))
     callback.on_train_end()
     written = json.loads((tmp_path / evaluator.PROGRESS_FILE).read_text())
-    assert written.pop("job")["id"] and written == {"chief": "localhost:4000", "checkpoints": ["a/ckpt-1"], "done": True}
+    assert written.pop("job")["id"]
+    assert written == {"chief": "localhost:4000", "checkpoints": ["a/ckpt-1"], "done": True}
     assert evaluator.is_evaluator_task(_task()) and not evaluator.is_evaluator_task(_task("chief"))
 
 

@@ -1,11 +1,12 @@
 """Real kills during saves (issue 24): SIGKILL a training process at a random moment while it writes backups.
 
-One trial: the job (scripts/rel_save_job.py: one process, ``backup_freq=1``, so it is writing a backup most of
-the time) starts; once its first backup appears, it is SIGKILLed after a random delay drawn from the span in
-which the reference run wrote its backups (first backup to the end of training). What the kill left in ``backup_dir`` is classified (no backup yet, a complete backup, or a
-half-written one beside it), then the job is started again without a kill. The promise: the restart exits 0,
-resumes from a backup it may resume from (None, or a position a complete save had reached) and ends with the
-uninterrupted run's weights. Shared by tests/reliability and scripts/reliability.py. Nothing here imports TF.
+One trial: the job (scripts/rel_save_job.py: one process, ``backup_freq=1``, so it is writing a backup most of the
+time) starts; once its first backup appears, it is SIGKILLed after a random delay drawn from the span in which the
+reference run wrote its backups (first backup to the end of training). What the kill left in ``backup_dir`` is
+classified (no backup yet, a complete backup, or a half-written one beside it), then the job is started again
+without a kill. The promise: the restart exits 0, resumes from a backup it may resume from (None, or a position a
+complete save had reached) and ends with the uninterrupted run's weights.
+Shared by tests/reliability and scripts/reliability.py. Nothing here imports TF.
 """
 
 import json

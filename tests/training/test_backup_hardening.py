@@ -62,7 +62,7 @@ def other_process():
 
 def _job_of(pid):
     return {"id": f"other-job-{pid}", "host": backup_guard.socket.gethostname(), "pid": pid,
-            "pid_start": backup_guard._pid_start(pid), "written_at": time.time()}
+            "pid_start": backup_guard.pid_start(pid), "written_at": time.time()}
 
 
 # --------------------------------------------------------------------------------------------- 1 confinement

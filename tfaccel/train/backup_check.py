@@ -69,9 +69,10 @@ def check_weights_file(model: Any, path: str, *, backup_dir: str, name: str) -> 
         saved = weights_layout(path)
     except OSError as exc:
         size = os.path.getsize(path) if os.path.exists(path) else None
-        raise ConfigError(f"backup_dir {backup_dir}: {name} is unreadable ({size} bytes; {' '.join(str(exc).split())[:200]}"
-                          "): the file was damaged after tfaccel wrote it. Remove backup_dir to start from scratch, or "
-                          "restore the file") from exc
+        why = " ".join(str(exc).split())[:200]
+        raise ConfigError(f"backup_dir {backup_dir}: {name} is unreadable ({size} bytes; {why}): the file was "
+                          "damaged after tfaccel wrote it. Remove backup_dir to start from scratch, or restore the "
+                          "file") from exc
     if not saved:
         raise ConfigError(f"backup_dir {backup_dir}: {name} holds no weights; remove backup_dir to start from scratch")
     diffs = _differences(saved, _model_layout(model))

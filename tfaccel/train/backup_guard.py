@@ -20,7 +20,8 @@ from typing import Any, Dict, Optional
 
 from tfaccel.errors import ConfigError
 
-__all__ = ["JOB_ID_ENV", "confined", "fsync_path", "job_identity", "job_alive", "describe_job", "same_job"]
+__all__ = ["JOB_ID_ENV", "confined", "fsync_path", "job_identity", "job_alive", "describe_job", "same_job",
+           "pid_start"]
 
 JOB_ID_ENV = "TFACCEL_JOB_ID"
 _JOB_ID_RE = re.compile(r"^[A-Za-z0-9._:@+-]{1,128}$")
@@ -83,8 +84,11 @@ def _fsync_one(path: str, flags: int) -> None:
         os.close(fd)
 
 
-def _pid_start(pid: int) -> Optional[str]:
-    """The start time of process ``pid`` (clock ticks since boot, from /proc), or None where unknown."""
+def pid_start(pid: int) -> Optional[str]:
+    """The start time of process ``pid`` (clock ticks since boot, from /proc), or None where unknown.
+
+    With the pid it tells a process from a later one that reuses its number.
+    """
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
             return fh.read().rsplit(")", 1)[1].split()[19]
@@ -103,7 +107,7 @@ def job_identity() -> Dict[str, Any]:
         raise ConfigError(f"{JOB_ID_ENV} must be 1-128 characters of letters, digits and ._:@+-; received "
                           f"{_show(given)}. Set it to one name per job (the same on every task and restart)")
     host, pid = socket.gethostname(), os.getpid()
-    return {"id": given or f"{host}-{pid}-{_PROCESS_TOKEN}", "host": host, "pid": pid, "pid_start": _pid_start(pid),
+    return {"id": given or f"{host}-{pid}-{_PROCESS_TOKEN}", "host": host, "pid": pid, "pid_start": pid_start(pid),
             "written_at": round(time.time(), 3)}
 
 
@@ -129,7 +133,7 @@ def job_alive(job: Any) -> bool:
         return False
     except PermissionError:
         pass  # it exists, under another user
-    started = _pid_start(pid)
+    started = pid_start(pid)
     return started is None or job.get("pid_start") in (None, started)
 
 

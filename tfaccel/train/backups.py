@@ -17,8 +17,8 @@ from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
 from tfaccel.train.backup_guard import JOB_ID_ENV, confined, describe_job, fsync_path, job_alive, job_identity, same_job
 
-__all__ = ["BackupState", "read_backup", "load_backup_weights", "StepBackup", "ChiefCheckpoint", "Throughput", "atomic_write_text",
-           "PS_BACKUP_FORMAT", "write_checkpoint_backup", "restore_checkpoint_backup"]
+__all__ = ["BackupState", "read_backup", "load_backup_weights", "StepBackup", "ChiefCheckpoint", "Throughput",
+           "atomic_write_text", "PS_BACKUP_FORMAT", "write_checkpoint_backup", "restore_checkpoint_backup"]
 
 _STATE_FILE = "tfaccel_backup.json"
 _POINTER_MAX_BYTES = 1 << 20

@@ -8,11 +8,11 @@ member of the training cluster), runs ``model.evaluate`` on ``validation_data``,
 ``tensorboard_dir/evaluator`` when given, and returns when the chief says training ended.
 
 How the two sides meet: when the cluster has an evaluator task, the chief's ``fit`` adds :func:`progress_callback`,
-which keeps ``checkpoint_dir/tfaccel-progress.json`` up to date: the chief's address and job (so a file of an earlier
-job is never followed: the same ``TFACCEL_JOB_ID`` where the environment gives one, else a file written after the
-evaluator started, less a minute), the checkpoints written so far (each must lie in ``checkpoint_dir``), and
-``done`` once training ended (``on_train_end``). The file is replaced atomically. Waits are bounded: ``TFACCEL_EVALUATOR_TIMEOUT`` seconds (default 1800) for the first progress
-and between two updates.
+which keeps ``checkpoint_dir/tfaccel-progress.json`` up to date: the chief's address and job (so a file of an
+earlier job is never followed: the same ``TFACCEL_JOB_ID`` where the environment gives one, else a file written
+after the evaluator started, less a minute), the checkpoints written so far (each must lie in ``checkpoint_dir``),
+and ``done`` once training ended (``on_train_end``). The file is replaced atomically. Waits are bounded:
+``TFACCEL_EVALUATOR_TIMEOUT`` seconds (default 1800) for the first progress and between two updates.
 """
 
 import json

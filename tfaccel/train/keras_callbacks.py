@@ -1,13 +1,13 @@
 """The user's own ``keras.callbacks.BackupAndRestore`` and ``ModelCheckpoint`` under several workers.
 
 Under multi_worker (and Horovod) every worker runs the same script, so every worker's callbacks write the same
-paths: two workers writing one HDF5 file fail with ``BlockingIOError: Unable to synchronously create file (unable
-to lock file)``. tf_keras had the chief write the real path and the others a private temporary one; Keras 3 does
-not. tfaccel restores that rule: on a worker other than the chief, each ``BackupAndRestore`` still *reads* the
-real ``backup_dir`` (every worker resumes from the chief's backup, which needs ``backup_dir`` on storage all
-workers see, as tf_keras did) but writes into a private temporary directory, and each ``ModelCheckpoint`` writes
-into one; both are removed when training ends (or, after a crash, by the next worker process on that host). The user's objects are not changed: the other workers train with
-copies. The chief keeps the user's callbacks as given.
+paths: two workers writing one HDF5 file fail with ``BlockingIOError: Unable to synchronously create file (unable to
+lock file)``. tf_keras had the chief write the real path and the others a private temporary one; Keras 3 does not.
+tfaccel restores that rule: on a worker other than the chief, each ``BackupAndRestore`` still *reads* the real
+``backup_dir`` (every worker resumes from the chief's backup, which needs ``backup_dir`` on storage all workers see,
+as tf_keras did) but writes into a private temporary directory, and each ``ModelCheckpoint`` writes into one; both
+are removed when training ends (or, after a crash, by the next worker process on that host). The user's objects are
+not changed: the other workers train with copies. The chief keeps the user's callbacks as given.
 
 The epoch a ``BackupAndRestore`` restores is read before training (:func:`keras_resume_epoch`), so tfaccel's
 example order, a function of (seed, epoch), starts at that epoch as in an uninterrupted run.
