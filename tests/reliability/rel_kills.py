@@ -80,6 +80,10 @@ class Job:
         finally:
             for thread in self._threads:
                 thread.join(timeout=10)
+            if self.proc.returncode is not None and self.proc.pid in STARTED_PIDS:
+                # reaped by Popen.wait, so gone for sure; over a long tally this host's PIDs wrap (pid_max 32768)
+                # and a later, unrelated process with the same number must not count as left behind
+                STARTED_PIDS.remove(self.proc.pid)
 
     def event(self, name: str) -> Optional[tuple]:
         return next(((t, e) for t, e in self.events if e["event"] == name), None)
