@@ -4,6 +4,7 @@
     python scripts/reliability.py --r1 10 --r2 1 --json rel_out/tallies.json
     python scripts/reliability.py --r1 0 --r2 0 --r3 0 --r1_horovod 5   # R1 under Horovod only
     python scripts/reliability.py --r1 0 --r2 0 --r3 0 --r1_ray 10      # R1 on Ray Train only (issue 14)
+    python scripts/reliability.py --r1 0 --r2 0 --r3 0 --kills 50       # SIGKILLs during backup saves (issue 24)
 
 Prints one line per promise, e.g. ``R1 resume-equals-uninterrupted: 10/10``, then the measurements of every
 trial (kill point, restart, resumed-from backup, max weight difference; exit time after a peer was lost).
@@ -35,6 +36,9 @@ def define_flags() -> None:
                          "--max-restarts 1 on a private local Ray instance: a worker dies at a random step, its "
                          "training command or Ray's worker process SIGKILLed in turn; Ray restarts the worker group, "
                          "which resumes from tfaccel's backup in Ray's run storage; compare weights)")
+    flags.DEFINE_integer("kills", 0, "trials that SIGKILL a one-process job (a backup after every step) at a random "
+                         "moment while it writes backups, then restart it: it must resume from a complete backup "
+                         "or from the start and end with the uninterrupted run's weights (issue 24)")
     flags.DEFINE_integer("r2", 3, "trials of every R2 scenario (lost peer: local, per-host, Horovod)")
     flags.DEFINE_integer("r3", 1, "trials of each R3 scenario (parameter server: worker lost, ps lost)")
     flags.DEFINE_integer("seed", 9, "seed of the random kill points")
@@ -63,6 +67,26 @@ def _r1_ray(work: Path, rng: random.Random) -> dict:
         print(f"  R1 ray trial {i + 1}: {'ok' if result['ok'] else 'FAILED'} {rel_ray.summary(result)}"
               + (f"\n    {result['why'][:3000]}" if not result["ok"] else ""), flush=True)
     return {"R1 ray resume-equals-uninterrupted": results}
+
+
+def _kills(work: Path, rng: random.Random) -> dict:
+    """Kills during saves (issue 24): one reference run, then FLAGS.kills trials; prints what each kill left."""
+    import rel_kills
+
+    ref = rel_kills.reference(work / "kills-reference")
+    if not ref["ok"]:
+        sys.exit(f"kills reference run failed: {ref['why']}")
+    print(f"  kills reference: backups over {ref['backup_span_s']} s ({ref['backups_written']} backups)", flush=True)
+    results = []
+    for i in range(FLAGS.kills):
+        result = rel_kills.trial(work / f"kills-{i}", ref, rng=rng)
+        results.append(result)
+        print(f"  kill trial {i + 1}: {'ok' if result['ok'] else 'FAILED'} "
+              + json.dumps({k: v for k, v in result.items() if k not in ("ok", "why", "files")})
+              + (f"\n    {result['why'][:2000]}" if not result["ok"] else ""), flush=True)
+    print("  kills: " + json.dumps(rel_kills.tally(results)), flush=True)
+    return {"kills during saves: restart resumes from a complete backup or the start, ends like the reference":
+            results}
 
 
 def main(argv: list) -> None:
@@ -104,6 +128,8 @@ def main(argv: list) -> None:
             tallies["R1 horovod resume-equals-uninterrupted"] = results
         if FLAGS.r1_ray:
             tallies.update(_r1_ray(work, rng))
+        if FLAGS.kills:
+            tallies.update(_kills(work, rng))
         for name, scenario in rs.R2_SCENARIOS.items():
             results = []
             for i in range(FLAGS.r2):

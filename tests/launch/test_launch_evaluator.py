@@ -77,6 +77,13 @@ def test_evaluator_follows_every_checkpoint_and_ends_with_the_job(tmp_path) -> N
 
 
 # ------------------------------------------------------------------------------------------- message paths
+def _job() -> dict:
+    """The job record a chief of this job writes into its progress file (written now)."""
+    from tfaccel.train.backup_guard import job_identity
+
+    return {"job": job_identity()}
+
+
 def _task(role: str = "evaluator", evaluator_role: bool = True) -> TaskInfo:
     spec = ClusterSpec.from_hosts(workers=["localhost:2000"], ps=["localhost:3000"], chief="localhost:4000",
                                   evaluator="localhost:5000" if evaluator_role else None)
@@ -116,12 +123,12 @@ def test_evaluator_waits_are_bounded(tiny_model, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv(evaluator.TIMEOUT_ENV, "1")
     # a progress file of another job (another chief address) is not followed
     (tmp_path / evaluator.PROGRESS_FILE).write_text(json.dumps({"chief": "localhost:9", "checkpoints": [],
-                                                                 "done": True}))
+                                                                 "done": True, **_job()}))
     with pytest.raises(evaluator.EvaluatorTimeout, match=r"evaluator: no progress from the chief in .* for 1 s "
                                                          r"\(chief localhost:4000\).*Set TFACCEL_EVALUATOR_TIMEOUT"):
         evaluator.run_evaluator(tiny_model, validation_data=val, checkpoint_dir=str(tmp_path), task=_task())
     (tmp_path / evaluator.PROGRESS_FILE).write_text(json.dumps({"chief": "localhost:4000", "checkpoints": [],
-                                                                 "done": False}))
+                                                                 "done": False, **_job()}))
     with pytest.raises(evaluator.EvaluatorTimeout, match=r"evaluator: no new checkpoint from the chief in .* for 1 s"):
         evaluator.run_evaluator(tiny_model, validation_data=val, checkpoint_dir=str(tmp_path), task=_task())
 
@@ -137,7 +144,7 @@ def test_evaluator_skips_removed_and_refuses_unfitting_checkpoints(tiny_model, t
     _, _, val = _job_module().data()
     progress = tmp_path / evaluator.PROGRESS_FILE
     gone = str(tmp_path / "ckpt-1")
-    progress.write_text(json.dumps({"chief": "localhost:4000", "checkpoints": [gone], "done": True}))
+    progress.write_text(json.dumps({"chief": "localhost:4000", "checkpoints": [gone], "done": True, **_job()}))
     records = []
     handler = logging.Handler(level=logging.WARNING)
     handler.emit = records.append
@@ -151,7 +158,7 @@ def test_evaluator_skips_removed_and_refuses_unfitting_checkpoints(tiny_model, t
                                                  "evaluated (the chief keeps the last 3); skipped"]
     other = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     path = tf.train.Checkpoint(model=other).write(str(tmp_path / "other"))
-    progress.write_text(json.dumps({"chief": "localhost:4000", "checkpoints": [path], "done": True}))
+    progress.write_text(json.dumps({"chief": "localhost:4000", "checkpoints": [path], "done": True, **_job()}))
     with pytest.raises(ConfigError, match=r"evaluator: checkpoint .*other does not fit the model 'tiny'"):
         evaluator.run_evaluator(tiny_model, validation_data=val, checkpoint_dir=str(tmp_path), task=_task())
 
@@ -168,6 +175,7 @@ def test_progress_only_when_the_cluster_has_an_evaluator(tmp_path) -> None:
                                                task=_task("chief"))
     callback.on_train_end()
     written = json.loads((tmp_path / evaluator.PROGRESS_FILE).read_text())
+    assert written.pop("job")["id"]
     assert written == {"chief": "localhost:4000", "checkpoints": ["a/ckpt-1"], "done": True}
     assert evaluator.is_evaluator_task(_task()) and not evaluator.is_evaluator_task(_task("chief"))
 
@@ -192,7 +200,7 @@ def test_compile_and_fit_in_the_evaluator_task_evaluates(tmp_path, monkeypatch) 
     reference = job_module.build()  # stands for the chief's model at its first checkpoint
     path = tf.train.Checkpoint(model=reference).write(str(tmp_path / "ckpt-1"))
     (tmp_path / evaluator.PROGRESS_FILE).write_text(json.dumps({"chief": "localhost:4000", "checkpoints": [path],
-                                                                 "done": True}))
+                                                                 "done": True, **_job()}))
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": _task().spec.roles,
                                                 "task": {"type": "evaluator", "index": 0}}))
     result = tfaccel.compile_and_fit(job_module.build, (x, y), validation_data=(vx, vy), strategy="default",

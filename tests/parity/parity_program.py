@@ -34,7 +34,11 @@ def _extras(case: str, model: object, out: str) -> dict:
     import keras
 
     extra = {}
-    if case == "ModelCheckpoint":
+    if case == "ModelCheckpoint" and _task() not in ("main", "worker0", "rank0", "chief0"):
+        # Keras' rule under several workers (tf_keras'; tfaccel.train.keras_callbacks): only the chief writes the
+        # user's path, the others a private temporary one
+        extra["checkpoint_written_here"] = os.path.exists(os.path.join(out, "model.keras"))
+    elif case == "ModelCheckpoint":
         loaded = keras.models.load_model(os.path.join(out, "model.keras"))
         extra["checkpoint_max_diff"] = max(float(np.max(np.abs(a - b)))
                                            for a, b in zip(loaded.get_weights(), model.get_weights()))

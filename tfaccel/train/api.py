@@ -12,6 +12,7 @@ from tfaccel.errors import ConfigError
 from tfaccel.train.compile import build_compiled, check_build_inputs
 from tfaccel.train.context import prepare, train
 from tfaccel.train.evaluator import is_evaluator_task, run_evaluator
+from tfaccel.train.keras_generation import check_keras3_model
 from tfaccel.train.loops.base import STEPS_PER_EXECUTION_AUTO_MAX
 from tfaccel.train.request import LOOP_CHOICES, FitRequest
 from tfaccel.train.result import FitResult
@@ -71,6 +72,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: Optional[int] = No
         >>> tfaccel.fit(model, x, y, batch_size=64, epochs=2, validation_split=0.1).history  # doctest: +SKIP
     """
     request = FitRequest.from_fit(**locals())  # every argument checked, before anything is built
+    check_keras3_model(model)  # a tf_keras model: say so, not "not compiled"
     if is_evaluator_task():  # the side-car evaluator of a cluster: evaluate the chief's checkpoints, do not train
         return run_evaluator(model, validation_data=validation_data, checkpoint_dir=checkpoint_dir,
                              backup_dir=backup_dir, tensorboard_dir=tensorboard_dir,

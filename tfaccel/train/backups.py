@@ -15,17 +15,22 @@ from typing import Any, Dict, List, Optional
 
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
+from tfaccel.train.backup_guard import JOB_ID_ENV, confined, describe_job, fsync_path, job_alive, job_identity, same_job
 
-__all__ = ["BackupState", "read_backup", "StepBackup", "ChiefCheckpoint", "Throughput", "atomic_write_text",
-           "PS_BACKUP_FORMAT", "write_checkpoint_backup", "restore_checkpoint_backup"]
+__all__ = ["BackupState", "read_backup", "load_backup_weights", "StepBackup", "ChiefCheckpoint", "Throughput",
+           "atomic_write_text", "PS_BACKUP_FORMAT", "write_checkpoint_backup", "restore_checkpoint_backup"]
 
 _STATE_FILE = "tfaccel_backup.json"
+_POINTER_MAX_BYTES = 1 << 20
+# backup_dir (real path) -> the id of the ended job whose backup this process resumed from (read_backup): the
+# only other job whose pointer this process may replace.
+_ADOPTED: Dict[str, Any] = {}
 
 
 def atomic_write_text(path: str, text: str) -> None:
     """Writes ``text`` to ``path`` so readers see the old or the new content, never a mix."""
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{os.path.basename(path)}-", dir=directory)  # named: see remove_backup
     try:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
@@ -50,32 +55,67 @@ class BackupState(dict):
         return int(self["step"])
 
 
+def _load_pointer(backup_dir: str, path: str) -> BackupState:
+    try:
+        if os.path.getsize(path) > _POINTER_MAX_BYTES:
+            raise ValueError(f"{os.path.getsize(path)} bytes, more than a pointer's {_POINTER_MAX_BYTES}")
+        with open(path, encoding="utf-8") as fh:
+            state = BackupState(json.load(fh))
+        state["weights_path"] = confined(backup_dir, state["weights"], what="backup_dir",
+                                         field=f"{_STATE_FILE} 'weights'")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"backup_dir {backup_dir}: {_STATE_FILE} is unreadable ({str(exc)[:200]}); remove the "
+                          "directory to start from scratch") from exc
+    return state
+
+
 def read_backup(backup_dir: Optional[str]) -> Optional[BackupState]:
-    """The last complete backup in ``backup_dir``, or None when there is none."""
+    """The last complete backup in ``backup_dir``, or None when there is none.
+
+    Raises:
+        ConfigError: the pointer is unreadable, names something outside ``backup_dir`` or a missing file, or was
+            written by another job that is still running (both jobs named).
+    """
     if not backup_dir:
         return None
     path = os.path.join(backup_dir, _STATE_FILE)
     if not os.path.exists(path):
         return None
-    try:
-        with open(path) as fh:
-            state = BackupState(json.load(fh))
-        weights = os.path.join(backup_dir, state["weights"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"backup_dir {backup_dir}: {_STATE_FILE} is unreadable ({exc}); remove the directory to "
-                          "start from scratch") from exc
-    if not os.path.exists(weights):
+    state = _load_pointer(backup_dir, path)
+    if not os.path.exists(state["weights_path"]):
         raise ConfigError(f"backup_dir {backup_dir}: {_STATE_FILE} names {state['weights']}, which is missing; "
                           "remove the directory to start from scratch")
-    state["weights_path"] = weights
+    mine, owner = job_identity(), state.get("job")
+    if isinstance(owner, dict) and not same_job(owner, mine):
+        if job_alive(owner):
+            raise ConfigError(f"backup_dir {backup_dir} is in use by {describe_job(owner)}, which is still running; "
+                              f"this is {describe_job(mine)}. Two jobs cannot share a backup_dir: give this one "
+                              f"another backup_dir, or set {JOB_ID_ENV} to the same value on every task and restart "
+                              "of one job")
+        _ADOPTED[os.path.realpath(backup_dir)] = owner.get("id")  # a restart: this job carries on that one's work
     return state
 
 
+def load_backup_weights(model: Any, state: BackupState, *, backup_dir: str) -> None:
+    """Loads the backup's weights and optimizer state into ``model`` after checking the file fits it.
+
+    Raises:
+        ConfigError: the file is unreadable, or its layers and shapes are not this model's (names what differs).
+    """
+    from tfaccel.train.backup_check import check_weights_file
+
+    check_weights_file(model, state["weights_path"], backup_dir=backup_dir, name=state["weights"])
+    model.load_weights(state["weights_path"])
+
+
 def save_weights_atomically(model: Any, path: str) -> None:
-    """Writes the weights under a temporary name, then renames; a failed write leaves no half file (issue 9)."""
+    """Writes the weights under a temporary name, fsyncs, then renames; a failed write leaves no half file."""
     tmp = f"{path[:-len('.weights.h5')]}.tmp-{os.getpid()}.weights.h5"
     try:
         model.save_weights(tmp, overwrite=True)
+        fsync_path(tmp)  # the data reaches the disk before any pointer can name it
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -122,7 +162,8 @@ class StepBackup:
                 global_step = epoch * steps_per_epoch + step
                 name = f"backup-{global_step}.weights.h5"
                 save_weights_atomically(self.model, os.path.join(backup_dir, name))
-                commit_backup(backup_dir, {"epoch": epoch, "step": step, "global_step": global_step, "weights": name})
+                commit_backup(backup_dir, {"epoch": epoch, "step": step, "global_step": global_step, "weights": name,
+                                           "steps_per_epoch": steps_per_epoch})
                 self.last_saved = (epoch, step)
                 self.saves += 1
 
@@ -133,11 +174,26 @@ def commit_backup(backup_dir: str, state: Dict[str, Any]) -> None:
     """Makes ``state`` the backup to resume from, then removes the data of the one it replaces.
 
     ``state["weights"]`` names data already complete in ``backup_dir`` (a ``.weights.h5`` file from StepBackup, a
-    ``tf.train.Checkpoint`` directory from the parameter-server loop). The JSON pointer is replaced atomically, so
-    a crash at any point leaves either the previous backup or the new one, both whole.
+    ``tf.train.Checkpoint`` directory from the parameter-server loop). The data and the directory are fsynced,
+    the JSON pointer (which records this job) is replaced atomically and the directory fsynced again; only then
+    is the previous backup removed. A crash at any point leaves the previous backup or the new one, both whole.
+
+    Raises:
+        ConfigError: the current pointer was written by another job (neither this one nor the ended job it
+            resumed from): both named, the other job's data left untouched, this save's data removed.
     """
-    previous = read_backup(backup_dir)
-    atomic_write_text(os.path.join(backup_dir, _STATE_FILE), json.dumps(state))
+    mine, pointer = job_identity(), os.path.join(backup_dir, _STATE_FILE)
+    previous = _load_pointer(backup_dir, pointer) if os.path.exists(pointer) else None
+    owner = (previous or {}).get("job")
+    if isinstance(owner, dict) and not same_job(owner, mine) and \
+            owner.get("id") != _ADOPTED.get(os.path.realpath(backup_dir)):
+        _remove_data(confined(backup_dir, state["weights"], what="backup_dir", field="the new backup"))
+        raise ConfigError(f"backup_dir {backup_dir}: {describe_job(owner)} wrote a backup there while "
+                          f"{describe_job(mine)} was training; two jobs cannot share a backup_dir. Its backup was left "
+                          f"as it is; give each job its own backup_dir (or set {JOB_ID_ENV} to one value per job)")
+    fsync_path(backup_dir)  # the new data's directory entry is on disk before the pointer names it
+    atomic_write_text(os.path.join(backup_dir, _STATE_FILE), json.dumps({**state, "job": mine}))
+    fsync_path(backup_dir)  # the pointer's rename is on disk before the data it replaced goes
     if previous and previous["weights"] != state["weights"]:
         _remove_data(previous["weights_path"])
 
@@ -160,7 +216,8 @@ def remove_backup(backup_dir: str) -> None:
     if not os.path.isdir(backup_dir):
         return
     for name in os.listdir(backup_dir):
-        if name == _STATE_FILE or is_backup_data(name):
+        ours = name == _STATE_FILE or is_backup_data(name) or name.startswith(f".tmp-{_STATE_FILE}-")  # a killed swap
+        if ours and not os.path.islink(os.path.join(backup_dir, name)):
             _remove_data(os.path.join(backup_dir, name))
     with contextlib.suppress(OSError):
         os.rmdir(backup_dir)
@@ -270,6 +327,7 @@ def write_checkpoint_backup(backup_dir: str, checkpoint: Any, *, epoch: int, ste
     renamed = False
     try:
         checkpoint.write(os.path.join(tmp, _CKPT_PREFIX))
+        fsync_path(tmp)
         if os.path.exists(final):  # left by a job killed after the rename, before the pointer named it
             shutil.rmtree(final)
         os.replace(tmp, final)

@@ -39,6 +39,7 @@ def build_compiled(build_model: Callable[[], Any], train_data: Any, *, strategy:
     """
     import keras
 
+    from tfaccel.train.keras_generation import check_keras3_model
     from tfaccel.train.scope import scope
 
     with scope(strategy, precision, jit_compile, strategy_options=strategy_options) as plan:
@@ -49,6 +50,7 @@ def build_compiled(build_model: Callable[[], Any], train_data: Any, *, strategy:
 
             keras.utils.set_random_seed(check_seed(seed))
         model = build_model()
+        check_keras3_model(model, where="compile_and_fit: build_model")
         if not isinstance(model, keras.Model):
             raise ConfigError(f"build_model must return a keras.Model; it returned {type(model).__name__}")
         if loss is not None or not getattr(model, "compiled", False):

@@ -8,10 +8,11 @@ member of the training cluster), runs ``model.evaluate`` on ``validation_data``,
 ``tensorboard_dir/evaluator`` when given, and returns when the chief says training ended.
 
 How the two sides meet: when the cluster has an evaluator task, the chief's ``fit`` adds :func:`progress_callback`,
-which keeps ``checkpoint_dir/tfaccel-progress.json`` up to date: the chief's address (so a file of an earlier job is
-never followed), the checkpoints written so far, and ``done`` once training ended (``on_train_end``). The file is
-replaced atomically. Waits are bounded: ``TFACCEL_EVALUATOR_TIMEOUT`` seconds (default 1800) for the first progress
-and between two updates.
+which keeps ``checkpoint_dir/tfaccel-progress.json`` up to date: the chief's address and job (so a file of an
+earlier job is never followed: the same ``TFACCEL_JOB_ID`` where the environment gives one, else a file written
+after the evaluator started, less a minute), the checkpoints written so far (each must lie in ``checkpoint_dir``),
+and ``done`` once training ended (``on_train_end``). The file is replaced atomically. Waits are bounded:
+``TFACCEL_EVALUATOR_TIMEOUT`` seconds (default 1800) for the first progress and between two updates.
 """
 
 import json
@@ -21,6 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from tfaccel.errors import ConfigError, TfaccelError
 from tfaccel.log import get_logger
+from tfaccel.train.backup_guard import JOB_ID_ENV, confined, job_identity
 
 __all__ = ["PROGRESS_FILE", "TIMEOUT_ENV", "DEFAULT_TIMEOUT_S", "EvaluatorTimeout", "is_evaluator_task",
            "chief_address", "progress_callback", "evaluator_callbacks", "run_evaluator"]
@@ -29,6 +31,8 @@ PROGRESS_FILE = "tfaccel-progress.json"
 TIMEOUT_ENV = "TFACCEL_EVALUATOR_TIMEOUT"
 DEFAULT_TIMEOUT_S = 1800.0
 _POLL_S = 0.5
+_PROGRESS_MAX_BYTES = 16 << 20
+_STALE_SLACK_S = 60.0  # a progress file written this long before the evaluator started may still be this job's
 _ALL_TASKS = {"all_tasks": True}  # the evaluator is not the chief: its lines are the point of it (tfaccel.log)
 
 
@@ -55,10 +59,9 @@ def chief_address(task: Any) -> Optional[str]:
 
 
 def _write_json(path: str, payload: Dict[str, Any]) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(payload, fh)
-    os.replace(tmp, path)
+    from tfaccel.train.backups import atomic_write_text
+
+    atomic_write_text(path, json.dumps(payload))
 
 
 def progress_callback(checkpoint_dir: str, *, checkpoints: Any, task: Any) -> Any:
@@ -80,7 +83,8 @@ def progress_callback(checkpoint_dir: str, *, checkpoints: Any, task: Any) -> An
     class _Progress(keras.callbacks.Callback):
         def _write(self, done: bool) -> None:
             os.makedirs(checkpoint_dir, exist_ok=True)
-            _write_json(path, {"chief": chief, "checkpoints": [str(p) for p in checkpoints.saved], "done": done})
+            _write_json(path, {"chief": chief, "checkpoints": [str(p) for p in checkpoints.saved], "done": done,
+                               "job": job_identity()})
 
         def on_train_begin(self, logs: Optional[Dict] = None) -> None:
             self._write(False)
@@ -107,14 +111,45 @@ def _timeout_s() -> float:
     return value
 
 
-def _read_progress(path: str, chief: Optional[str]) -> Optional[Dict[str, Any]]:
-    """The chief's progress of this job, or None (not written yet, or left by another job)."""
+def _read_progress(path: str, chief: Optional[str], since: float) -> Optional[Dict[str, Any]]:
+    """The chief's progress of this job, or None (not written yet, or left by another job).
+
+    A file is this job's when it names this job's chief and job: the same ``TFACCEL_JOB_ID`` when the environment
+    gives one, else written no earlier than ``since`` (the evaluator's start less a minute of slack).
+
+    Raises:
+        ConfigError: this job's progress names a checkpoint outside ``checkpoint_dir``.
+    """
     try:
+        if os.path.getsize(path) > _PROGRESS_MAX_BYTES:
+            return None
         with open(path, encoding="utf-8") as fh:
             progress = json.load(fh)
     except (OSError, ValueError):
         return None
-    return progress if progress.get("chief") == chief else None
+    job = progress.get("job") if isinstance(progress, dict) else None
+    if not isinstance(job, dict) or progress.get("chief") != chief:
+        return None
+    given = os.environ.get(JOB_ID_ENV)
+    written = job.get("written_at")
+    if (job.get("id") != given) if given else not (isinstance(written, (int, float)) and written >= since):
+        return None
+    checkpoints = progress.get("checkpoints")
+    if not isinstance(checkpoints, list):
+        return None
+    directory = os.path.dirname(path)
+    progress["checkpoints"] = [_inside(directory, p) for p in checkpoints]
+    return progress
+
+
+def _inside(checkpoint_dir: str, path: Any) -> str:
+    """A checkpoint path of the progress file, refused unless it lies directly in ``checkpoint_dir``."""
+    where = f"{PROGRESS_FILE} 'checkpoints'"
+    if isinstance(path, str) and os.path.dirname(path) and \
+            os.path.realpath(os.path.dirname(path)) == os.path.realpath(checkpoint_dir):
+        path = os.path.basename(path)
+    confined(checkpoint_dir, path, what="checkpoint_dir", field=where)
+    return os.path.join(checkpoint_dir, path)
 
 
 def _check_options(*, checkpoint_dir: Optional[str], backup_dir: Optional[str], validation_data: Any,
@@ -184,8 +219,9 @@ def _follow(progress_path: str, chief: Optional[str], evaluate: _Evaluation, tim
     done: List[Dict[str, Any]] = []
     seen: set = set()
     last_change, last_state = time.monotonic(), None
+    since = time.time() - _STALE_SLACK_S
     while True:
-        progress = _read_progress(progress_path, chief)
+        progress = _read_progress(progress_path, chief, since)
         state = None if progress is None else (tuple(progress["checkpoints"]), bool(progress["done"]))
         if state != last_state:
             last_change, last_state = time.monotonic(), state

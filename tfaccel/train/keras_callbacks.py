@@ -1,0 +1,128 @@
+"""The user's own ``keras.callbacks.BackupAndRestore`` and ``ModelCheckpoint`` under several workers.
+
+Under multi_worker (and Horovod) every worker runs the same script, so every worker's callbacks write the same
+paths: two workers writing one HDF5 file fail with ``BlockingIOError: Unable to synchronously create file (unable to
+lock file)``. tf_keras had the chief write the real path and the others a private temporary one; Keras 3 does not.
+tfaccel restores that rule: on a worker other than the chief, each ``BackupAndRestore`` still *reads* the real
+``backup_dir`` (every worker resumes from the chief's backup, which needs ``backup_dir`` on storage all workers see,
+as tf_keras did) but writes into a private temporary directory, and each ``ModelCheckpoint`` writes into one; both
+are removed when training ends (or, after a crash, by the next worker process on that host). The user's objects are
+not changed: the other workers train with copies. The chief keeps the user's callbacks as given.
+
+The epoch a ``BackupAndRestore`` restores is read before training (:func:`keras_resume_epoch`), so tfaccel's
+example order, a function of (seed, epoch), starts at that epoch as in an uninterrupted run.
+"""
+
+import copy
+import os
+import shutil
+import tempfile
+from typing import Any, List, Optional, Sequence
+
+__all__ = ["worker_callbacks", "keras_resume_epoch"]
+
+_PREFIX = "tfaccel-worker-"  # + "<pid>-": the owner, so a restarted worker can remove a dead one's directory
+
+
+def _private_backup(user_cb: Any, directory: str) -> Any:
+    """A BackupAndRestore that reads the user's ``backup_dir`` but writes into ``directory``."""
+    import keras
+
+    class _PrivateBackupAndRestore(keras.callbacks.BackupAndRestore):
+        def __init__(self) -> None:
+            super().__init__(directory, save_freq=user_cb.save_freq, double_checkpoint=user_cb.double_checkpoint,
+                             delete_checkpoint=True)
+            self.reads_from = user_cb.backup_dir
+
+        def on_train_begin(self, logs: Optional[dict] = None) -> None:
+            reader = copy.copy(user_cb)  # the user's object stays untouched
+            reader.set_model(self.model)
+            reader.on_train_begin(logs)
+
+    return _PrivateBackupAndRestore()
+
+
+def _private_checkpoint(user_cb: Any, directory: str) -> Any:
+    """A copy of the user's ModelCheckpoint whose files go into ``directory`` (same file names)."""
+    clone = copy.copy(user_cb)
+    clone.filepath = os.path.join(directory, os.path.basename(user_cb.filepath))
+    return clone
+
+
+def _remover(directory: str) -> Any:
+    import keras
+
+    class _RemovePrivateDir(keras.callbacks.Callback):
+        def on_train_end(self, logs: Optional[dict] = None) -> None:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    return _RemovePrivateDir()
+
+
+def _private_root() -> str:
+    """A new private directory in the temporary directory; first removes those of this host's dead processes
+    (a worker SIGKILLed during training cannot remove its own)."""
+    tmp = tempfile.gettempdir()
+    for name in os.listdir(tmp):
+        pid = name[len(_PREFIX):].split("-", 1)[0] if name.startswith(_PREFIX) else ""
+        path = os.path.join(tmp, name)
+        if pid.isdigit() and not _alive(int(pid)) and os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def worker_callbacks(callbacks: Sequence[Any], *, backend: Any) -> List[Any]:
+    """The callbacks this worker trains with: the user's on the chief, private-path copies on the others.
+
+    Args:
+        callbacks: the user's callbacks, as given to ``fit``.
+        backend: this process's backend (``is_chief``, ``num_workers``).
+
+    Returns:
+        A new list; on a worker other than the chief with a ``BackupAndRestore`` or ``ModelCheckpoint``, those are
+        replaced by copies writing into a private temporary directory, and a last callback removes it.
+    """
+    import keras
+
+    if backend.is_chief or backend.num_workers <= 1:
+        return list(callbacks)
+    directory: Optional[str] = None
+    out = []
+    for cb in callbacks:
+        if isinstance(cb, (keras.callbacks.BackupAndRestore, keras.callbacks.ModelCheckpoint)):
+            directory = directory or _private_root()
+            private = os.path.join(directory, str(len(out)))
+            cb = _private_backup(cb, private) if isinstance(cb, keras.callbacks.BackupAndRestore) \
+                else _private_checkpoint(cb, private)
+        out.append(cb)
+    return out + ([_remover(directory)] if directory else [])
+
+
+def keras_resume_epoch(callbacks: Sequence[Any], *, model: Any, backend: Any) -> int:
+    """The epoch the user's ``BackupAndRestore`` callbacks resume at (0 without a backup), restoring the model.
+
+    Runs each one's ``on_train_begin`` inside the strategy scope (Keras builds the optimizer there when it loads a
+    backup); Keras' ``fit`` runs it again at train begin and restores the same state.
+    """
+    import keras
+
+    from tfaccel.compat.keras_backup_restore import restored_initial_epoch
+
+    epoch = 0
+    for cb in callbacks:
+        if isinstance(cb, keras.callbacks.BackupAndRestore):
+            cb.set_model(model)
+            with backend.scope():
+                cb.on_train_begin()
+            epoch = max(epoch, restored_initial_epoch(model) or 0)
+    return epoch
