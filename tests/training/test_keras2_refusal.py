@@ -14,7 +14,7 @@ import pytest
 
 import tfaccel
 from tfaccel.errors import ConfigError
-from tfaccel.train.keras_generation import keras2_flavour
+from tfaccel.compat.keras_generation import keras2_flavour
 
 X = np.zeros((8, 3), "float32")
 Y = np.zeros((8, 2), "float32")

@@ -8,11 +8,11 @@ from ``tfaccel.train.loops``, the optimizer, callbacks) -> the loop runs -> the 
 
 from typing import Any, Callable, Dict, Optional, Sequence, Union
 
+from tfaccel.compat.keras_generation import check_keras3_model
 from tfaccel.errors import ConfigError
 from tfaccel.train.compile import build_compiled, check_build_inputs
 from tfaccel.train.context import prepare, train
 from tfaccel.train.evaluator import is_evaluator_task, run_evaluator
-from tfaccel.train.keras_generation import check_keras3_model
 from tfaccel.train.loops.base import STEPS_PER_EXECUTION_AUTO_MAX
 from tfaccel.train.request import LOOP_CHOICES, FitRequest
 from tfaccel.train.result import FitResult

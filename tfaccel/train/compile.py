@@ -39,7 +39,7 @@ def build_compiled(build_model: Callable[[], Any], train_data: Any, *, strategy:
     """
     import keras
 
-    from tfaccel.train.keras_generation import check_keras3_model
+    from tfaccel.compat.keras_generation import check_keras3_model
     from tfaccel.train.scope import scope
 
     with scope(strategy, precision, jit_compile, strategy_options=strategy_options) as plan:
