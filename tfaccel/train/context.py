@@ -109,7 +109,8 @@ def prepare(model: Any, request: FitRequest) -> Tuple[FitContext, "Loop"]:
 
         changes["recompute"] = "blocks " + ", ".join(enable_recompute(model, request.recompute))
     state, (start_epoch, ctx.start_step) = _resume(ctx)
-    check_position(state, backup_dir=request.backups.backup_dir, steps_per_epoch=ctx.data.steps_per_epoch)
+    if backend.uses_keras_fit:  # the coordinator checks its own backups (in updates, gradient accumulation included)
+        check_position(state, backup_dir=request.backups.backup_dir, steps_per_epoch=ctx.data.steps_per_epoch)
     start_epoch = max(start_epoch, keras_resume_epoch(ctx.user_callbacks, model=model, backend=backend))
     ctx.start_epoch, ctx.resumed = max(start_epoch, request.initial_epoch), state is not None
     ctx.user_callbacks = worker_callbacks(ctx.user_callbacks, backend=backend)  # the chief alone writes user paths
