@@ -2,6 +2,7 @@
 
 import json
 import re
+import shutil
 import tempfile
 import uuid
 from pathlib import Path
@@ -14,28 +15,37 @@ import ray_util
 pytestmark = pytest.mark.slow
 
 
-def _temporary_files() -> set:
-    """What a launch on a private Ray instance may leave in the temporary directory: its own directory (with the
+def _temporary_files(tmp: Path) -> set:
+    """What a launch on a private Ray instance may leave in its temporary directory: its own directory (with the
     workers' files and Ray's session) and Ray's default session directories."""
-    tmp = Path(tempfile.gettempdir())
     return set(tmp.glob("tfaccel-ray-*")) | set(tmp.glob("ray/session_*"))
 
 
-def test_launch_backend_ray_runs_compile_and_fit_on_two_workers(tmp_path):
+@pytest.fixture
+def short_tmp():
+    """The launch's own TMPDIR (short: Ray's socket paths must fit 107 bytes), so that another test's Ray run at
+    the same time (pytest -n) cannot leave or remove files this test counts."""
+    tmp = Path(tempfile.mkdtemp(prefix="trl-"))
+    yield tmp
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_launch_backend_ray_runs_compile_and_fit_on_two_workers(tmp_path, short_tmp):
     """Two Ray Train workers on a private local instance run a script given by a path relative to the launcher's
     directory, train in lock-step (identical weights), their output is prefixed [worker i], Ray's Result holds the
     last epoch's metrics and tfaccel's checkpoint path, and no process of the run (driver, Ray, workers, commands)
     nor any of its temporary files survives it."""
     mark = f"local-{uuid.uuid4().hex[:12]}"
-    files_before = _temporary_files()
+    tmp = short_tmp
     storage = tmp_path / "storage"
     done = ray_util.launch(["--backend", "ray", "--workers", "2", "--storage-path", str(storage), "--timeout", "280",
                             "--", "tests/ray/scripts/fit_job.py"], mark=mark, timeout=300,
-                           env={"JOB_OUT": str(tmp_path), "JOB_CHECKPOINT_DIR": str(tmp_path / "ckpt")})
+                           env={"JOB_OUT": str(tmp_path), "JOB_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
+                                "TMPDIR": str(tmp)})
     left = ray_util.kill_marked(mark, wait=15)
     assert done.returncode == 0, done.stdout[-4000:]
     assert not left, f"processes of the run survived it: {left}"
-    assert not _temporary_files() - files_before, "the launch left temporary files behind"
+    assert not _temporary_files(tmp), "the launch left temporary files behind"
     assert "started a private local Ray instance on 127.0.0.1 with 2 CPU(s)" in done.stdout
     for rank in (0, 1):
         assert f"[worker {rank}] JOB: worker:{rank} done" in done.stdout
