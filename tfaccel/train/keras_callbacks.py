@@ -19,6 +19,8 @@ import shutil
 import tempfile
 from typing import Any, List, Optional, Sequence
 
+from tfaccel.launch.procs import pid_alive
+
 __all__ = ["worker_callbacks", "keras_resume_epoch"]
 
 _PREFIX = "tfaccel-worker-"  # + "<pid>-": the owner, so a restarted worker can remove a dead one's directory
@@ -66,19 +68,9 @@ def _private_root() -> str:
     for name in os.listdir(tmp):
         pid = name[len(_PREFIX):].split("-", 1)[0] if name.startswith(_PREFIX) else ""
         path = os.path.join(tmp, name)
-        if pid.isdigit() and not _alive(int(pid)) and os.path.isdir(path) and not os.path.islink(path):
+        if pid.isdigit() and not pid_alive(int(pid)) and os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path, ignore_errors=True)
     return tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def worker_callbacks(callbacks: Sequence[Any], *, backend: Any) -> List[Any]:
