@@ -31,10 +31,7 @@ KNOWN_LONG_MODULES: Set[str] = {
 # Import cycles, each as its sorted modules joined by " <-> ".
 KNOWN_CYCLES: Set[str] = set()
 # "importer -> module:name" for private names imported from another module.
-KNOWN_PRIVATE_IMPORTS: Set[str] = {
-    "tfaccel.launch.host -> tfaccel.launch.local:_check_ps_has_chief",
-    "tfaccel.launch.host -> tfaccel.launch.local:_load_spec",
-}
+KNOWN_PRIVATE_IMPORTS: Set[str] = set()
 # Keras/TF internals touched outside tfaccel/compat/ ("path: lines that match").
 KNOWN_INTERNALS: Set[str] = set()
 # Backend names tested by name in the training code ("path: lines that match").
