@@ -21,7 +21,7 @@ KNOWN_LONG_FUNCTIONS: Set[str] = {
     "tfaccel.cli.launch:_options", "tfaccel.cli.launch:register",
     "tfaccel.launch.horovod:build_horovodrun_command", "tfaccel.launch.horovod:run_horovod",
     "tfaccel.launch.local:run_local", "tfaccel.launch.ray:run_ray", "tfaccel.launch.supervisor:run_job",
-    "tfaccel.memory.estimate:estimate_memory", "tfaccel.strategies.horovod:make_backend",
+    "tfaccel.strategies.horovod:make_backend",
 }
 # Modules over MAX_MODULE_LINES, to be split.
 KNOWN_LONG_MODULES: Set[str] = {
