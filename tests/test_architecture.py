@@ -18,10 +18,10 @@ MAX_MODULE_LINES = 400
 
 # Functions over MAX_FUNCTION_LINES ("module:qualified name"), to be split.
 KNOWN_LONG_FUNCTIONS: Set[str] = {
-    "tfaccel.cli.launch:_options", "tfaccel.cli.launch:register", "tfaccel.cluster.slurm:slurm_task",
+    "tfaccel.cli.launch:_options", "tfaccel.cli.launch:register",
     "tfaccel.launch.horovod:build_horovodrun_command", "tfaccel.launch.horovod:run_horovod",
     "tfaccel.launch.local:run_local", "tfaccel.launch.ray:run_ray", "tfaccel.launch.supervisor:run_job",
-    "tfaccel.memory.estimate:estimate_memory", "tfaccel.strategies.horovod:make_backend",
+    "tfaccel.strategies.horovod:make_backend",
 }
 # Modules over MAX_MODULE_LINES, to be split.
 KNOWN_LONG_MODULES: Set[str] = {
@@ -29,14 +29,9 @@ KNOWN_LONG_MODULES: Set[str] = {
     "tfaccel.strategies.horovod",
 }
 # Import cycles, each as its sorted modules joined by " <-> ".
-KNOWN_CYCLES: Set[str] = {
-    "tfaccel.cluster.env <-> tfaccel.cluster.slurm <-> tfaccel.cluster.spec",
-}
+KNOWN_CYCLES: Set[str] = set()
 # "importer -> module:name" for private names imported from another module.
-KNOWN_PRIVATE_IMPORTS: Set[str] = {
-    "tfaccel.launch.host -> tfaccel.launch.local:_check_ps_has_chief",
-    "tfaccel.launch.host -> tfaccel.launch.local:_load_spec",
-}
+KNOWN_PRIVATE_IMPORTS: Set[str] = set()
 # Keras/TF internals touched outside tfaccel/compat/ ("path: lines that match").
 KNOWN_INTERNALS: Set[str] = set()
 # Backend names tested by name in the training code ("path: lines that match").

@@ -288,6 +288,13 @@ def test_run_host_rejects_a_task_not_in_the_cluster():
         run_host(["true"], cluster={"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, task="worker:5")
 
 
+def test_run_host_refuses_a_ps_cluster_without_chief():
+    from tfaccel.launch.host import host_plan
+
+    with pytest.raises(ConfigError, match=r"^cluster: a parameter-server cluster needs a chief"):
+        host_plan(["python", "coord.py"], cluster={"worker": ["h1:1"], "ps": ["h2:1"]}, task="worker:0")
+
+
 def test_run_host_ps_task_runs_the_server_command():
     from tfaccel.launch.host import host_plan
 

@@ -9,9 +9,10 @@ Example:
 Importing this package does not import TensorFlow.
 """
 
-from tfaccel.cluster.env import task_from_env, task_from_tf_config
-from tfaccel.cluster.slurm import expand_nodelist, parse_tasks_per_node, slurm_task
-from tfaccel.cluster.spec import ROLES, ClusterConfigError, ClusterSpec, TaskInfo, parse_task
+from tfaccel.cluster.env import slurm_task, task_from_env, task_from_tf_config
+from tfaccel.cluster.errors import ClusterConfigError
+from tfaccel.cluster.slurm import expand_nodelist, parse_tasks_per_node
+from tfaccel.cluster.spec import ROLES, ClusterSpec, TaskInfo, parse_task
 from tfaccel.cluster.tfjob import tfjob_manifest, tfjob_yaml
 
 __all__ = ["ClusterSpec", "TaskInfo", "ClusterConfigError", "ROLES", "task_from_env", "task_from_tf_config",

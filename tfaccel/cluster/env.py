@@ -1,12 +1,11 @@
 """Where am I? This process's task from TF_CONFIG (plain or Kubeflow TFJob), else from SLURM."""
 
-import os
-from typing import Any, Mapping, Optional
+from typing import Mapping, Optional
 
-from tfaccel.cluster.limits import MAX_BYTES, loads_json, nesting_problem, show
-from tfaccel.cluster.spec import ClusterConfigError, ClusterSpec, TaskInfo
+from tfaccel.cluster.described import read_env, read_slurm, read_tf_config
+from tfaccel.cluster.spec import TaskInfo
 
-__all__ = ["task_from_env", "task_from_tf_config"]
+__all__ = ["task_from_env", "task_from_tf_config", "slurm_task"]
 
 
 def task_from_tf_config(raw: str, *, source: str = "TF_CONFIG") -> Optional[TaskInfo]:
@@ -31,49 +30,36 @@ def task_from_tf_config(raw: str, *, source: str = "TF_CONFIG") -> Optional[Task
         >>> info.name, info.is_chief
         ('worker:1', False)
     """
-    if not raw.strip():
-        return None
-    doc = _parse(raw, source)
-    if doc == {}:
-        return None
-    if not isinstance(doc, dict):
-        raise ClusterConfigError(f"{source}: must be a JSON object with \"cluster\" and \"task\", received "
-                                 f"{show(raw)}")
-    if "cluster" not in doc:
-        raise ClusterConfigError(f"{source}: \"cluster\" is missing; received keys {show(sorted(map(str, doc)))}; "
-                                 "expected {\"cluster\": {\"worker\": [...]}, \"task\": {\"type\": \"worker\", "
-                                 "\"index\": 0}}")
-    spec = ClusterSpec.from_dict(doc, source=source)
-    if spec.task is None:
-        raise ClusterConfigError(f"{source}: \"task\" is missing; add e.g. \"task\": {{\"type\": "
-                                 f"\"{spec.tasks()[0][0]}\", \"index\": 0}} (valid tasks: "
-                                 f"{', '.join(f'{r}:{i}' for r, i in spec.tasks()[:8])})")
-    return TaskInfo(spec, spec.task[0], spec.task[1], environment=spec.environment, source="TF_CONFIG")
+    found = read_tf_config(raw, source=source)
+    return None if found is None else TaskInfo.from_env_cluster(found)
 
 
-def _parse(raw: str, source: str) -> Any:
-    """The JSON of a TF_CONFIG, bounded: at most ``MAX_BYTES``, no key twice, nesting and values within limits."""
-    hint = "set it with `tfaccel tf-config FILE --task worker:0 --format env`"
-    if len(raw) > MAX_BYTES:
-        raise ClusterConfigError(f"{source}: {len(raw):,} characters, more than the {MAX_BYTES:,} a TF_CONFIG may "
-                                 f"have; received {show(raw)}; {hint}")
+def slurm_task(environ: Optional[Mapping[str, str]] = None, *, port: Optional[int] = None,
+               ps: Optional[int] = None) -> Optional[TaskInfo]:
+    """This SLURM task's place in a cluster built from SLURM's variables; None outside ``srun``.
 
-    def duplicate(key: str) -> None:
-        raise ClusterConfigError(f"{source}: key {show(key)} given twice in one object (TensorFlow would keep the "
-                                 "last silently); keep one")
+    Args:
+        environ: the environment to read. Defaults to ``os.environ``.
+        port: first port on every node; task ``k`` of a node uses ``port + k``. Defaults to
+            ``$TFACCEL_SLURM_PORT``, else 8888.
+        ps: number of parameter servers (rank 0 becomes the chief, ranks 1..ps the ps). Defaults to
+            ``$TFACCEL_SLURM_PS``, else 0 (all workers).
 
-    try:
-        doc: Any = loads_json(raw, duplicate)
-    except ClusterConfigError:
-        raise
-    except RecursionError:
-        raise ClusterConfigError(f"{source}: nested too deeply to read; received {show(raw)}; {hint}") from None
-    except ValueError as exc:
-        raise ClusterConfigError(f"{source}: not valid JSON ({exc}); received {show(raw)}; {hint}") from None
-    problem = nesting_problem(doc)
-    if problem is not None:
-        raise ClusterConfigError(f"{source}: {problem}; received {show(raw)}; {hint}")
-    return doc
+    Returns:
+        A ``TaskInfo`` with ``source="SLURM"``, or None when ``SLURM_PROCID`` or a node list is missing, or
+        when this process is not a task of a job step (the batch script itself: no ``SLURM_STEP_NODELIST``
+        or ``SLURM_STEP_ID``; a warning says so once).
+
+    Raises:
+        ClusterConfigError: a SLURM variable is malformed or inconsistent, or the port / ps count is invalid.
+
+    Example:
+        >>> env = {"SLURM_PROCID": "1", "SLURM_STEP_NODELIST": "node[1-2]", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}
+        >>> slurm_task(env, port=2222).spec.roles
+        {'worker': ('node1:2222', 'node2:2222')}
+    """
+    found = read_slurm(environ, port=port, ps=ps)
+    return None if found is None else TaskInfo.from_env_cluster(found)
 
 
 def task_from_env(environ: Optional[Mapping[str, str]] = None, *, port: Optional[int] = None,
@@ -95,10 +81,5 @@ def task_from_env(environ: Optional[Mapping[str, str]] = None, *, port: Optional
         >>> task_from_env({}) is None
         True
     """
-    from tfaccel.cluster.slurm import slurm_task
-
-    env = os.environ if environ is None else environ
-    raw = env.get("TF_CONFIG")
-    if raw is not None and raw.strip():
-        return task_from_tf_config(raw)
-    return slurm_task(env, port=port, ps=ps)
+    found = read_env(environ, port=port, ps=ps)
+    return None if found is None else TaskInfo.from_env_cluster(found)

@@ -7,6 +7,9 @@ then node 1, and so on; task ``k`` on a node listens on ``port + k``.
 
 Roles: with no parameter servers every rank is a worker (worker 0 acts as chief). With ``ps=P``, rank 0 is
 the chief (the ParameterServerStrategy coordinator), ranks 1..P are ps and the rest are workers.
+
+This module reads and checks the variables only; ``tfaccel.cluster.slurm_task`` validates the roles it finds
+into a ``TaskInfo``.
 """
 
 import collections
@@ -15,11 +18,11 @@ import os
 import re
 from typing import Dict, List, Mapping, Optional, Tuple
 
+from tfaccel.cluster.errors import ClusterConfigError
 from tfaccel.cluster.limits import MAX_BYTES, MAX_DIGITS, show, shorten
-from tfaccel.cluster.spec import ClusterConfigError, ClusterSpec, TaskInfo
 from tfaccel.log import get_logger
 
-__all__ = ["expand_nodelist", "parse_tasks_per_node", "slurm_task", "DEFAULT_SLURM_PORT", "SLURM_PORT_ENV",
+__all__ = ["expand_nodelist", "parse_tasks_per_node", "slurm_cluster", "DEFAULT_SLURM_PORT", "SLURM_PORT_ENV",
            "SLURM_PS_ENV"]
 
 DEFAULT_SLURM_PORT = 8888
@@ -206,9 +209,9 @@ def _warn_not_in_step(num_nodes: int) -> None:
         f"per worker with srun to use the {num_nodes} node(s) of the allocation")
 
 
-def slurm_task(environ: Optional[Mapping[str, str]] = None, *, port: Optional[int] = None,
-               ps: Optional[int] = None) -> Optional[TaskInfo]:
-    """This SLURM task's place in a cluster built from SLURM's variables; None outside ``srun``.
+def slurm_cluster(environ: Optional[Mapping[str, str]] = None, *, port: Optional[int] = None,
+                  ps: Optional[int] = None) -> Optional[Tuple[Dict[str, List[str]], Tuple[str, int]]]:
+    """The roles SLURM's variables describe and this task's place in them; None outside ``srun``.
 
     Args:
         environ: the environment to read. Defaults to ``os.environ``.
@@ -218,17 +221,17 @@ def slurm_task(environ: Optional[Mapping[str, str]] = None, *, port: Optional[in
             ``$TFACCEL_SLURM_PS``, else 0 (all workers).
 
     Returns:
-        A ``TaskInfo`` with ``source="SLURM"``, or None when ``SLURM_PROCID`` or a node list is missing, or
-        when this process is not a task of a job step (the batch script itself: no ``SLURM_STEP_NODELIST``
-        or ``SLURM_STEP_ID``; a warning says so once).
+        ``({role: ["host:port", ...]}, (task type, task index))``, or None when ``SLURM_PROCID`` or a node list
+        is missing, or when this process is not a task of a job step (the batch script itself: no
+        ``SLURM_STEP_NODELIST`` or ``SLURM_STEP_ID``; a warning says so once).
 
     Raises:
         ClusterConfigError: a SLURM variable is malformed or inconsistent, or the port / ps count is invalid.
 
     Example:
         >>> env = {"SLURM_PROCID": "1", "SLURM_STEP_NODELIST": "node[1-2]", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}
-        >>> slurm_task(env, port=2222).spec.roles
-        {'worker': ('node1:2222', 'node2:2222')}
+        >>> slurm_cluster(env, port=2222)
+        ({'worker': ['node1:2222', 'node2:2222']}, ('worker', 1))
     """
     env = os.environ if environ is None else environ
     nodelist_var = next((v for v in NODELIST_VARS if env.get(v)), None)
@@ -242,7 +245,28 @@ def slurm_task(environ: Optional[Mapping[str, str]] = None, *, port: Optional[in
         # of the job's tasks: treating it as worker 0 would make it wait forever for workers nobody started.
         _warn_not_in_step(len(nodes))
         return None
+    counts = _task_counts(env, nodes, nodelist_var)
+    total = sum(counts)
+    if rank >= total:
+        raise _fail("SLURM_PROCID", str(rank), f"task rank out of range: the step has {total} task(s), 0-{total - 1}")
+    port = _port(env, port, counts)
+    ps = _ps_count(env, ps, total)
 
+    addresses: List[str] = []
+    rank_node: List[str] = []
+    for node, count in zip(nodes, counts):
+        for local in range(count):
+            addresses.append(f"{node}:{port + local}")
+            rank_node.append(node)
+    node_name = env.get("SLURMD_NODENAME")
+    if node_name and node_name != rank_node[rank]:
+        raise _fail("SLURMD_NODENAME", node_name, f"rank {rank} should run on {rank_node[rank]} under the block "
+                    "distribution tfaccel assumes; run srun with --distribution=block")
+    return _roles(addresses, ps, rank)
+
+
+def _task_counts(env: Mapping[str, str], nodes: List[str], nodelist_var: str) -> List[int]:
+    """Tasks on each node of the step: tasks per node, trimmed to the step's task count when it is smaller."""
     tpn_var = next((v for v in TASKS_PER_NODE_VARS if env.get(v)), None)
     if tpn_var is not None:
         counts = parse_tasks_per_node(env[tpn_var], len(nodes), var=tpn_var)
@@ -263,10 +287,11 @@ def slurm_task(environ: Optional[Mapping[str, str]] = None, *, port: Optional[in
                     f"and tasks per node {counts}")
     if ntasks is not None and ntasks < total:
         counts = _trim(counts, ntasks)
-        total = ntasks
-    if rank >= total:
-        raise _fail("SLURM_PROCID", str(rank), f"task rank out of range: the step has {total} task(s), 0-{total - 1}")
+    return counts
 
+
+def _port(env: Mapping[str, str], port: Optional[int], counts: List[int]) -> int:
+    """The first port on each node: ``port``, else ``$TFACCEL_SLURM_PORT``, else 8888; every task's port valid."""
     if port is None:
         port = _int_var(env, SLURM_PORT_ENV, minimum=1)
         port_source = SLURM_PORT_ENV
@@ -279,7 +304,11 @@ def slurm_task(environ: Optional[Mapping[str, str]] = None, *, port: Optional[in
     if port + max(counts) - 1 > 65535:
         raise ClusterConfigError(f"SLURM: {port_source} {port!r}: port + tasks per node - 1 = "
                                  f"{port + max(counts) - 1} is above 65535; choose a lower port")
+    return port
 
+
+def _ps_count(env: Mapping[str, str], ps: Optional[int], total: int) -> int:
+    """The number of parameter servers: ``ps``, else ``$TFACCEL_SLURM_PS``, else 0; checked against the step."""
     if ps is None:
         ps = _int_var(env, SLURM_PS_ENV) or 0
         ps_source = SLURM_PS_ENV
@@ -291,31 +320,17 @@ def slurm_task(environ: Optional[Mapping[str, str]] = None, *, port: Optional[in
         raise ClusterConfigError(f"SLURM: {ps_source} {ps!r}: parameter-server training needs a chief, {ps} ps "
                                  f"and at least one worker, i.e. {ps + 2} task(s), but the step has {total}; "
                                  "ask srun for more tasks or lower the ps count")
+    return ps
 
-    addresses: List[str] = []
-    rank_node: List[str] = []
-    for node, count in zip(nodes, counts):
-        for local in range(count):
-            addresses.append(f"{node}:{port + local}")
-            rank_node.append(node)
 
-    node_name = env.get("SLURMD_NODENAME")
-    if node_name and node_name != rank_node[rank]:
-        raise _fail("SLURMD_NODENAME", node_name, f"rank {rank} should run on {rank_node[rank]} under the block "
-                    "distribution tfaccel assumes; run srun with --distribution=block")
-
-    roles: Dict[str, List[str]] = {}
-    if ps:
-        roles["chief"] = addresses[:1]
-        roles["ps"] = addresses[1:1 + ps]
-        roles["worker"] = addresses[1 + ps:]
-        task: Tuple[str, int] = ("chief", 0) if rank == 0 else (("ps", rank - 1) if rank <= ps
-                                                                 else ("worker", rank - 1 - ps))
-    else:
-        roles["worker"] = addresses
-        task = ("worker", rank)
-    spec = ClusterSpec.from_dict(roles, source="SLURM")
-    return TaskInfo(spec, task[0], task[1], environment=None, source="SLURM")
+def _roles(addresses: List[str], ps: int, rank: int) -> Tuple[Dict[str, List[str]], Tuple[str, int]]:
+    """Roles by rank: all workers, or with ``ps`` servers rank 0 the chief, ranks 1..ps the ps, then workers."""
+    if not ps:
+        return {"worker": addresses}, ("worker", rank)
+    roles = {"chief": addresses[:1], "ps": addresses[1:1 + ps], "worker": addresses[1 + ps:]}
+    task: Tuple[str, int] = ("chief", 0) if rank == 0 else (("ps", rank - 1) if rank <= ps
+                                                             else ("worker", rank - 1 - ps))
+    return roles, task
 
 
 def _trim(counts: List[int], ntasks: int) -> List[int]:

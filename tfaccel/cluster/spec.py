@@ -18,11 +18,12 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, MutableMapping, NoReturn, Optional, Sequence, Tuple, Union
 
+from tfaccel.cluster.described import EnvCluster, read_env
+from tfaccel.cluster.errors import ClusterConfigError
 from tfaccel.cluster.limits import MAX_BYTES, MAX_DIGITS, loads_json, nesting_problem, read_bounded, show, shorten
-from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
 
-__all__ = ["ClusterSpec", "TaskInfo", "ClusterConfigError", "ROLES", "TaskLike", "parse_task", "canonical_address",
+__all__ = ["ClusterSpec", "TaskInfo", "ROLES", "TaskLike", "parse_task", "canonical_address",
            "MAX_YAML_VALUES"]
 
 # One source of truth for role names, in the order TF_CONFIG documents and listings use.
@@ -38,10 +39,6 @@ TaskLike = Union[str, Tuple[str, int], Sequence[Any]]
 _HOST_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.\-]*[A-Za-z0-9_])?$")
 _EXAMPLE = '"10.0.0.2:2222"'
 MAX_YAML_VALUES = 60_000  # a YAML cluster file of 30,000 hosts, one a line, reads in ~0.5 s; JSON has no such bound
-
-
-class ClusterConfigError(ConfigError):
-    """A cluster description, TF_CONFIG or SLURM environment is invalid (also a ``ValueError``)."""
 
 
 def _err(source: str, field: Optional[str], received: Any, problem: str) -> ClusterConfigError:
@@ -452,10 +449,8 @@ class ClusterSpec:
         Raises:
             ClusterConfigError: TF_CONFIG or the SLURM variables are set but invalid.
         """
-        from tfaccel.cluster.env import task_from_env
-
-        info = task_from_env(environ, port=port, ps=ps)
-        return None if info is None else info.spec
+        found = read_env(environ, port=port, ps=ps)
+        return None if found is None else TaskInfo.from_env_cluster(found).spec
 
     # -- queries -----------------------------------------------------------------------------------------
 
@@ -617,6 +612,27 @@ class TaskInfo:
 
     def __post_init__(self) -> None:
         self.spec.check_task((self.task_type, self.task_index))
+
+    @classmethod
+    def from_env_cluster(cls, found: EnvCluster) -> "TaskInfo":
+        """Validates a cluster read from TF_CONFIG or SLURM into this process's task.
+
+        Args:
+            found: what ``tfaccel.cluster.described`` read from the environment.
+
+        Returns:
+            The task, its ``source`` ``"TF_CONFIG"`` or ``"SLURM"``.
+
+        Raises:
+            ClusterConfigError: the cluster is invalid, or a TF_CONFIG names no task or one not in the cluster.
+        """
+        spec = ClusterSpec.from_dict(found.document, source=found.source)
+        task = found.task if found.task is not None else spec.task
+        if task is None:
+            raise ClusterConfigError(f"{found.source}: \"task\" is missing; add e.g. \"task\": {{\"type\": "
+                                     f"\"{spec.tasks()[0][0]}\", \"index\": 0}} (valid tasks: "
+                                     f"{', '.join(f'{r}:{i}' for r, i in spec.tasks()[:8])})")
+        return cls(spec, task[0], task[1], environment=spec.environment, source=found.origin)
 
     @property
     def name(self) -> str:

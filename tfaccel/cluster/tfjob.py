@@ -8,8 +8,9 @@ description do not matter on Kubernetes; the role sizes and each role's port do.
 import re
 from typing import Any, Dict, List, Optional, Sequence
 
+from tfaccel.cluster.errors import ClusterConfigError
 from tfaccel.cluster.limits import shorten
-from tfaccel.cluster.spec import ClusterConfigError, ClusterSpec, split_address
+from tfaccel.cluster.spec import ClusterSpec, split_address
 
 __all__ = ["tfjob_manifest", "tfjob_yaml", "REPLICA_TYPES"]
 

@@ -10,7 +10,7 @@ stops with an error naming the tasks that never came up.
 from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
 
 from tfaccel.errors import ConfigError
-from tfaccel.launch.local import (_check_ps_has_chief, _load_spec, build_tasks, child_base_env, normalize_command,
+from tfaccel.launch.local import (build_tasks, check_ps_has_chief, child_base_env, load_spec, normalize_command,
                                   warn_inherited_tf_config)
 from tfaccel.launch.supervisor import LaunchResult, LaunchTask, run_job
 from tfaccel.log import get_logger
@@ -36,12 +36,12 @@ def host_plan(cmd: Union[str, Sequence[str]], *, cluster: Any, task: str, env: O
     Raises:
         ConfigError: the cluster is invalid, the task is not in it, or the command is empty.
     """
-    spec, source = _load_spec(cluster)
+    spec, source = load_spec(cluster)
     role, index = spec.check_task(task, field="--task")
     name = f"{role}:{index}"
     base_env = child_base_env(env)
     argv, notes = normalize_command(cmd, check_exists=True, env=base_env)
-    _check_ps_has_chief(spec, source)
+    check_ps_has_chief(spec, source)
     tasks = build_tasks(spec, lambda _name: argv, env=base_env, attempt=attempt, only=name)
     peers = [(f"{r}:{i}", spec.address((r, i))) for r, i in spec.tasks() if (r, i) != (role, index)
              and r != "evaluator"]

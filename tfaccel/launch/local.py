@@ -26,7 +26,8 @@ from tfaccel.launch.supervisor import RESTART_ENV, LaunchResult, LaunchTask, Tas
 from tfaccel.log import get_logger
 
 __all__ = ["run_local", "local_cluster", "local_specs", "build_tasks", "normalize_command", "server_command",
-           "child_base_env", "check_local_hosts", "warn_inherited_tf_config", "CHILD_DEFAULT_ENV"]
+           "child_base_env", "check_local_hosts", "check_ps_has_chief", "load_spec", "warn_inherited_tf_config",
+           "CHILD_DEFAULT_ENV"]
 
 Command = Union[str, Sequence[str], Callable[..., Any]]
 
@@ -240,13 +241,33 @@ def _network_for(spec: Any, network: str, source: str) -> str:
     return "host"
 
 
-def _check_ps_has_chief(spec: Any, source: str) -> None:
+def check_ps_has_chief(spec: Any, source: str) -> None:
+    """Stops a parameter-server cluster without a chief: the chief is the task that runs the command.
+
+    Args:
+        spec: the cluster (a ``tfaccel.cluster.ClusterSpec``).
+        source: what the error names first, e.g. ``"cluster file c.yaml"``.
+
+    Raises:
+        ConfigError: the cluster has ps tasks but no chief.
+    """
     if _is_ps_cluster(spec) and not spec.roles.get("chief"):
         raise ConfigError(f"{source}: a parameter-server cluster needs a chief to run the command (the "
                           f"ClusterCoordinator); received roles {sorted(spec.roles)}; add a `chief` entry")
 
 
-def _load_spec(cluster: Any) -> Tuple[Any, str]:
+def load_spec(cluster: Any) -> Tuple[Any, str]:
+    """The ``ClusterSpec`` of a launcher's ``cluster`` argument, and what error messages call it.
+
+    Args:
+        cluster: a cluster file (path), a cluster mapping or a ``tfaccel.cluster.ClusterSpec``.
+
+    Returns:
+        ``(spec, source)``: the spec, and ``"cluster file PATH"`` or ``"cluster"``.
+
+    Raises:
+        ClusterConfigError: the file or mapping is not a valid cluster.
+    """
     from tfaccel.cluster import ClusterSpec
 
     if isinstance(cluster, (str, os.PathLike)):
@@ -306,8 +327,8 @@ def local_specs(*, workers: int = 2, ps: int = 0, chief: bool = False, evaluator
     """
     notes: List[str] = []
     if cluster is not None:
-        spec, source = _load_spec(cluster)
-        _check_ps_has_chief(spec, source)
+        spec, source = load_spec(cluster)
+        check_ps_has_chief(spec, source)
         check_local_hosts(spec, source=source)
         return (lambda attempt: spec), notes
     _check_count("workers", workers, minimum=1)

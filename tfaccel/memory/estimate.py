@@ -127,9 +127,12 @@ def _ps_shards(model: Any, optimizer: Any, num_ps: int) -> Tuple[int, ...]:
     return tuple(shards)
 
 
-def _check_options(strategy: str, batch_size: Any, replicas: int, num_ps: int, precision: Optional[str]) -> None:
+def _check_options(strategy: str, batch_size: Any, replicas: int, num_ps: int, precision: Optional[str],
+                   optimizer: Union[str, Any]) -> None:
+    """Checks estimate_memory's options before anything is built; the error names the option and what is valid."""
     from tfaccel.precision import POLICY_NAMES
     from tfaccel.strategies.registry import STRATEGY_NAMES
+    from tfaccel.train.optim import OPTIMIZER_NAMES
 
     if strategy not in STRATEGY_NAMES:
         raise invalid_choice("strategy", strategy, STRATEGY_NAMES)
@@ -142,6 +145,8 @@ def _check_options(strategy: str, batch_size: Any, replicas: int, num_ps: int, p
     if batch_size % replicas:
         raise ConfigError(f"batch_size: the global batch {batch_size} does not split evenly over {replicas} "
                           f"replicas; give a multiple of {replicas} (e.g. {replicas * max(1, batch_size // replicas)})")
+    if isinstance(optimizer, str) and optimizer.lower() not in OPTIMIZER_NAMES:
+        raise invalid_choice("optimizer", optimizer, OPTIMIZER_NAMES, hint="Or pass a keras.optimizers.Optimizer")
 
 
 def _build(model_or_name: Any, precision: Optional[str], input_shape: Optional[Sequence[int]],
@@ -288,11 +293,7 @@ def estimate_memory(model_or_name: Union[str, Callable[..., Any], Any], *, batch
         >>> est = estimate_memory("resnet50", batch_size=64, precision="mixed_float16")  # doctest: +SKIP
         >>> est.total_bytes / 2**30                                                       # doctest: +SKIP
     """
-    from tfaccel.train.optim import OPTIMIZER_NAMES
-
-    _check_options(strategy, batch_size, replicas, num_ps, precision)
-    if isinstance(optimizer, str) and optimizer.lower() not in OPTIMIZER_NAMES:
-        raise invalid_choice("optimizer", optimizer, OPTIMIZER_NAMES, hint="Or pass a keras.optimizers.Optimizer")
+    _check_options(strategy, batch_size, replicas, num_ps, precision, optimizer)
     batch = batch_size // replicas
     model, name, policy = _build(model_or_name, precision, input_shape, num_classes)
     peaks, opt = _trace_step(model, _fresh_optimizer(optimizer), batch)
@@ -305,10 +306,16 @@ def estimate_memory(model_or_name: Union[str, Callable[..., Any], Any], *, batch
                                              num_classes=num_classes, optimizer=optimizer, batch=batch)
     return MemoryEstimate(
         model=name, batch_size=batch_size, per_replica_batch=batch, replicas=replicas, precision=policy,
-        strategy=strategy, optimizer=opt_name,
-        parameters=int(sum(int(v.numpy().size) for v in model.variables)),
-        parameter_bytes=_nbytes(model.variables), gradient_bytes=_nbytes(model.trainable_variables),
-        optimizer_bytes=_nbytes(opt.variables), activation_bytes=peaks["peak_bytes"],
-        saved_activation_bytes=peaks["saved_bytes"], recompute_blocks=blocks,
-        activation_bytes_recompute=recompute_peak, process_base_bytes=base[0], activation_bytes_base=base[1],
-        ps_shard_bytes=_ps_shards(model, opt, num_ps) if strategy == "parameter_server" else ())
+        strategy=strategy, optimizer=opt_name, **_state_bytes(model, opt, strategy, num_ps),
+        activation_bytes=peaks["peak_bytes"], saved_activation_bytes=peaks["saved_bytes"], recompute_blocks=blocks,
+        activation_bytes_recompute=recompute_peak, process_base_bytes=base[0], activation_bytes_base=base[1])
+
+
+def _state_bytes(model: Any, optimizer: Any, strategy: str, num_ps: int) -> Dict[str, Any]:
+    """The MemoryEstimate fields counted from the built variables: parameters, gradients, slots, ps shares."""
+    return {
+        "parameters": int(sum(int(v.numpy().size) for v in model.variables)),
+        "parameter_bytes": _nbytes(model.variables), "gradient_bytes": _nbytes(model.trainable_variables),
+        "optimizer_bytes": _nbytes(optimizer.variables),
+        "ps_shard_bytes": _ps_shards(model, optimizer, num_ps) if strategy == "parameter_server" else (),
+    }
