@@ -34,6 +34,15 @@ STEPS_PER_EPOCH = 23  # digits train split (1437 examples) / global batch 64, ro
 LOST_PEER_LIMIT_S = 60.0  # R2: a lost peer fails every survivor within this many seconds
 STARTED_PIDS: List[int] = []  # every PID started here (launchers and the tasks they report)
 _STARTED_RE = re.compile(r"started (\w+:\d+) pid=(\d+)")
+# AutoGraph (TensorFlow) imports the code it generates from files in TMPDIR, so Python caches their bytecode in
+# TMPDIR/__pycache__ unless PYTHONDONTWRITEBYTECODE is set (a clean-clone CI run without that variable saw them):
+# TensorFlow's cache, not a file of the job's.
+_AUTOGRAPH_CACHE = re.compile(r"__pycache__(/__autograph_generated_file\w+\.cpython-\d+\.pyc)?$")
+
+
+def job_files_in_tmp(names: Iterable[str]) -> List[str]:
+    """The entries of a job's TMPDIR (relative paths) that are not TensorFlow AutoGraph's bytecode cache."""
+    return [name for name in names if not _AUTOGRAPH_CACHE.match(name)]
 
 
 def env_for(extra: Optional[Mapping[str, str]] = None) -> Dict[str, str]:

@@ -5,7 +5,6 @@ Each scenario lives in rel_scenarios.py (scripts/reliability.py runs the same on
 
 import os
 import random
-import re
 
 import pytest
 
@@ -46,11 +45,7 @@ def test_r4_nothing_written_outside_named_dirs_and_worker_temp_checkpoints_remov
     backup is removed at the end, worker:1's temporary checkpoint directory is gone."""
     written = reference["written"]
     assert written["cwd"] == [], written
-    # worker:1's tfaccel-worker-ckpt-* removed. AutoGraph (TensorFlow) imports the code it generates from files in
-    # TMPDIR, so Python caches their bytecode in TMPDIR/__pycache__ unless PYTHONDONTWRITEBYTECODE is set (a
-    # clean-clone CI run without that variable saw these files): TensorFlow's, like the HOME caches below.
-    autograph = re.compile(r"__pycache__(/__autograph_generated_file\w+\.cpython-\d+\.pyc)?$")
-    assert [p for p in written["tmp"] if not autograph.match(p)] == [], written
+    assert rs.job_files_in_tmp(written["tmp"]) == [], written  # worker:1's tfaccel-worker-ckpt-* removed
     # Only third-party caches land in HOME: Keras' config, and matplotlib's font cache (TensorFlow 2.21 imports
     # matplotlib when it is installed, which writes ~/.cache/matplotlib and ~/.config/matplotlib).
     upstream = (".keras", ".cache/matplotlib", ".config/matplotlib")
