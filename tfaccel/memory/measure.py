@@ -105,8 +105,8 @@ def measure_cpu_step(model: str, *, batch_size: int, precision: str = "float32",
         "step_seconds": [...], "step_peak": peak - rest, "process_peak": peak - baseline,
         "device_peaks": {"GPU:0": allocator peak, ...}, "allocator_peak_unavailable": None or why}`` (bytes,
         seconds; ``device_peaks`` is empty without a GPU; ``allocator_peak`` is None where TensorFlow keeps no CPU
-        allocator statistics, and ``allocator_peak_unavailable`` then says why). ``process_hwm`` is the child's VmHWM over its whole life (import, build, warm-up and timed steps):
-        the process peak on the CPU.
+        allocator statistics, and ``allocator_peak_unavailable`` then says why). ``process_hwm`` is the child's
+        VmHWM over its whole life (import, build, warm-up and timed steps): the process peak on the CPU.
 
     Raises:
         ConfigError: the child failed (its last output lines are in the message).

@@ -87,7 +87,6 @@ def prepare(model: Any, request: FitRequest) -> Tuple[FitContext, "Loop"]:
     Raises:
         ConfigError: what the data, the loop, the backup or the model cannot honour, before training starts.
     """
-    from tfaccel.train.backup_check import check_position
     from tfaccel.train.data import agree_on_seed, prepare_data
     from tfaccel.train.keras_callbacks import keras_resume_epoch, worker_callbacks
     from tfaccel.train.loops import choose
@@ -109,8 +108,6 @@ def prepare(model: Any, request: FitRequest) -> Tuple[FitContext, "Loop"]:
 
         changes["recompute"] = "blocks " + ", ".join(enable_recompute(model, request.recompute))
     state, (start_epoch, ctx.start_step) = _resume(ctx)
-    if backend.uses_keras_fit:  # the coordinator checks its own backups (in updates, gradient accumulation included)
-        check_position(state, backup_dir=request.backups.backup_dir, steps_per_epoch=ctx.data.steps_per_epoch)
     start_epoch = max(start_epoch, keras_resume_epoch(ctx.user_callbacks, model=model, backend=backend))
     ctx.start_epoch, ctx.resumed = max(start_epoch, request.initial_epoch), state is not None
     ctx.user_callbacks = worker_callbacks(ctx.user_callbacks, backend=backend)  # the chief alone writes user paths
@@ -128,6 +125,7 @@ def prepare(model: Any, request: FitRequest) -> Tuple[FitContext, "Loop"]:
 
 def _resume(ctx: FitContext) -> tuple:
     """(state, (epoch, step)) of the backup to resume from; the weights and optimizer state are loaded."""
+    from tfaccel.train.backup_check import check_position
     from tfaccel.train.backups import load_backup_weights, read_backup
 
     backup_dir, backend, model = ctx.request.backups.backup_dir, ctx.backend, ctx.model
@@ -148,6 +146,8 @@ def _resume(ctx: FitContext) -> tuple:
         model.optimizer.build(model.trainable_variables)
     if state["weights_path"]:  # None: a Horovod rank without rank 0's file gets rank 0's broadcast
         load_backup_weights(model, state, backup_dir=backup_dir)
+    # Keras weight backups only: the coordinator checks its own (in updates, gradient accumulation included).
+    check_position(state, backup_dir=backup_dir, steps_per_epoch=ctx.data.steps_per_epoch)
     return state, (state.epoch, state.step)
 
 
