@@ -10,7 +10,7 @@ Example:
 
 from tfaccel._lazy import lazy_exports
 from tfaccel._version import __version__
-from tfaccel.errors import BackendUnavailableError, ConfigError, DeviceError, TfaccelError
+from tfaccel.errors import EXIT_PREEMPTED, BackendUnavailableError, ConfigError, DeviceError, Preempted, TfaccelError
 
 # Public name -> module that defines it (loaded on first use, so `import tfaccel` does not import TensorFlow).
 _LAZY = {
@@ -40,7 +40,8 @@ _LAZY = {
     "FitResult": "tfaccel.train.api",
 }
 
-__all__ = ["__version__", "TfaccelError", "ConfigError", "DeviceError", "BackendUnavailableError", *_LAZY]
+__all__ = ["__version__", "TfaccelError", "ConfigError", "DeviceError", "BackendUnavailableError", "Preempted",
+           "EXIT_PREEMPTED", *_LAZY]
 
 
 __getattr__, __dir__ = lazy_exports("tfaccel", globals(), _LAZY, __all__)

@@ -6,6 +6,12 @@ Every tfaccel error is a ``TfaccelError``. Errors about user input (a cluster fi
 
 from typing import Iterable, Optional
 
+# The exit status of a process that stopped because it was preempted (SIGTERM, or TFACCEL_PREEMPTION_SIGNAL) after
+# every worker agreed on a step and the chief wrote a backup there (or found nothing to save). 75 is sysexits.h's
+# EX_TEMPFAIL, "a temporary failure; the user is invited to retry": ``tfaccel launch`` restarts such a job from its
+# backup without counting it against --max-restarts, and a scheduler can requeue on it.
+EXIT_PREEMPTED = 75
+
 
 class TfaccelError(Exception):
     """Base class of every error tfaccel raises on purpose."""
@@ -13,6 +19,23 @@ class TfaccelError(Exception):
 
 class ConfigError(TfaccelError, ValueError):
     """Bad user input: an option, a cluster description, a TF_CONFIG, an environment variable."""
+
+
+class Preempted(SystemExit):
+    """The job was preempted: training stopped at a step every worker agreed on, the backup (if any) is written.
+
+    A ``SystemExit`` with code :data:`EXIT_PREEMPTED`, so the process exits with that status unless the program
+    catches it (``except Exception`` does not). Attributes: ``epoch``, ``step`` (the position the backup holds;
+    where a restart resumes) and ``saved`` (False when no ``backup_dir`` was given: nothing was kept).
+    """
+
+    def __init__(self, *, epoch: int, step: int, saved: bool) -> None:
+        super().__init__(EXIT_PREEMPTED)
+        self.epoch, self.step, self.saved = epoch, step, saved
+
+    def __str__(self) -> str:
+        kept = "backup written there" if self.saved else "nothing saved (no backup_dir)"
+        return f"preempted at epoch {self.epoch}, step {self.step}: {kept}; exit status {EXIT_PREEMPTED}"
 
 
 class DeviceError(TfaccelError, RuntimeError):

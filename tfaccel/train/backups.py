@@ -149,13 +149,14 @@ class StepBackup:
             def on_train_batch_end(self, batch: int, logs: Optional[Dict] = None) -> None:
                 step = self.step_offset + batch + 1
                 if save_freq and step % save_freq == 0 and step < steps_per_epoch:
-                    self._save(self.epoch, step)
+                    self.save(self.epoch, step)
 
             def on_epoch_end(self, epoch: int, logs: Optional[Dict] = None) -> None:
                 self.step_offset = 0  # only the first (resumed) epoch starts mid-way
-                self._save(epoch + 1, 0)
+                self.save(epoch + 1, 0)
 
-            def _save(self, epoch: int, step: int) -> None:
+            def save(self, epoch: int, step: int) -> None:
+                """Writes the backup at (epoch, step) on the chief (a no-op elsewhere, or where it was written)."""
                 if not is_chief or self.last_saved == (epoch, step):
                     return
                 os.makedirs(backup_dir, exist_ok=True)

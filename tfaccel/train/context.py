@@ -37,8 +37,9 @@ class FitContext:
         verbose: Keras' verbosity on this process. start_epoch, start_step: where training starts (a resume).
         resumed: whether it resumes from a backup. user_callbacks: the user's callbacks (as tfaccel runs them).
         callbacks: every callback, in Keras' order.
-        named: tfaccel's own callbacks by role (``timer``, ``backup``, ``checkpoint``).
+        named: tfaccel's own callbacks by role (``timer``, ``backup``, ``checkpoint``, ``preemption``).
         details: what goes into ``FitResult.details``.
+        preemption: what stops the job at an agreed step on SIGTERM (``tfaccel.train.preemption``).
     """
 
     model: Any
@@ -55,6 +56,7 @@ class FitContext:
     callbacks: List[Any] = dataclasses.field(default_factory=list)
     named: Dict[str, Any] = dataclasses.field(default_factory=dict)
     details: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    preemption: Any = None
 
     @property
     def per_batch(self) -> bool:
@@ -221,6 +223,22 @@ def _add_callbacks(ctx: FitContext) -> None:
     # reads the metrics, or ranks could stop at different epochs and hang.
     ctx.callbacks = list(backend.extra_callbacks()) + ctx.user_callbacks + after
     ctx.named = named
+    _add_preemption(ctx)
+
+
+def _add_preemption(ctx: FitContext) -> None:
+    """The job's preemption watch; on the Keras paths its callback goes last, after every epoch-end writer."""
+    from tfaccel.train.preemption import make_preemption, preemption_callback
+
+    backend, backup = ctx.backend, ctx.named.get("backup")
+    task = f"process {backend.worker_index} of {backend.num_workers}" if backend.uses_keras_fit else "the coordinator"
+    ctx.preemption = make_preemption(backend, save=backup.save if backup is not None else None,
+                                     can_save=bool(ctx.request.backups.backup_dir), epochs=ctx.request.epochs,
+                                     task=task)
+    if backend.uses_keras_fit:  # parameter_server: the coordinator loop checks between its joins
+        ctx.named["preemption"] = preemption_callback(ctx.preemption, steps_per_epoch=ctx.data.steps_per_epoch or 0,
+                                                      step_offset=ctx.start_step)
+        ctx.callbacks.append(ctx.named["preemption"])
 
 
 def _announce(ctx: FitContext, *, loop_reason: str, changes: Dict[str, Any]) -> None:
@@ -238,7 +256,8 @@ def train(ctx: FitContext, loop: "Loop") -> FitResult:
 
     t0 = time.perf_counter()
     try:
-        outcome = loop.run(ctx) if ctx.start_epoch < ctx.request.epochs else None
+        with ctx.preemption.watch:
+            outcome = loop.run(ctx) if ctx.start_epoch < ctx.request.epochs else None
     finally:
         restore_optimizer_class(ctx.model)
     seconds = time.perf_counter() - t0
@@ -268,6 +287,7 @@ def _result(ctx: FitContext, outcome: Optional["LoopResult"], seconds: float) ->
         details["backups_written"] = ctx.named["backup"].saves
     if "checkpoint" in ctx.named:
         details["checkpoints"] = list(ctx.named["checkpoint"].saved)
+    details["preemption"] = ctx.preemption.details()
     return FitResult(model=ctx.model, history=outcome.history if outcome else {}, plan=ctx.plan,
                      examples_per_sec=examples_per_sec, seconds=seconds, global_batch_size=data.batch_size,
                      steps_per_epoch=data.steps_per_epoch, steps=outcome.steps if outcome else 0,

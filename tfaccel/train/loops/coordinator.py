@@ -156,8 +156,9 @@ def _resume(state: Any, checkpoint: Any, *, backup_dir: str, step: WorkerStep) -
 
 
 def _train_epoch(sched: Schedule, epoch: int, first: int, *, backup: Optional[Callable[[int, int], None]],
-                 backup_freq: Optional[int]) -> List[np.ndarray]:
-    """Runs steps ``first..`` of ``epoch``; returns the metric totals (joins before each backup, so it is whole)."""
+                 backup_freq: Optional[int], preemption: Any = None) -> List[np.ndarray]:
+    """Runs steps ``first..`` of ``epoch``; returns the metric totals (joins before each backup, so it is whole).
+    After each backup, ``preemption`` (a ``tfaccel.train.preemption.Preemption``) stops there if SIGTERM came."""
     order = sched.order(epoch) if sched.data.kind == "arrays" else None
     remotes: List[Any] = []
     position, steps = first, sched.steps_per_epoch
@@ -168,6 +169,8 @@ def _train_epoch(sched: Schedule, epoch: int, first: int, *, backup: Optional[Ca
         position = end
         if backup and position < steps:
             backup(epoch, position)
+            if preemption is not None:
+                preemption.at_boundary(epoch, position)
     fetched = [[np.asarray(t, np.float64) for t in r.fetch()] for r in remotes]
     return [np.sum(parts, axis=0) for parts in zip(*fetched)]
 
@@ -212,7 +215,8 @@ def _counted(step: WorkerStep, sched: Schedule, at_start: Dict[str, Any], *, sec
 
 
 def run_coordinator(model: Any, *, data: FitData, backend: Any, plan: Any, epochs: int, initial_epoch: int,
-                    start_step: int, callbacks: List[Any], verbose: int, request: "FitRequest") -> LoopResult:
+                    start_step: int, callbacks: List[Any], verbose: int, request: "FitRequest",
+                    preemption: Any = None) -> LoopResult:
     """Trains the user's compiled model under ParameterServerStrategy as Keras ``fit`` would; see the module doc.
 
     Args:
@@ -224,6 +228,8 @@ def run_coordinator(model: Any, *, data: FitData, backend: Any, plan: Any, epoch
         callbacks: epoch-level callbacks, called on the coordinator.
         request: the ``fit`` request: its validation, backups and gradient accumulation (``checkpoint_dir`` is
             written by tfaccel's callback).
+        preemption: the job's ``tfaccel.train.preemption.Preemption``: on SIGTERM the coordinator stops at its next
+            backup (every ``backup_freq`` steps, each epoch end), writes it there and raises ``Preempted``.
 
     Returns:
         LoopResult with Keras' history; ``details``: optimizer iterations, steps counted, backups, the resume,
@@ -241,7 +247,7 @@ def run_coordinator(model: Any, *, data: FitData, backend: Any, plan: Any, epoch
     ckpt = tf.train.Checkpoint(model=model, optimizer=model.optimizer, steps=step.steps)  # with the step counter
     resumed = _resume(state, ckpt, backup_dir=request.backups.backup_dir, step=step) if state else None
     epochs_run = _Epochs(model, step, sched, ckpt, request=request, first=(initial_epoch, start_step), epochs=epochs,
-                         say=_announce(backend, data, request, verbose))
+                         say=_announce(backend, data, request, verbose), preemption=preemption)
     result = run_epochs(model, callbacks=callbacks, verbose=verbose, epochs=epochs, initial_epoch=initial_epoch,
                         steps_per_epoch=data.steps_per_epoch, train_epoch=epochs_run.train_epoch,
                         validate=None if data.validation is None else epochs_run.validate,
@@ -254,8 +260,12 @@ class _Epochs:
     totals, backups and the log line; then the ps' counts."""
 
     def __init__(self, model: Any, step: WorkerStep, sched: Schedule, ckpt: Any, *, request: "FitRequest",
-                 first: Tuple[int, int], epochs: int, say: Callable[..., None]) -> None:
+                 first: Tuple[int, int], epochs: int, say: Callable[..., None], preemption: Any = None) -> None:
         import tensorflow as tf
+
+        self.preemption = preemption
+        if preemption is not None and request.backups.backup_dir:
+            preemption.save = self.backup
 
         self.model, self.step, self.sched, self.ckpt, self.request = model, step, sched, ckpt, request
         self.data, self.first, self.epochs, self.say = sched.data, first, epochs, say
@@ -276,7 +286,7 @@ class _Epochs:
     def train_epoch(self, epoch: int, cb_list: Any) -> Tuple[Dict[str, Any], int]:
         first, backups = self._first_step(epoch), self.request.backups
         totals = _train_epoch(self.sched, epoch, first, backup=self.backup if backups.backup_dir else None,
-                              backup_freq=backups.backup_freq)
+                              backup_freq=backups.backup_freq, preemption=self.preemption)
         self.seen.append(sum(self.step.accounting.read()["examples"]))
         return _write_metric_totals(self.model, self.step, totals), self.data.steps_per_epoch - first
 
@@ -288,6 +298,8 @@ class _Epochs:
             self.say("epoch %d/%d - %d steps - %.1fs - %s", epoch + 1, self.epochs,
                      self.data.steps_per_epoch - self._first_step(epoch), seconds,
                      " - ".join(f"{k}: {v:.4f}" for k, v in logs.items()))
+            if self.preemption is not None:  # after the epoch's backup and callbacks
+                self.preemption.at_boundary(epoch + 1, 0, epoch_end=True)
 
         backup_at_end = (lambda epoch, _: self.backup(epoch + 1, 0)) if self.request.backups.backup_dir else None
         # The model is Keras' again for on_train_end callbacks: evaluate / predict / save on the coordinator.
@@ -344,4 +356,4 @@ class CoordinatorLoop(Loop):
     def run(self, ctx: "FitContext") -> LoopResult:
         return run_coordinator(ctx.model, data=ctx.data, backend=ctx.backend, plan=ctx.plan, epochs=ctx.request.epochs,
                                initial_epoch=ctx.start_epoch, start_step=ctx.start_step, callbacks=ctx.callbacks,
-                               verbose=ctx.verbose, request=ctx.request)
+                               verbose=ctx.verbose, request=ctx.request, preemption=ctx.preemption)

@@ -1,0 +1,318 @@
+"""Preemption-aware training: on SIGTERM every process of the job stops at one step they all agree on, the chief
+writes a backup at that step, and every process exits with :data:`tfaccel.errors.EXIT_PREEMPTED`.
+
+Schedulers announce a preemption with a signal and a grace period before SIGKILL (a spot VM's shutdown, a
+Kubernetes eviction's ``terminationGracePeriodSeconds``, SLURM's ``--signal=USR1@60``). TensorFlow's
+``PreemptionCheckpointHandler`` does this for custom training loops only (the worker that got the signal publishes
+a step through the coordination service); Keras ``fit`` has nothing. tfaccel does it for every loop it runs:
+
+* :class:`SignalWatch` (while a ``fit`` runs, main thread only) catches SIGTERM and ``TFACCEL_PREEMPTION_SIGNAL``
+  (e.g. ``USR1``) with a Python handler. A watcher thread is woken through ``signal.set_wakeup_fd`` even while the
+  main thread is inside a TensorFlow op: it logs the signal at once, ends the process with ``EXIT_PREEMPTED`` at once
+  when nothing can be saved (no ``backup_dir``: said plainly), and ends it with ``128 + signal`` when training does
+  not reach an agreed step within ``TFACCEL_PREEMPTION_TIMEOUT`` seconds (a peer gone: the launcher's failure path).
+* :class:`Preemption` agrees: at step boundaries (every ``TFACCEL_PREEMPTION_CHECK_EVERY`` executions of the train
+  function, default 1, and at every epoch end) every process adds its flag to one scalar all-reduce (MAX over
+  MultiWorkerMirrored workers, Horovod ranks; none on one process or on the parameter-server coordinator). The
+  processes run in lock-step, so all of them see the same answer at the same boundary. Then the chief writes the
+  backup at that (epoch, step), a second all-reduce waits for it, and :class:`tfaccel.errors.Preempted` is raised.
+"""
+
+import os
+import signal
+import threading
+import time
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from tfaccel.errors import EXIT_PREEMPTED, ConfigError, Preempted
+from tfaccel.log import get_logger
+
+__all__ = ["SIGNAL_ENV", "TIMEOUT_ENV", "CHECK_EVERY_ENV", "preemption_signals", "SignalWatch", "Preemption",
+           "strategy_any", "preemption_callback", "make_preemption", "DEFAULT_TIMEOUT_S"]
+
+SIGNAL_ENV = "TFACCEL_PREEMPTION_SIGNAL"
+TIMEOUT_ENV = "TFACCEL_PREEMPTION_TIMEOUT"
+CHECK_EVERY_ENV = "TFACCEL_PREEMPTION_CHECK_EVERY"
+# Seconds from the signal to an agreed, saved step before the process gives up (GCE spot and Kubernetes give 30 s).
+DEFAULT_TIMEOUT_S = 25.0
+
+
+def _env_number(name: str, default: float, *, low: float, whole: bool) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw) if whole else float(raw)
+    except ValueError:
+        value = low - 1
+    if value < low:
+        kind = "a whole number" if whole else "a number of seconds"
+        raise ConfigError(f"{name} must be {kind} >= {low:g}; received {raw[:40]!r}. Unset it for the default "
+                          f"({default:g})")
+    return value
+
+
+def preemption_signals() -> Tuple[int, ...]:
+    """SIGTERM, plus the signal ``TFACCEL_PREEMPTION_SIGNAL`` names (``USR1``, ``SIGUSR1`` or a number).
+
+    Raises:
+        ConfigError: the variable names no catchable signal (received value and examples shown).
+    """
+    raw = os.environ.get(SIGNAL_ENV, "").strip()
+    if not raw:
+        return (int(signal.SIGTERM),)
+    name = raw.upper() if raw.upper().startswith("SIG") else f"SIG{raw.upper()}"
+    try:
+        sig = signal.Signals(int(raw)) if raw.isdigit() else signal.Signals[name]
+    except (KeyError, ValueError):
+        sig = None
+    if sig is None or sig in (signal.SIGKILL, signal.SIGSTOP):
+        raise ConfigError(f"{SIGNAL_ENV} must name a signal tfaccel can catch; received {raw[:40]!r}. Valid: a name "
+                          "such as USR1, SIGUSR2, INT, or its number (not KILL or STOP); e.g. with SLURM's "
+                          f"--signal=USR1@60 set {SIGNAL_ENV}=USR1")
+    return tuple(sorted({int(signal.SIGTERM), int(sig)}))
+
+
+class SignalWatch:
+    """Catches the preemption signals while a ``fit`` runs (a context manager; see the module doc).
+
+    Args:
+        can_save: a backup will be written at the agreed step (``backup_dir`` given).
+        task: this process's name for the log (``"worker:1"``).
+        timeout: seconds from the signal to the agreed step before the process ends with ``128 + signal``.
+    """
+
+    def __init__(self, *, can_save: bool, task: str, timeout: float) -> None:
+        self.can_save, self.task, self.timeout = can_save, task, timeout
+        self.received: Optional[int] = None
+        self.received_at: Optional[float] = None
+        self.done = threading.Event()
+        self._lock = threading.Lock()
+        self._previous: Dict[int, Any] = {}
+        self._pipe: Optional[Tuple[int, int]] = None
+        self._old_fd = -1
+        self._thread: Optional[threading.Thread] = None
+
+    def __enter__(self) -> "SignalWatch":
+        if threading.current_thread() is not threading.main_thread():
+            get_logger().warning("preemption: fit runs outside the main thread, so %s cannot catch SIGTERM; a "
+                                 "preempted job ends without a backup at the signal", self.task)
+            return self
+        signals = preemption_signals()
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        self._old_fd = signal.set_wakeup_fd(write)
+        if self._old_fd != -1:  # the program's own wakeup fd (an event loop): keep it, catch with the handler only
+            signal.set_wakeup_fd(self._old_fd)
+            os.close(read)
+            os.close(write)
+        else:
+            self._pipe = (read, write)
+            self._thread = threading.Thread(target=self._watch, name="tfaccel-preemption", daemon=True)
+            self._thread.start()
+        for sig in signals:
+            self._previous[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.done.set()
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()
+        if self._pipe is not None:
+            signal.set_wakeup_fd(-1)
+            os.write(self._pipe[1], b"\0")  # wakes the watcher: it ends
+            if self._thread is not None:
+                self._thread.join(timeout=5)
+            for fd in self._pipe:
+                os.close(fd)
+            self._pipe = None
+        if self.received is not None and not exc[0]:
+            get_logger().warning("preemption: %s got %s as training ended; the job is complete, nothing to resume",
+                                 self.task, signal.Signals(self.received).name)
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self._note(signum)
+
+    def _note(self, signum: int) -> bool:
+        with self._lock:
+            if self.received is not None or signum not in self._previous:
+                return False
+            self.received, self.received_at = signum, time.monotonic()
+            return True
+
+    def _watch(self) -> None:
+        assert self._pipe is not None
+        while True:
+            data = os.read(self._pipe[0], 64)
+            if not data or 0 in data:
+                return
+            if any(self._note(b) for b in data):
+                self._react()
+
+    def _react(self) -> None:
+        """In the watcher thread, right after the signal: say it, end at once when nothing can be saved, and end
+        the process if training does not reach an agreed step in time."""
+        name, log = signal.Signals(self.received or signal.SIGTERM).name, get_logger()
+        if not self.can_save:
+            log.warning("preemption: %s got %s; NOTHING WAS SAVED: this job has no backup_dir, so a restart starts "
+                        "from the beginning (give fit backup_dir=... to resume where it stopped). Exiting with %d",
+                        self.task, name, EXIT_PREEMPTED)
+            _flush_and_exit(EXIT_PREEMPTED)
+        log.warning("preemption: %s got %s; stopping at the next step every worker agrees on, where the chief "
+                    "writes a backup (at most %g s)", self.task, name, self.timeout)
+        if not self.done.wait(self.timeout):
+            log.error("preemption: %s did not reach an agreed step within %g s of %s (%s=...; a peer gone or a step "
+                      "longer than that); exiting with %d, no backup at the signal", self.task, self.timeout, name,
+                      TIMEOUT_ENV, 128 + int(self.received or signal.SIGTERM))
+            _flush_and_exit(128 + int(self.received or signal.SIGTERM))
+
+    def seconds_since(self) -> Optional[float]:
+        """Seconds since the signal arrived, or None when none did."""
+        return None if self.received_at is None else time.monotonic() - self.received_at
+
+
+def _flush_and_exit(code: int) -> None:
+    import logging
+    import sys
+
+    for handler in list(logging.getLogger("tfaccel").handlers) + list(logging.getLogger().handlers):
+        try:
+            handler.flush()
+        except Exception:  # noqa: BLE001 - a broken handler must not keep a preempted process alive
+            pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def strategy_any(strategy: Any) -> Callable[[bool], bool]:
+    """``flag -> whether it is set on any replica``: one scalar all-reduce (MAX) of a ``tf.distribute`` strategy.
+
+    Every process of the strategy must call it at the same point (it is a collective).
+    """
+    import tensorflow as tf
+
+    @tf.function
+    def reduce(flag: Any) -> Any:
+        def on_replica(value: Any) -> Any:
+            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.MAX, value)
+
+        return strategy.run(on_replica, args=(flag,))
+
+    def any_process(flag: bool) -> bool:
+        out = reduce(tf.constant(1.0 if flag else 0.0))
+        return float(strategy.experimental_local_results(out)[0]) > 0
+
+    return any_process
+
+
+class Preemption:
+    """Agrees on the step to stop at, has the backup written there, and raises ``Preempted`` (module doc).
+
+    Args:
+        watch: the job's :class:`SignalWatch`.
+        any_process: ``flag -> set on any process`` (a collective; identity on one process).
+        save: ``(epoch, step) -> None`` writes the backup on the chief (a no-op elsewhere); None: no backup_dir.
+        epochs: the job's epochs (a stop agreed at the end of the last one is no stop: the job is complete).
+        check_every: check every this many batch boundaries (epoch ends are always checked).
+    """
+
+    def __init__(self, watch: SignalWatch, *, any_process: Callable[[bool], bool],
+                 save: Optional[Callable[[int, int], None]], epochs: int, check_every: int = 1) -> None:
+        self.watch, self.any_process, self.save = watch, any_process, save
+        self.epochs, self.check_every = epochs, max(1, int(check_every))
+        self.boundaries = self.checks = 0
+        self.check_seconds = 0.0
+
+    def at_boundary(self, epoch: int, step: int, *, epoch_end: bool = False) -> None:
+        """Called by every process at the same boundary: the position training reached is (epoch, step).
+
+        Raises:
+            Preempted: a process got the signal; the backup (if any) holds (epoch, step).
+        """
+        self.boundaries += 1
+        if not epoch_end and self.boundaries % self.check_every:
+            return
+        began = time.perf_counter()
+        agreed = self.any_process(self.watch.received is not None)
+        self.check_seconds += time.perf_counter() - began
+        self.checks += 1
+        if agreed and not (epoch_end and epoch >= self.epochs):
+            self._stop(epoch, step)
+
+    def _stop(self, epoch: int, step: int) -> None:
+        began = time.perf_counter()
+        if self.save is not None:
+            self.save(epoch, step)
+        self.any_process(True)  # nobody exits before the chief's backup is on disk
+        self.watch.done.set()
+        since = self.watch.seconds_since()
+        get_logger().warning(
+            "preemption: %s stops at epoch %d, step %d (%s); %s in %.2f s; exiting with %d%s", self.watch.task, epoch,
+            step, "its own signal" if since is not None else "another process was signalled",
+            "backup written" if self.save is not None else "nothing saved (no backup_dir)",
+            time.perf_counter() - began, EXIT_PREEMPTED, f", {since:.2f} s after the signal" if since is not None else "")
+        raise Preempted(epoch=epoch, step=step, saved=self.save is not None)
+
+    def details(self) -> Dict[str, Any]:
+        """What ``FitResult.details["preemption"]`` reports: the checks made and what they cost."""
+        return {"signals": [signal.Signals(s).name for s in preemption_signals()], "check_every": self.check_every,
+                "checks": self.checks, "check_seconds": round(self.check_seconds, 4)}
+
+
+def preemption_callback(preemption: Preemption, *, steps_per_epoch: int, step_offset: int = 0) -> Any:
+    """The Keras callback that calls :meth:`Preemption.at_boundary` at Keras' batch ends and epoch ends.
+
+    A batch end that finishes an epoch is left to the epoch end (after validation and the epoch's backup). Put it
+    after the backup callback, so that the epoch-end backup is written before the check.
+    """
+    import keras
+
+    class _Preemption(keras.callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.epoch, self.offset = 0, step_offset
+            self.preemption = preemption
+
+        def on_epoch_begin(self, epoch: int, logs: Optional[Dict] = None) -> None:
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch: int, logs: Optional[Dict] = None) -> None:
+            position = self.offset + batch + 1
+            if position < steps_per_epoch:
+                preemption.at_boundary(self.epoch, position)
+
+        def on_epoch_end(self, epoch: int, logs: Optional[Dict] = None) -> None:
+            self.offset = 0
+            preemption.at_boundary(epoch + 1, 0, epoch_end=True)
+
+    return _Preemption()
+
+
+def make_preemption(backend: Any, *, save: Optional[Callable[[int, int], None]], can_save: bool, epochs: int,
+                    task: str) -> Preemption:
+    """The job's :class:`Preemption`, its agreement chosen for the backend (see the module doc).
+
+    Args:
+        backend: the job's Backend. save: writes the backup at (epoch, step) (None: set later, by the loop that
+            writes its own backups, or no backup_dir). can_save: a backup_dir was given. epochs: the job's epochs.
+        task: this process, for the log.
+
+    Raises:
+        ConfigError: ``TFACCEL_PREEMPTION_SIGNAL``, ``_TIMEOUT`` or ``_CHECK_EVERY`` is malformed.
+    """
+    preemption_signals()  # a malformed TFACCEL_PREEMPTION_SIGNAL fails before training, not at __enter__
+    timeout = _env_number(TIMEOUT_ENV, DEFAULT_TIMEOUT_S, low=1, whole=False)
+    check_every = int(_env_number(CHECK_EVERY_ENV, 1, low=1, whole=True))
+    if backend.any_process is not None:
+        agree = backend.any_process
+    elif backend.num_workers > 1 and backend.uses_keras_fit:
+        agree = strategy_any(backend.strategy)
+    else:
+        agree = bool  # one process decides alone (one worker, or the parameter-server coordinator)
+    watch = SignalWatch(can_save=can_save, task=task, timeout=timeout)
+    return Preemption(watch, any_process=agree, save=save, epochs=epochs, check_every=check_every)
