@@ -24,9 +24,10 @@ class ConfigError(TfaccelError, ValueError):
 class Preempted(SystemExit):
     """The job was preempted: training stopped at a step every worker agreed on, the backup (if any) is written.
 
-    A ``SystemExit`` with code :data:`EXIT_PREEMPTED`, so the process exits with that status unless the program
-    catches it (``except Exception`` does not). Attributes: ``epoch``, ``step`` (the position the backup holds;
-    where a restart resumes) and ``saved`` (False when no ``backup_dir`` was given: nothing was kept).
+    A ``SystemExit`` with code :data:`EXIT_PREEMPTED` (``except Exception`` does not catch it): ``finally`` blocks and
+    exit handlers run, then the process ends with that status, without TensorFlow's slow teardown, also when the
+    program caught it (training stopped early: a restart must resume it). Attributes: ``epoch``, ``step`` (the
+    position the backup holds; where a restart resumes) and ``saved`` (False without ``backup_dir``: nothing kept).
     """
 
     def __init__(self, *, epoch: int, step: int, saved: bool) -> None:

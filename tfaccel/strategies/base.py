@@ -108,8 +108,8 @@ class Backend:
     # Processes that agree without tf.distribute (Horovod): rank 0's value for every rank, and rank 0's backup.
     broadcast: Optional[Callable[[Any, str], Any]] = None
     agree_on_backup: Callable[[Any], Any] = lambda state: state
-    # flag -> whether it is set on any process (one scalar all-reduce; Horovod). None: tf.distribute's all-reduce.
-    any_process: Optional[Callable[[bool], bool]] = None
+    # value -> its sum over the processes (one scalar all-reduce; Horovod). None: tf.distribute's all-reduce.
+    sum_over_processes: Optional[Callable[[float], float]] = None
     # (details key, line) for what wrap_optimizer and extra_callbacks change on the user's model.
     optimizer_change: Tuple[str, ...] = ()
 

@@ -497,8 +497,8 @@ def make_backend(*, devices: Any = None, task: Any = None, compression: str = "n
         batch_sync_callbacks=batch_sync_callbacks,
         broadcast=lambda value, name: hvd.broadcast_object(value, root_rank=0, name=name),
         agree_on_backup=lambda state: agree_on_backup(state, _hvd=hvd),
-        any_process=lambda flag: float(hvd.allreduce(tf.constant(1.0 if flag else 0.0), op=hvd.Sum,
-                                                     name="tfaccel_preempted")) > 0,
+        sum_over_processes=lambda value: float(hvd.allreduce(tf.constant(float(value)), op=hvd.Sum,
+                                                             name="tfaccel_preemption")),
         optimizer_change=("horovod", "optimizer averages gradients over ranks; weights broadcast from rank 0; "
                                      "metrics averaged"),
     )

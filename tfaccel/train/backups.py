@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
 from tfaccel.train.backup_guard import JOB_ID_ENV, confined, describe_job, fsync_path, job_alive, job_identity, same_job
+from tfaccel.train.restarts import PROGRESS_FILE, RECORD_FILE
 
 __all__ = ["BackupState", "read_backup", "load_backup_weights", "StepBackup", "ChiefCheckpoint", "Throughput",
            "atomic_write_text", "PS_BACKUP_FORMAT", "write_checkpoint_backup", "restore_checkpoint_backup"]
@@ -217,7 +218,8 @@ def remove_backup(backup_dir: str) -> None:
     if not os.path.isdir(backup_dir):
         return
     for name in os.listdir(backup_dir):
-        ours = name == _STATE_FILE or is_backup_data(name) or name.startswith(f".tmp-{_STATE_FILE}-")  # a killed swap
+        ours = name in (_STATE_FILE, PROGRESS_FILE, RECORD_FILE) or is_backup_data(name) \
+            or name.startswith((f".tmp-{_STATE_FILE}-", f"{PROGRESS_FILE}.tmp-", f"{RECORD_FILE}.tmp-"))  # killed swaps
         if ours and not os.path.islink(os.path.join(backup_dir, name)):
             _remove_data(os.path.join(backup_dir, name))
     with contextlib.suppress(OSError):

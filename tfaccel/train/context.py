@@ -92,6 +92,7 @@ def prepare(model: Any, request: FitRequest) -> Tuple[FitContext, "Loop"]:
     from tfaccel.train.data import agree_on_seed, prepare_data
     from tfaccel.train.keras_callbacks import keras_resume_epoch, worker_callbacks
     from tfaccel.train.loops import choose
+    from tfaccel.train.restarts import restarts_details
     from tfaccel.train.scope import plan_for_model
 
     plan, backend, requested_jit = plan_for_model(model)
@@ -112,6 +113,9 @@ def prepare(model: Any, request: FitRequest) -> Tuple[FitContext, "Loop"]:
     state, (start_epoch, ctx.start_step) = _resume(ctx)
     start_epoch = max(start_epoch, keras_resume_epoch(ctx.user_callbacks, model=model, backend=backend))
     ctx.start_epoch, ctx.resumed = max(start_epoch, request.initial_epoch), state is not None
+    restarts = restarts_details(request.backups.backup_dir, resumed_from=(ctx.start_epoch, ctx.start_step)
+                                if ctx.resumed else None, backup=state, steps_per_epoch=ctx.data.steps_per_epoch or 0,
+                                is_chief=backend.is_chief)
     ctx.user_callbacks = worker_callbacks(ctx.user_callbacks, backend=backend)  # the chief alone writes user paths
     _add_callbacks(ctx)
     spe = loop.steps_per_execution(ctx)
@@ -121,7 +125,7 @@ def prepare(model: Any, request: FitRequest) -> Tuple[FitContext, "Loop"]:
         changes["steps_per_execution"] = f"{spe[0]} ({spe[1]})"
     _announce(ctx, loop_reason=loop_reason, changes=changes)
     ctx.details = {"loop": loop_reason, "loops_rejected": rejected, "data": ctx.data.note, "seed": ctx.data.seed,
-                   **changes}
+                   **changes, "restarts": restarts}
     return ctx, loop
 
 
@@ -229,12 +233,13 @@ def _add_callbacks(ctx: FitContext) -> None:
 def _add_preemption(ctx: FitContext) -> None:
     """The job's preemption watch; on the Keras paths its callback goes last, after every epoch-end writer."""
     from tfaccel.train.preemption import make_preemption, preemption_callback
+    from tfaccel.train.restarts import Progress
 
-    backend, backup = ctx.backend, ctx.named.get("backup")
+    backend, backup, backup_dir = ctx.backend, ctx.named.get("backup"), ctx.request.backups.backup_dir
     task = f"process {backend.worker_index} of {backend.num_workers}" if backend.uses_keras_fit else "the coordinator"
+    progress = Progress(backup_dir, is_chief=backend.is_chief, steps_per_epoch=ctx.data.steps_per_epoch or 0)
     ctx.preemption = make_preemption(backend, save=backup.save if backup is not None else None,
-                                     can_save=bool(ctx.request.backups.backup_dir), epochs=ctx.request.epochs,
-                                     task=task)
+                                     can_save=bool(backup_dir), epochs=ctx.request.epochs, task=task, progress=progress)
     if backend.uses_keras_fit:  # parameter_server: the coordinator loop checks between its joins
         ctx.named["preemption"] = preemption_callback(ctx.preemption, steps_per_epoch=ctx.data.steps_per_epoch or 0,
                                                       step_offset=ctx.start_step)

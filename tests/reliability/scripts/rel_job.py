@@ -7,6 +7,8 @@ Configured by the environment so that tests and scripts/reliability.py share it:
   REL_WEIGHTS_OUT  npz path for the final weights ({task} is filled in),
   REL_KERAS_BACKUP, REL_KERAS_CHECKPOINT  the user's own keras.callbacks.BackupAndRestore(dir) and
                ModelCheckpoint(filepath, save_weights_only=True), passed to compile_and_fit,
+  REL_PREEMPT_AT  "task:epoch:step": that task prints "REL: <task> ready for a preemption signal ..." right after
+               that step, once (guarded by REL_KILL_MARKER): the harness then sends it SIGTERM from outside,
   REL_STEP_SLEEP   seconds to sleep after every step (keeps a job running long enough to be interrupted),
   REL_HANG_BEFORE_START  a task name ("worker:1", "rank:1") that sleeps before starting TensorFlow: a peer that
                never joins.
@@ -72,6 +74,29 @@ def make_callbacks():
                     os.kill(os.getpid(), signal.SIGKILL)
 
         callbacks.append(Kill())
+    preempt = env.get("REL_PREEMPT_AT", "")
+    if preempt:
+        p_role, p_index, p_epoch, p_step = preempt.split(":")
+        p_marker = env["REL_KILL_MARKER"]
+
+        class Announce(keras.callbacks.Callback):
+            epoch = 0
+
+            def on_train_begin(self, logs=None):
+                print(f"REL: {task_name} trains pid={os.getpid()}", flush=True)
+
+            def on_epoch_begin(self, epoch, logs=None):
+                self.epoch = epoch
+
+            def on_train_batch_end(self, batch, logs=None):
+                if (task_name == f"{p_role}:{p_index}" and self.epoch == int(p_epoch) and batch + 1 >= int(p_step)
+                        and not os.path.exists(p_marker)):
+                    with open(p_marker, "w") as fh:
+                        fh.write(f"{self.epoch}:{batch + 1}\n")
+                    print(f"REL: {task_name} ready for a preemption signal after epoch {self.epoch} step {batch + 1} "
+                          f"pid={os.getpid()}", flush=True)
+
+        callbacks.append(Announce())
     if env.get("REL_KERAS_BACKUP"):  # the user's own Keras fault tolerance (issue 24)
         callbacks.append(keras.callbacks.BackupAndRestore(env["REL_KERAS_BACKUP"]))
     if env.get("REL_KERAS_CHECKPOINT"):

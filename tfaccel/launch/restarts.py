@@ -1,0 +1,106 @@
+"""Restarts of a launched job: a preempted job comes back from its backup without spending ``--max-restarts``,
+and every restart is recorded for the training processes of the next attempt.
+
+A task that exits with :data:`tfaccel.errors.EXIT_PREEMPTED` (75) stopped at a step every process agreed on,
+after the chief wrote a backup there (``tfaccel.train.preemption``). The launcher then stops the other tasks
+(which are exiting with the same code), restarts the job, and does not count that restart against
+``--max-restarts`` unless ``--count-preemptions`` asks it to. Any other early exit is a failure, as before.
+
+Every attempt after the first gets :data:`RESTARTS_ENV`: a JSON list with one entry per restart so far
+(``restart``, ``why`` = ``"preemption"`` or ``"failure"``, ``task``, ``status``, ``ended_at`` as Unix time,
+``attempt_s``). ``tfaccel.fit`` reads it and reports ``FitResult.details["restarts"]`` with the position each
+restart resumed from, the steps and the seconds it lost.
+"""
+
+import dataclasses
+import json
+import time
+from typing import Any, Dict, List, Optional
+
+from tfaccel.errors import EXIT_PREEMPTED
+
+__all__ = ["RESTARTS_ENV", "Restart", "RestartBudget", "is_preempted", "why_ended"]
+
+RESTARTS_ENV = "TFACCEL_RESTARTS"
+_MAX_RECORDED = 100  # the record is an environment variable: the last 100 restarts are plenty
+
+
+def is_preempted(returncode: Optional[int]) -> bool:
+    """Whether a process status says the process stopped on a preemption (exit code 75, with its backup written)."""
+    return returncode == EXIT_PREEMPTED
+
+
+def why_ended(returncode: Optional[int]) -> str:
+    """``"preemption"`` for :data:`EXIT_PREEMPTED`, else ``"failure"``."""
+    return "preemption" if is_preempted(returncode) else "failure"
+
+
+@dataclasses.dataclass(frozen=True)
+class Restart:
+    """One restart of a job.
+
+    Attributes:
+        restart: 1 for the first restart.
+        why: ``"preemption"`` or ``"failure"``.
+        task: the task whose exit decided it (``"worker:1"``).
+        status: how it ended (``"exit code 75"``).
+        ended_at: Unix time at which the attempt was over.
+        attempt_s: how long the attempt ran.
+        counted: whether it was counted against ``--max-restarts``.
+    """
+
+    restart: int
+    why: str
+    task: str
+    status: str
+    ended_at: float
+    attempt_s: float
+    counted: bool
+
+    def as_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class RestartBudget:
+    """Decides whether a job that ended early starts again, and records each restart.
+
+    Args:
+        max_restarts: restarts allowed after failures (and preemptions, with ``count_preemptions``).
+        count_preemptions: count restarts after a preemption against ``max_restarts``. Defaults to False.
+    """
+
+    def __init__(self, max_restarts: int, *, count_preemptions: bool = False) -> None:
+        self.max_restarts, self.count_preemptions = int(max_restarts), bool(count_preemptions)
+        self.history: List[Restart] = []
+
+    @property
+    def counted(self) -> int:
+        """Restarts counted against ``max_restarts`` so far."""
+        return sum(1 for r in self.history if r.counted)
+
+    def allows(self, why: str) -> bool:
+        """Whether a job that ended for ``why`` may start again."""
+        if why == "preemption" and not self.count_preemptions:
+            return True
+        return self.counted < self.max_restarts
+
+    def record(self, why: str, *, task: str, status: str, attempt_s: float) -> Restart:
+        """Notes a restart about to happen; returns it."""
+        restart = Restart(restart=len(self.history) + 1, why=why, task=task, status=status,
+                          ended_at=round(time.time(), 3), attempt_s=round(attempt_s, 3),
+                          counted=why != "preemption" or self.count_preemptions)
+        self.history.append(restart)
+        return restart
+
+    def describe(self, restart: Restart) -> str:
+        """``restart 2 (a preemption, not counted: 0 of 3 restarts used)`` for the log."""
+        what = "a preemption" if restart.why == "preemption" else "a failure"
+        counted = "counted" if restart.counted else "not counted"
+        return f"restart {restart.restart} ({what}, {counted}: {self.counted} of {self.max_restarts} restarts used)"
+
+    def env(self) -> Dict[str, str]:
+        """``{RESTARTS_ENV: JSON}`` for the tasks of the next attempt (empty before any restart)."""
+        if not self.history:
+            return {}
+        return {RESTARTS_ENV: json.dumps([r.as_dict() for r in self.history[-_MAX_RECORDED:]],
+                                         separators=(",", ":"))}
