@@ -14,12 +14,14 @@ restart resumed from, the steps and the seconds it lost.
 
 import dataclasses
 import json
+import signal
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from tfaccel.errors import EXIT_PREEMPTED
 
-__all__ = ["RESTARTS_ENV", "Restart", "RestartBudget", "is_preempted", "why_ended"]
+__all__ = ["RESTARTS_ENV", "Restart", "RestartBudget", "is_preempted", "why_ended", "signals_to_forward",
+           "preempted_attempt"]
 
 RESTARTS_ENV = "TFACCEL_RESTARTS"
 _MAX_RECORDED = 100  # the record is an environment variable: the last 100 restarts are plenty
@@ -104,3 +106,43 @@ class RestartBudget:
             return {}
         return {RESTARTS_ENV: json.dumps([r.as_dict() for r in self.history[-_MAX_RECORDED:]],
                                          separators=(",", ":"))}
+
+
+def signals_to_forward() -> Tuple[int, ...]:
+    """What the launcher catches and passes on to its tasks: SIGINT, SIGTERM, SIGHUP and the preemption signal that
+    ``TFACCEL_PREEMPTION_SIGNAL`` names (SLURM's ``--signal=USR1@60`` reaches the launcher first)."""
+    from tfaccel.train.preemption import preemption_signals
+
+    return tuple(sorted({int(signal.SIGINT), int(signal.SIGTERM), int(signal.SIGHUP), *preemption_signals()}))
+
+
+def _status(returncode: Optional[int]) -> str:
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        return f"killed by signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+def preempted_attempt(verdict: Any, commands: Sequence[Any], log: Any) -> Any:
+    """The verdict of an attempt that a preemption ended (``verdict.reason`` ``"preempted"``) or that the launcher's
+    own signal ended (``"interrupted"``), once every task is stopped: each command task's exit status is logged, and
+    an interrupted launch whose command tasks all exited :data:`EXIT_PREEMPTED` exits with that code too, so that a
+    scheduler above it can tell a preempted job (backup written at an agreed step) from a failed one.
+
+    Args:
+        verdict: the attempt's verdict (a dataclass with ``reason``, ``returncode``, ``message``).
+        commands: the outcomes (``name``, ``returncode``) of the attempt's command tasks.
+        log: the launcher's logger.
+    """
+    statuses = ", ".join(f"{o.name} {_status(o.returncode)}" for o in commands)
+    every = bool(commands) and all(is_preempted(o.returncode) for o in commands)
+    if verdict.reason == "preempted":
+        log.warning("launch: after the preemption: %s", statuses)
+        return verdict
+    if not every:
+        return verdict
+    log.warning("launch: every task stopped at an agreed step with its backup written (%s); exiting with %d so that "
+                "the job is restarted from its backup", statuses, EXIT_PREEMPTED)
+    return dataclasses.replace(verdict, returncode=EXIT_PREEMPTED,
+                               message=f"{verdict.message}; every task was preempted (exit code {EXIT_PREEMPTED})")

@@ -19,6 +19,7 @@ so no task or child of a task outlives the launcher (short of the launcher itsel
 import collections
 import contextlib
 import dataclasses
+import itertools
 import shlex
 import signal
 import subprocess
@@ -29,6 +30,7 @@ from typing import IO, Any, Callable, Deque, Dict, List, Mapping, Optional, Sequ
 
 from tfaccel.launch.netns import open_network
 from tfaccel.launch.procs import exit_status, port_open, start_process, terminate, wait_for_ports
+from tfaccel.launch.restarts import RestartBudget, is_preempted, preempted_attempt, signals_to_forward
 from tfaccel.log import get_logger
 
 __all__ = ["LaunchTask", "TaskOutcome", "LaunchResult", "run_job", "exit_code", "describe_returncode",
@@ -183,7 +185,7 @@ class _Signals:
 
     def __enter__(self) -> "_Signals":
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            for sig in signals_to_forward():
                 self._previous[sig] = signal.signal(sig, self._handler)
         return self
 
@@ -287,6 +289,11 @@ class _Attempt:
                 continue
             for thread in run.threads:  # the process is gone: let its last lines arrive before showing them
                 thread.join(timeout=2)
+            if not run.task.server and is_preempted(rc):
+                message = (f"{run.task.name} (pid {run.proc.pid}) was preempted: {describe_returncode(rc)} after "
+                           f"{now - run.started:.1f} s (it stopped at a step every task agreed on, backup written)")
+                self.log.warning("launch: %s; stopping the other tasks", message)
+                return _Verdict("preempted", exit_code(rc), message, failed_task=run.task.name)
             if run.task.server and run.task.task_type == "worker" and any(
                     other is not run and other.task.server and other.task.task_type == "worker"
                     and exit_status(other.proc) is None for other in self.running):
@@ -331,6 +338,8 @@ class _Attempt:
             self._stop(_forwarded(verdict.returncode - 128), wanted=False)
         else:
             self._stop(signal.SIGTERM, wanted=verdict.reason == "ok")
+        if verdict.reason in ("preempted", "interrupted"):
+            return preempted_attempt(verdict, [r.outcome() for r in self.running if not r.task.server], self.log)
         return verdict
 
     def _watch(self) -> _Verdict:
@@ -446,8 +455,13 @@ def run_job(make_tasks: Callable[[int], Sequence[LaunchTask]], *, max_restarts: 
             peers: Sequence[Tuple[str, str]] = (), stdout: Optional[IO[str]] = None,
             stderr: Optional[IO[str]] = None, echo: bool = True, capture_lines: Optional[int] = None,
             on_attempt_end: Optional[Callable[[int, List[TaskOutcome]], None]] = None,
-            network: str = "host") -> LaunchResult:
+            network: str = "host", count_preemptions: bool = False,
+            preempted: Optional[Callable[[List[TaskOutcome]], bool]] = None) -> LaunchResult:
     """Runs a job until it succeeds, fails more than ``max_restarts`` times, times out or is interrupted.
+
+    A preempted attempt (a command task exited with ``tfaccel.EXIT_PREEMPTED``) is restarted without counting
+    against ``max_restarts`` unless ``count_preemptions``; every attempt after the first gets the record of the
+    restarts so far (``tfaccel.launch.restarts``).
 
     Args:
         make_tasks: builds the tasks of attempt N (0 first); called again for every restart, so it can pick
@@ -465,6 +479,9 @@ def run_job(make_tasks: Callable[[int], Sequence[LaunchTask]], *, max_restarts: 
         network: ``"host"`` runs the tasks on this machine's network; ``"private"`` / ``"auto"`` in one
             loopback-only network namespace for the whole run, restarts included (server ports are probed inside
             it; see :func:`tfaccel.launch.netns.open_network`). Defaults to "host".
+        count_preemptions: count restarts after a preemption against ``max_restarts``. Defaults to False.
+        preempted: tells a preempted attempt from its outcomes where the exit status cannot (horovodrun exits 1
+            when a rank exits 75). Defaults to None (the exit status alone).
 
     Returns:
         A :class:`LaunchResult`.
@@ -480,35 +497,41 @@ def run_job(make_tasks: Callable[[int], Sequence[LaunchTask]], *, max_restarts: 
     attempts: List[List[TaskOutcome]] = []
     verdict = _Verdict("failed", 1, "not started")
     net = open_network(network, log=log)
+    budget = RestartBudget(max_restarts, count_preemptions=count_preemptions)
     with _Signals() as signals, net if net is not None else contextlib.nullcontext():
-        for attempt in range(max_restarts + 1):
+        for attempt in itertools.count():
             if signals.received is not None and attempts:  # interrupted between two attempts: stop here
                 name = signal.Signals(signals.received).name
                 verdict = _Verdict("interrupted", 128 + signals.received, f"interrupted by {name} before a restart")
                 break
-            tasks = make_tasks(attempt)
+            tasks = [dataclasses.replace(t, env={**t.env, **budget.env()}) for t in make_tasks(attempt)]
             if net is None and attempt == 0:
                 warn_exposed_ports(tasks, log, restarts=max_restarts > 0)
             if max_restarts:
-                log.info("launch: attempt %d of at most %d: %d task(s)", attempt + 1, max_restarts + 1, len(tasks))
+                log.info("launch: attempt %d (%d of at most %d restarts used): %d task(s)", attempt + 1,
+                         budget.counted, max_restarts, len(tasks))
             runner = _Attempt(tasks, grace=grace, connect_timeout=connect_timeout, peers=peers, stdout=stdout,
                               stderr=stderr, capture_lines=capture_lines, signals=signals, deadline=deadline,
                               timeout=timeout, netns=net)
+            began_attempt = time.monotonic()
             verdict = runner.run()
             outcomes = runner.outcomes()
             attempts.append(outcomes)
             if on_attempt_end is not None:
                 on_attempt_end(attempt, outcomes)
-            if verdict.reason in ("ok", "timeout", "interrupted") or attempt == max_restarts:
+            why = "preemption" if verdict.reason == "preempted" or (
+                verdict.reason == "failed" and preempted is not None and preempted(outcomes)) else "failure"
+            if verdict.reason in ("ok", "timeout", "interrupted") or not budget.allows(why):
                 break
-            log.warning("launch: restarting the whole job (restart %d of %d) after: %s", attempt + 1, max_restarts,
-                        verdict.message)
+            restart = budget.record(why, task=verdict.failed_task or "?", status=verdict.message,
+                                    attempt_s=time.monotonic() - began_attempt)
+            log.warning("launch: restarting the whole job (%s) after: %s", budget.describe(restart), verdict.message)
     elapsed = time.monotonic() - begun
     if verdict.reason == "ok":
         log.info("launch: job finished OK in %.1f s%s", elapsed,
                  f" after {len(attempts) - 1} restart(s)" if len(attempts) > 1 else "")
     else:
-        what = {"failed": "failed", "timeout": "timed out", "interrupted": "interrupted",
+        what = {"failed": "failed", "timeout": "timed out", "interrupted": "interrupted", "preempted": "was preempted",
                 "unreachable": "could not reach its peers"}.get(verdict.reason, verdict.reason)
         log.error("launch: job %s (exit %d): %s", what, verdict.returncode, verdict.message)
         if net is not None and verdict.reason == "failed":

@@ -126,4 +126,5 @@ if env.get("REL_WEIGHTS_OUT"):
     np.savez(env["REL_WEIGHTS_OUT"].format(task=task_name.replace(":", "")), *weights)
 print(json.dumps({"task": task_name, "strategy": result.plan.strategy, "replicas": result.plan.num_replicas,
                   "notes": list(result.plan.notes), "steps": result.steps, "resumed_from": result.resumed_from,
-                  "steps_per_epoch": result.steps_per_epoch, "loss": result.history.get("loss", [])}), flush=True)
+                  "steps_per_epoch": result.steps_per_epoch, "loss": result.history.get("loss", []),
+                  "restarts": result.details.get("restarts", [])}), flush=True)
