@@ -5,6 +5,7 @@
     python scripts/reliability.py --r1 0 --r2 0 --r3 0 --r1_horovod 5   # R1 under Horovod only
     python scripts/reliability.py --r1 0 --r2 0 --r3 0 --r1_ray 10      # R1 on Ray Train only (issue 14)
     python scripts/reliability.py --r1 0 --r2 0 --r3 0 --kills 50       # SIGKILLs during backup saves (issue 24)
+    python scripts/reliability.py --r1 0 --r2 0 --r3 0 --preempt 10     # SIGTERM to a worker (issue 25)
 
 Prints one line per promise, e.g. ``R1 resume-equals-uninterrupted: 10/10``, then the measurements of every
 trial (kill point, restart, resumed-from backup, max weight difference; exit time after a peer was lost).
@@ -39,6 +40,11 @@ def define_flags() -> None:
     flags.DEFINE_integer("kills", 0, "trials that SIGKILL a one-process job (a backup after every step) at a random "
                          "moment while it writes backups, then restart it: it must resume from a complete backup "
                          "or from the start and end with the uninterrupted run's weights (issue 24)")
+    flags.DEFINE_integer("preempt", 0, "preemption trials on multi_worker (tfaccel launch --workers 2 --max-restarts 0: "
+                         "SIGTERM to one worker at a random step; every worker must exit 75 within the grace period, "
+                         "the launcher restart, 0 steps lost, final weights equal to the uninterrupted run's)")
+    flags.DEFINE_integer("preempt_horovod", 0, "the same preemption trials under Horovod (2 ranks)")
+    flags.DEFINE_integer("preempt_ps", 0, "the same with a parameter-server job (--ps 1 --workers 2): SIGTERM to the chief")
     flags.DEFINE_integer("r2", 3, "trials of every R2 scenario (lost peer: local, per-host, Horovod)")
     flags.DEFINE_integer("r3", 1, "trials of each R3 scenario (parameter server: worker lost, ps lost)")
     flags.DEFINE_integer("seed", 9, "seed of the random kill points")
@@ -89,6 +95,31 @@ def _kills(work: Path, rng: random.Random) -> dict:
             results}
 
 
+def _preempt(work: Path, rng: random.Random) -> dict:
+    """Preemption tallies (issue 25): one reference per path, then the trials; prints each and the summary."""
+    import rel_preempt as rp
+    import rel_scenarios as rs
+
+    tallies = {}
+    for name, count, ref_fn, kwargs in rp.paths(FLAGS.preempt, FLAGS.preempt_horovod, FLAGS.preempt_ps):
+        if not count:
+            continue
+        ref = ref_fn(work / f"preempt-{name}-reference")
+        if not ref["ok"]:
+            sys.exit(f"preemption {name} reference run failed: {ref['why']}")
+        results = []
+        for i in range(count):
+            result = rp.preempt_trial(work / f"preempt-{name}-{i}", Path(ref["weights"]), rng=rng, **kwargs)
+            results.append({k: v for k, v in result.items() if k != "why"} | {"why": result["why"][:2000]})
+            print(f"  preempt {name} trial {i + 1}: {'ok' if result['ok'] else 'FAILED'} {rp.main_line(result)}"
+                  + (f"\n    {result['why'][:3000]}" if not result["ok"] else ""), flush=True)
+        print(f"  preempt {name}: " + json.dumps(rp.summary(results)), flush=True)
+        tallies[f"preemption {name}: every process exits 75 within {rp.GRACE_S:g} s, restart, 0 steps lost, weights "
+                f"equal (1e-6)"] = results
+    del rs
+    return tallies
+
+
 def main(argv: list) -> None:
     del argv
     import rel_horovod as rh
@@ -130,6 +161,8 @@ def main(argv: list) -> None:
             tallies.update(_r1_ray(work, rng))
         if FLAGS.kills:
             tallies.update(_kills(work, rng))
+        if FLAGS.preempt or FLAGS.preempt_horovod or FLAGS.preempt_ps:
+            tallies.update(_preempt(work, rng))
         for name, scenario in rs.R2_SCENARIOS.items():
             results = []
             for i in range(FLAGS.r2):

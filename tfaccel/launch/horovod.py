@@ -21,20 +21,21 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from tfaccel.cluster.limits import shorten
-from tfaccel.errors import BackendUnavailableError, ConfigError
+from tfaccel.errors import EXIT_PREEMPTED, BackendUnavailableError, ConfigError
 from tfaccel.launch.envpolicy import check_env_names, runtime_env
 from tfaccel.launch.local import CHILD_DEFAULT_ENV, child_base_env, normalize_command
 from tfaccel.launch.netns import check_network_mode
-from tfaccel.launch.supervisor import RESTART_ENV, LaunchResult, LaunchTask, run_job
+from tfaccel.launch.supervisor import RESTART_ENV, LaunchResult, LaunchTask, TaskOutcome, run_job
 from tfaccel.log import get_logger
 
-__all__ = ["build_horovodrun_command", "run_horovod", "parse_hosts", "find_horovodrun", "horovod_env"]
+__all__ = ["build_horovodrun_command", "run_horovod", "parse_hosts", "find_horovodrun", "horovod_env", "rank_preempted"]
 
 INSTALL_HINT = ("build Horovod against the installed TensorFlow with `bash scripts/install_horovod.sh .venv` "
                 "(see the README section 'Horovod')")
 
 _HOST_RE = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+)(?::(?P<slots>\d+))?$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_PREEMPTED_RANK = re.compile(rf"Exit code:\s*{EXIT_PREEMPTED}\b")
 # Horovod's and Gloo's own settings, and the ssh agent horovodrun uses to reach other hosts.
 HOROVOD_PREFIXES = ("HOROVOD_", "GLOO_")
 HOROVOD_NAMES = frozenset({"SSH_AUTH_SOCK"})
@@ -248,5 +249,11 @@ def run_horovod(np: int, cmd: Union[str, Sequence[str]], *, hosts: Union[None, s
         return [LaunchTask(task_type="horovodrun", task_index=0, cmd=argv, env={**base, RESTART_ENV: str(attempt)})]
 
     return run_job(make_tasks, max_restarts=max_restarts, timeout=timeout, grace=grace, echo=echo,
-                   capture_lines=capture_lines, network=network)
+                   capture_lines=capture_lines, network=network, preempted=rank_preempted)
+
+
+def rank_preempted(outcomes: Sequence[TaskOutcome]) -> bool:
+    """Whether horovodrun ended because a rank was preempted: it exits 1 and names the first rank that exited
+    non-zero with ``Exit code: N``; N is ``tfaccel.EXIT_PREEMPTED`` when that rank stopped at an agreed step."""
+    return any(_PREEMPTED_RANK.search(o.stderr) or _PREEMPTED_RANK.search(o.stdout) for o in outcomes)
 

@@ -112,9 +112,32 @@ def make_callbacks():
     return callbacks
 
 
+def ps_callbacks():
+    """The coordinator loop takes epoch-level callbacks only: REL_PREEMPT_AT's announcement at an epoch's start."""
+    import keras
+
+    if not env.get("REL_PREEMPT_AT"):
+        return []
+    p_role, p_index, p_epoch, _ = env["REL_PREEMPT_AT"].split(":")
+
+    class EpochAnnounce(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            print(f"REL: {task_name} trains pid={os.getpid()}", flush=True)
+
+        def on_epoch_begin(self, epoch, logs=None):
+            if task_name == f"{p_role}:{p_index}" and epoch == int(p_epoch) and not os.path.exists(
+                    env["REL_KILL_MARKER"]):
+                with open(env["REL_KILL_MARKER"], "w") as fh:
+                    fh.write(f"{epoch}:0\n")
+                print(f"REL: {task_name} ready for a preemption signal after epoch {epoch} step 0 pid={os.getpid()}",
+                      flush=True)
+
+    return [EpochAnnounce()]
+
+
 x, y = load_dataset("digits", split="train")
-ps = env.get("REL_STRATEGY") == "parameter_server"  # tfaccel's coordinator loop takes no Keras callbacks
-extra = {} if ps else {"steps_per_execution": 1, "callbacks": make_callbacks()}
+ps = env.get("REL_STRATEGY") == "parameter_server"  # tfaccel's coordinator loop takes epoch-level callbacks only
+extra = {"callbacks": ps_callbacks()} if ps else {"steps_per_execution": 1, "callbacks": make_callbacks()}
 result = tfaccel.compile_and_fit(
     build, (x, y), epochs=int(env.get("REL_EPOCHS", "3")), global_batch_size=int(env.get("REL_BATCH", "64")),
     strategy=env.get("REL_STRATEGY", "auto"), loss="sparse_categorical_crossentropy", learning_rate=0.003,
