@@ -76,8 +76,10 @@ def preempt_trial(work: Path, reference: Path, *, rng: random.Random, launch: Se
     """
     work.mkdir(parents=True, exist_ok=True)
     victim = rng.choice(list(victims))
-    epoch = rng.randrange(int((env or {}).get("REL_EPOCHS", rs.EPOCHS)))
-    step = rng.randrange(1, rs.STEPS_PER_EPOCH - 1)
+    epochs = int((env or {}).get("REL_EPOCHS", rs.EPOCHS))
+    epoch = rng.randrange(epochs)
+    # A signal in the last steps of the job may arrive after its last check: the job then completes (tested apart).
+    step = rng.randrange(1, rs.STEPS_PER_EPOCH // 2 if epoch == epochs - 1 else rs.STEPS_PER_EPOCH - 1)
     run = rs.Run([*launch, "--max-restarts", "0", "--timeout", str(timeout - 10), "--", str(rs.JOB)],
                  env=rs._job_env(work, REL_BACKUP_DIR=work / "backup", REL_WEIGHTS_OUT=work / "res-{task}.npz",
                                  REL_PREEMPT_AT=f"{victim}:{epoch}:{step}", REL_STEP_SLEEP="0.02", **(env or {})))

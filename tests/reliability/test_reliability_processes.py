@@ -91,3 +91,18 @@ def test_r3_launched_parameter_server_job_survives_a_lost_worker(tmp_path):
     result = rs.r3_launch_ps_worker_lost(tmp_path)
     _check(result)
     assert result["steps"] >= result["steps_scheduled"]
+
+
+@pytest.mark.slow
+def test_preemption_sigterm_to_one_worker_every_worker_exits_75_restart_loses_no_step(reference, tmp_path):
+    """Issue 25: `tfaccel launch --workers 2 --max-restarts 0`, SIGTERM from outside to one worker at a random step
+    (seeded): every worker exits 75 within the grace period, the launcher restarts anyway (not counted), the restart
+    resumes at the agreed step (0 steps lost, details['restarts'] says so) and ends with the reference weights.
+    scripts/reliability.py --preempt N runs it N times (--preempt_horovod, --preempt_ps: the other paths)."""
+    import rel_preempt
+
+    result = rel_preempt.preempt_trial(tmp_path, reference["weights"], rng=random.Random(2511))
+    _check(result)
+    assert result["steps_lost"] == 0 and result["max_abs_diff"] <= 1e-6
+    assert result["max_exit_s"] <= rel_preempt.GRACE_S
+    assert result["restarts_reported"][-1]["why"] == "preemption"
