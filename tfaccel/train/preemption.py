@@ -165,8 +165,9 @@ class SignalWatch:
                         "from the beginning (give fit backup_dir=... to resume where it stopped). Exiting with %d",
                         self.task, name, EXIT_PREEMPTED)
             _flush_and_exit(EXIT_PREEMPTED)
-        log.warning("preemption: %s got %s; stopping at the next step every worker agrees on, where the chief "
-                    "writes a backup (at most %g s)", self.task, name, self.timeout)
+        log.warning("preemption: %s got %s (a preemption, or the launcher stopping the job); stopping at the next "
+                    "step every worker agrees on, where the chief writes a backup (at most %g s)", self.task, name,
+                    self.timeout)
         if not self.done.wait(self.timeout):
             log.error("preemption: %s did not reach an agreed step within %g s of %s (%s=...; a peer gone or a step "
                       "longer than that); exiting with %d, no backup at the signal", self.task, self.timeout, name,
