@@ -150,4 +150,5 @@ if env.get("REL_WEIGHTS_OUT"):
 print(json.dumps({"task": task_name, "strategy": result.plan.strategy, "replicas": result.plan.num_replicas,
                   "notes": list(result.plan.notes), "steps": result.steps, "resumed_from": result.resumed_from,
                   "steps_per_epoch": result.steps_per_epoch, "loss": result.history.get("loss", []),
-                  "restarts": result.details.get("restarts", [])}), flush=True)
+                  "restarts": result.details.get("restarts", []), "preemption": result.details.get("preemption"),
+                  "fit_seconds": result.seconds}), flush=True)
