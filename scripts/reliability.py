@@ -6,6 +6,7 @@
     python scripts/reliability.py --r1 0 --r2 0 --r3 0 --r1_ray 10      # R1 on Ray Train only (issue 14)
     python scripts/reliability.py --r1 0 --r2 0 --r3 0 --kills 50       # SIGKILLs during backup saves (issue 24)
     python scripts/reliability.py --r1 0 --r2 0 --r3 0 --preempt 10     # SIGTERM to a worker (issue 25)
+    python scripts/reliability.py --r1 0 --r2 0 --r3 0 --preempt_horovod 10 --preempt_ps 5 --preempt_ray 10
 
 Prints one line per promise, e.g. ``R1 resume-equals-uninterrupted: 10/10``, then the measurements of every
 trial (kill point, restart, resumed-from backup, max weight difference; exit time after a peer was lost).
@@ -45,6 +46,7 @@ def define_flags() -> None:
                          "the launcher restart, 0 steps lost, final weights equal to the uninterrupted run's)")
     flags.DEFINE_integer("preempt_horovod", 0, "the same preemption trials under Horovod (2 ranks)")
     flags.DEFINE_integer("preempt_ps", 0, "the same with a parameter-server job (--ps 1 --workers 2): SIGTERM to the chief")
+    flags.DEFINE_integer("preempt_ray", 0, "the same on 2 Ray Train workers (--backend ray, a private local Ray)")
     flags.DEFINE_integer("r2", 3, "trials of every R2 scenario (lost peer: local, per-host, Horovod)")
     flags.DEFINE_integer("r3", 1, "trials of each R3 scenario (parameter server: worker lost, ps lost)")
     flags.DEFINE_integer("seed", 9, "seed of the random kill points")
@@ -101,7 +103,8 @@ def _preempt(work: Path, rng: random.Random) -> dict:
     import rel_scenarios as rs
 
     tallies = {}
-    for name, count, ref_fn, kwargs in rp.paths(FLAGS.preempt, FLAGS.preempt_horovod, FLAGS.preempt_ps):
+    for name, count, ref_fn, kwargs in rp.paths(FLAGS.preempt, FLAGS.preempt_horovod, FLAGS.preempt_ps,
+                                                FLAGS.preempt_ray):
         if not count:
             continue
         ref = ref_fn(work / f"preempt-{name}-reference")
@@ -161,7 +164,7 @@ def main(argv: list) -> None:
             tallies.update(_r1_ray(work, rng))
         if FLAGS.kills:
             tallies.update(_kills(work, rng))
-        if FLAGS.preempt or FLAGS.preempt_horovod or FLAGS.preempt_ps:
+        if FLAGS.preempt or FLAGS.preempt_horovod or FLAGS.preempt_ps or FLAGS.preempt_ray:
             tallies.update(_preempt(work, rng))
         for name, scenario in rs.R2_SCENARIOS.items():
             results = []

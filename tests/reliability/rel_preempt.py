@@ -165,7 +165,18 @@ def ps_reference(work: Path, *, timeout: float = 300) -> Dict[str, Any]:
                       weights=str(work / "ref-chief0.npz"), seconds=round(run.seconds, 1))
 
 
-def paths(multi_worker: int, horovod: int, ps: int) -> List[Tuple[str, int, Callable[..., Dict[str, Any]],
+def ray_reference(work: Path, *, timeout: float = 300) -> Dict[str, Any]:
+    """The uninterrupted job on 2 Ray Train workers (a private local Ray instance), backups on."""
+    work.mkdir(parents=True, exist_ok=True)
+    run = rs.Run(["--backend", "ray", "--workers", "2", "--timeout", str(timeout - 10), "--", str(rs.JOB)],
+                 env=rs._job_env(work, REL_BACKUP_DIR=work / "ref-backup", REL_WEIGHTS_OUT=work / "ref-{task}.npz"))
+    run.wait(timeout)
+    ok = run.returncode == 0 and (work / "ref-worker0.npz").exists()
+    return rs._result(ok, "" if ok else f"reference run failed (rc={run.returncode}):\n{run.tail()}",
+                      weights=str(work / "ref-worker0.npz"), seconds=round(run.seconds, 1))
+
+
+def paths(multi_worker: int, horovod: int, ps: int, ray: int = 0) -> List[Tuple[str, int, Callable[..., Dict[str, Any]],
                                                                   Dict[str, Any]]]:
     """(name, trials, reference function, preempt_trial options) of each path the tally covers."""
     import rel_horovod as rh
@@ -176,4 +187,5 @@ def paths(multi_worker: int, horovod: int, ps: int) -> List[Tuple[str, int, Call
             ("horovod", horovod, rh.r1_horovod_reference, hvd),
             ("parameter_server chief", ps, ps_reference,
              dict(launch=("--ps", "1", "--workers", "2"), tasks=("chief0",), victims=("chief:0",),
-                  env={"REL_STRATEGY": "parameter_server"}))]
+                  env={"REL_STRATEGY": "parameter_server"})),
+            ("ray", ray, ray_reference, dict(launch=("--backend", "ray", "--workers", "2")))]

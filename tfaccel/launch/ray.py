@@ -40,10 +40,11 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
-from tfaccel.errors import BackendUnavailableError, ConfigError
+from tfaccel.errors import EXIT_PREEMPTED, BackendUnavailableError, ConfigError
 from tfaccel.launch.envpolicy import check_env_names, job_env, left_out, runtime_env
 from tfaccel.launch.local import CHILD_DEFAULT_ENV, child_base_env, normalize_command
 from tfaccel.launch.netns import check_network_mode
+from tfaccel.launch.restarts import RESTARTS_ENV, is_preempted
 from tfaccel.launch.supervisor import (RESTART_ENV, LaunchResult, LaunchTask, describe_returncode, exit_code,
                                        run_job)
 from tfaccel.integrations.ray_train import (REPORT_ENV, RUN_DIR_ENV, WORKER_ENV, ray_backup_dir, ray_context,
@@ -161,8 +162,9 @@ def _train_loop(config: Dict[str, Any]) -> None:
         env = _worker_env(config, rank, size, report_path, attempt)
         task = LaunchTask("worker", rank, tuple(config["argv"]), env)
         box: Dict[str, LaunchResult] = {}
-        runner = threading.Thread(target=lambda: box.update(result=run_job(
-            lambda _attempt: [task], grace=config["grace"], capture_lines=config["capture_lines"])),
+        runner = threading.Thread(target=lambda: box.update(result=run_job(  # Ray restarts, not this run_job
+            lambda _attempt: [task], grace=config["grace"], capture_lines=config["capture_lines"],
+            count_preemptions=True)),
             name=f"tfaccel-ray-worker-{rank}", daemon=True)
         runner.start()
         offset = 0
@@ -179,6 +181,9 @@ def _train_loop(config: Dict[str, Any]) -> None:
             return
     outcome = result.tasks[0] if result is not None and result.tasks else None
     rc = outcome.returncode if outcome is not None else None
+    if is_preempted(rc):  # not a Ray failure (counted by Ray): the driver restarts the run, uncounted
+        ray.get(state.preempted.remote(rank, attempt, time.time()))
+        return
     message = (f"worker:{rank} (pid {outcome.pid if outcome else '?'}, Ray node {_node_ip()}) "
                f"failed: {describe_returncode(rc)}")
     ray.get(state.failed.remote(rank, attempt, exit_code(rc) if rc is not None else 1, message, time.time()))
@@ -195,6 +200,7 @@ def _job_state_class() -> Any:
         def __init__(self) -> None:
             self.starts: Dict[int, int] = {}
             self.failures: List[Dict[str, Any]] = []
+            self.preemptions: List[Dict[str, Any]] = []
 
         def started(self, rank: int) -> int:
             self.starts[rank] = self.starts.get(rank, 0) + 1
@@ -203,8 +209,12 @@ def _job_state_class() -> Any:
         def failed(self, rank: int, attempt: int, code: int, message: str, when: float) -> None:
             self.failures.append({"rank": rank, "attempt": attempt, "code": code, "message": message, "when": when})
 
+        def preempted(self, rank: int, attempt: int, when: float) -> None:
+            self.preemptions.append({"rank": rank, "attempt": attempt, "when": when})
+
         def summary(self) -> Dict[str, Any]:
-            return {"attempts": max(self.starts.values(), default=0), "failures": self.failures}
+            return {"attempts": max(self.starts.values(), default=0), "failures": self.failures,
+                    "preemptions": self.preemptions}
 
     return JobState
 
@@ -291,7 +301,9 @@ def _driver(spec: _DriverSpec) -> Dict[str, Any]:
     scratch = _scratch_dir(spec, run_dir)
     try:
         state = _job_state_class().remote()
-        config = {"argv": spec.argv, "env": spec.env, "grace": spec.grace, "capture_lines": spec.capture_lines,
+        restarts = {RESTARTS_ENV: os.environ[RESTARTS_ENV]} if os.environ.get(RESTARTS_ENV) else {}
+        config = {"argv": spec.argv, "env": {**spec.env, **restarts}, "grace": spec.grace,
+                  "capture_lines": spec.capture_lines,
                   "state": state, "run_dir": run_dir, "cwd": spec.cwd, "scratch": scratch}
         trainer = TensorflowTrainer(
             _train_loop, train_loop_config=config, scaling_config=ScalingConfig(num_workers=spec.workers),
@@ -309,6 +321,12 @@ def _driver(spec: _DriverSpec) -> Dict[str, Any]:
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
     out: Dict[str, Any] = {"restarts": max(0, summary["attempts"] - 1), "failures": summary["failures"]}
+    preempted = [p for p in summary["preemptions"] if p["attempt"] == max(0, summary["attempts"] - 1)]
+    if preempted:  # the launcher restarts the run from its backup (tfaccel.launch.restarts), uncounted
+        out.update(returncode=EXIT_PREEMPTED, failed_worker=preempted[0]["rank"],
+                   message=f"worker:{preempted[0]['rank']} was preempted: exit code {EXIT_PREEMPTED} (every worker "
+                           "stopped at an agreed step, backup written)")
+        return out
     if error is None and result is not None:
         out.update(returncode=0, metrics=result.metrics, path=str(result.path),
                    checkpoint=result.checkpoint.path if result.checkpoint is not None else None)
@@ -326,7 +344,8 @@ def driver_main(argv: Optional[Sequence[str]] = None) -> int:
     out = _driver(spec)
     Path(spec.result_path).write_text(json.dumps(out, default=str))
     if out["returncode"]:
-        log.error("launch: %s%s", out["message"], f" (after {out['restarts']} restart(s))" if out["restarts"] else "")
+        say = log.warning if is_preempted(out["returncode"]) else log.error
+        say("launch: %s%s", out["message"], f" (after {out['restarts']} restart(s))" if out["restarts"] else "")
     else:
         log.info("launch: Ray Train finished OK%s; result in %s",
                  f" after {out['restarts']} restart(s)" if out["restarts"] else "", out["path"])
@@ -488,7 +507,7 @@ def _merge_driver_result(result: LaunchResult, path: Path) -> LaunchResult:
     out = json.loads(path.read_text())
     if result.tasks:
         result.tasks[0].value = out
-    result.restarts = int(out.get("restarts", 0))
+    result.restarts += int(out.get("restarts", 0))  # Ray's restarts of the last run, after the driver's own
     if out.get("returncode"):
         rank = out.get("failed_worker")
         result.failed_task = f"worker:{rank}" if rank is not None else result.failed_task

@@ -101,8 +101,8 @@ class SignalWatch:
 
     def __enter__(self) -> "SignalWatch":
         if threading.current_thread() is not threading.main_thread():
-            get_logger().warning("preemption: fit runs outside the main thread, so %s cannot catch SIGTERM; a "
-                                 "preempted job ends without a backup at the signal", self.task)
+            get_logger().info("preemption: fit runs outside the main thread, so %s cannot catch SIGTERM; a "
+                              "preempted job ends without a backup at the signal", self.task)
             return self
         signals = preemption_signals()
         read, write = os.pipe()
