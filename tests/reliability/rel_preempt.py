@@ -102,11 +102,13 @@ def _verdict(run: rs.Run, work: Path, reference: Path, measured: Dict[str, Any],
     if slow:
         return rs._result(False, f"processes still alive {GRACE_S:g} s after the signal: {slow}\n{run.tail()}",
                           **measured)
-    statuses = re.findall(r"after the preemption: (.*)", run.text)  # tfaccel's launcher: every task's exit status
-    horovod = re.findall(r"Exit code: (\d+)", run.text)  # horovodrun: the first rank's exit status
-    measured["exit_statuses"] = statuses[0] if statuses else (f"horovodrun: first rank exit code {horovod[0]}"
-                                                              if horovod else None)
-    every_75 = bool(statuses) and statuses[0].count(f"exit code {EXIT_PREEMPTED}") == len(tasks) or \
+    # tfaccel's launcher logs every task's exit status (under Ray: each worker's, then the driver's); horovodrun
+    # names the first rank that exited
+    statuses = re.findall(r"after the preemption: (.*)", run.text)
+    horovod = re.findall(r"Exit code: (\d+)", run.text)
+    measured["exit_statuses"] = "; ".join(statuses) if statuses else (
+        f"horovodrun: first rank exit code {horovod[0]}" if horovod else None)
+    every_75 = sum(line.count(f"exit code {EXIT_PREEMPTED}") for line in statuses) >= len(tasks) or \
         not statuses and horovod[:1] == [str(EXIT_PREEMPTED)]
     if len(stops) != 1 or len(_STOP_RE.findall(run.text)) != len(tasks) or not every_75:
         return rs._result(False, f"expected every process to stop at one step and exit {EXIT_PREEMPTED}; got stops "
