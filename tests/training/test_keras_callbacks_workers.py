@@ -99,7 +99,8 @@ def test_the_epoch_a_users_backup_resumes_at_is_known_before_training(tmp_path):
 
 
 def test_another_worker_logs_tensorboard_and_csv_rows_privately(tmp_path, private_tmp):
-    """Only the chief writes the user's TensorBoard logs and CSV rows: an appending CSVLogger's file had both workers' rows."""
+    """Only the chief writes the user's TensorBoard logs and CSV rows (an appending CSVLogger's file had both
+    workers' rows)."""
     logs, rows = tmp_path / "logs", tmp_path / "rows.csv"
     board = keras.callbacks.TensorBoard(str(logs))
     csv = keras.callbacks.CSVLogger(str(rows), append=True)

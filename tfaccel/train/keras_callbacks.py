@@ -8,9 +8,9 @@ tfaccel restores that rule: on a worker other than the chief, each ``BackupAndRe
 ``backup_dir`` (every worker resumes from the chief's backup, which needs ``backup_dir`` on storage all workers see,
 as tf_keras did) but writes into a private temporary directory, and each ``ModelCheckpoint``, ``TensorBoard`` and
 ``CSVLogger`` writes into one (the other workers' logs and rows would otherwise land beside the chief's: an
-appending ``CSVLogger`` file got a second header and both workers' rows); they are removed when training ends (or, after a crash, by the next
-worker process on that host). The user's objects are not changed: the other workers train with copies. The chief
-keeps the user's callbacks as given.
+appending ``CSVLogger`` file got a second header and both workers' rows); they are removed when training ends (or,
+after a crash, by the next worker process on that host). The user's objects are not changed: the other workers
+train with copies. The chief keeps the user's callbacks as given.
 
 The epoch a ``BackupAndRestore`` restores is read before training (:func:`keras_resume_epoch`), so tfaccel's
 example order, a function of (seed, epoch), starts at that epoch as in an uninterrupted run.
