@@ -12,25 +12,25 @@ import sys
 from tfaccel.errors import EXIT_PREEMPTED
 from tfaccel.launch.horovod import rank_preempted
 from tfaccel.launch.restarts import RESTARTS_ENV, RestartBudget, preempted_attempt, signals_to_forward
-from tfaccel.launch.supervisor import LaunchTask, TaskOutcome, run_job
+from tfaccel.launch.outcome import LaunchTask, TaskOutcome
+from tfaccel.launch.supervisor import run_job
 
-# Exits 75 on its first run (a marker file says it ran), then prints what TFACCEL_RESTARTS holds and exits 0.
+# Exits 75 in the first attempt, then prints what TFACCEL_RESTARTS holds and exits 0.
 _ONCE = ("import os, sys\n"
-         "marker = sys.argv[1] + '.' + sys.argv[2]\n"
-         "if not os.path.exists(marker):\n"
-         "    open(marker, 'w').close(); sys.exit(75)\n"
+         "if sys.argv[1] == '0':\n"
+         "    sys.exit(75)\n"
          "print('RESTARTS=' + os.environ.get('TFACCEL_RESTARTS', ''), flush=True)\n")
 
 
-def _tasks(tmp_path, n=2):
+def _tasks(n=2):
     def make(attempt):
-        return [LaunchTask("worker", i, (sys.executable, "-c", _ONCE, str(tmp_path / "ran"), str(i)),
-                           {"PATH": "/usr/bin:/bin"}) for i in range(n)]
+        return [LaunchTask("worker", i, (sys.executable, "-c", _ONCE, str(attempt)), {"PATH": "/usr/bin:/bin"})
+                for i in range(n)]
     return make
 
 
-def test_a_preempted_attempt_is_restarted_without_spending_max_restarts(tmp_path):
-    result = run_job(_tasks(tmp_path), max_restarts=0, echo=False, grace=5)
+def test_a_preempted_attempt_is_restarted_without_spending_max_restarts():
+    result = run_job(_tasks(), max_restarts=0, echo=False, grace=5)
     assert result.ok and result.restarts == 1, result.message
     first = result.attempts[0]
     assert sorted(o.returncode for o in first) == [EXIT_PREEMPTED, EXIT_PREEMPTED] or \
@@ -40,11 +40,10 @@ def test_a_preempted_attempt_is_restarted_without_spending_max_restarts(tmp_path
     assert "was preempted: exit code 75" in record[0]["status"]
 
 
-def test_count_preemptions_makes_a_preemption_spend_a_restart(tmp_path):
-    result = run_job(_tasks(tmp_path, n=1), max_restarts=0, echo=False, grace=5, count_preemptions=True)
+def test_count_preemptions_makes_a_preemption_spend_a_restart():
+    result = run_job(_tasks(n=1), max_restarts=0, echo=False, grace=5, count_preemptions=True)
     assert result.returncode == EXIT_PREEMPTED and result.restarts == 0 and result.reason == "preempted"
-    (tmp_path / "b").mkdir()
-    again = run_job(_tasks(tmp_path / "b", n=1), max_restarts=1, echo=False, grace=5, count_preemptions=True)
+    again = run_job(_tasks(n=1), max_restarts=1, echo=False, grace=5, count_preemptions=True)
     assert again.ok and again.restarts == 1
 
 
