@@ -89,6 +89,10 @@ def _add_supervision_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--max-restarts", type=int, default=None, metavar="K",
                      help="restart the whole job (fresh ports) up to K times after a failure; with --backend "
                           "horovod horovodrun is run again with every rank (default: 0)")
+    run.add_argument("--count-preemptions", action="store_true",
+                     help="count a restart after a preemption (a task exited 75: it stopped at an agreed step, "
+                          "backup written) against --max-restarts; by default it is not counted (with --backend ray "
+                          "a preemption then ends the launch with exit 75)")
     run.add_argument("--timeout", type=float, default=None, metavar="S",
                      help="stop everything after S seconds, restarts included; exit 124 (default: none)")
     run.add_argument("--grace", type=float, default=None, metavar="S",
@@ -159,6 +163,7 @@ def _options(args: argparse.Namespace) -> dict:
         "workers": DEFAULT_WORKERS if args.workers is None else args.workers, "ps": args.ps or 0,
         "chief": bool(args.chief), "evaluator": bool(args.evaluator),
         "max_restarts": args.max_restarts or 0, "timeout": args.timeout, "network": args.network or "auto",
+        "count_preemptions": bool(args.count_preemptions),
         "grace": DEFAULT_GRACE_S if args.grace is None else args.grace,
         "connect_timeout": connect_default if args.connect_timeout is None else args.connect_timeout,
     }
@@ -277,7 +282,8 @@ def run_cli(args: argparse.Namespace) -> int:
 
         result = run_host(opts["cmd"], cluster=opts["cluster"], task=args.task, timeout=opts["timeout"],
                           max_restarts=opts["max_restarts"], grace=opts["grace"],
-                          connect_timeout=opts["connect_timeout"], capture_lines=CAPTURE_LINES)
+                          connect_timeout=opts["connect_timeout"], capture_lines=CAPTURE_LINES,
+                          count_preemptions=opts["count_preemptions"])
     else:
         from tfaccel.launch.local import run_local
 
@@ -285,7 +291,7 @@ def run_cli(args: argparse.Namespace) -> int:
             "workers": opts["workers"], "ps": opts["ps"], "chief": opts["chief"], "evaluator": opts["evaluator"]}
         result = run_local(opts["cmd"], timeout=opts["timeout"], max_restarts=opts["max_restarts"],
                            grace=opts["grace"], connect_timeout=opts["connect_timeout"], capture_lines=CAPTURE_LINES,
-                           network=opts["network"], **local)
+                           network=opts["network"], count_preemptions=opts["count_preemptions"], **local)
     return result.returncode
 
 
@@ -345,7 +351,8 @@ def _horovod(opts: dict, *, dry_run: bool) -> int:
         return 0
     result = run_horovod(opts["np"], opts["cmd"], hosts=opts["hosts"], timeout=opts["timeout"], grace=opts["grace"],
                          gloo_timeout=opts["gloo_timeout"], max_restarts=opts["max_restarts"],
-                         capture_lines=CAPTURE_LINES, network=opts["network"], forward=opts["env_names"])
+                         capture_lines=CAPTURE_LINES, network=opts["network"], forward=opts["env_names"],
+                         count_preemptions=opts["count_preemptions"])
     return result.returncode
 
 
@@ -385,5 +392,5 @@ def _ray(opts: dict, *, dry_run: bool) -> int:
     result = run_ray(opts["cmd"], workers=opts["workers"], address=opts["address"],
                      max_restarts=opts["max_restarts"], timeout=opts["timeout"], grace=opts["grace"],
                      storage_path=opts["storage_path"], capture_lines=CAPTURE_LINES, network=opts["network"],
-                     forward=opts["env_names"])
+                     forward=opts["env_names"], count_preemptions=opts["count_preemptions"])
     return result.returncode

@@ -195,7 +195,8 @@ def run_horovod(np: int, cmd: Union[str, Sequence[str]], *, hosts: Union[None, s
                 capture_lines: Optional[int] = None, horovodrun: Optional[str] = None,
                 start_timeout: Optional[int] = None, gloo_timeout: Optional[int] = None,
                 network_interfaces: Optional[str] = None, verbose: bool = False,
-                max_restarts: int = 0, network: str = "auto", forward: Sequence[str] = ()) -> LaunchResult:
+                max_restarts: int = 0, network: str = "auto", forward: Sequence[str] = (),
+                count_preemptions: bool = False) -> LaunchResult:
     """Runs ``cmd`` as ``np`` Horovod ranks through ``horovodrun --gloo`` and waits for it.
 
     The ``horovodrun`` process is supervised like any tfaccel task (output prefixed ``[horovodrun 0]``, bounded by
@@ -215,6 +216,7 @@ def run_horovod(np: int, cmd: Union[str, Sequence[str]], *, hosts: Union[None, s
             :func:`build_horovodrun_command`.
         max_restarts: run the whole job (all ranks) again up to this many times after a failure; every rank sees
             ``TFACCEL_RESTART_COUNT``. Defaults to 0.
+        count_preemptions: count restarts after a preemption (exit 75) against max_restarts. Defaults to False.
         network: for ranks all on this machine (``hosts`` None or localhost/127.0.0.1 only): ``"private"`` runs
             horovodrun and its ranks in a loopback-only network namespace (see :mod:`tfaccel.launch.netns`),
             ``"host"`` on this machine's network, ``"auto"`` private where possible. With other hosts ``"auto"``
@@ -245,8 +247,8 @@ def run_horovod(np: int, cmd: Union[str, Sequence[str]], *, hosts: Union[None, s
         # horovodrun exports its environment to every rank (local and over ssh), so the count reaches them all.
         return [LaunchTask(task_type="horovodrun", task_index=0, cmd=argv, env={**base, RESTART_ENV: str(attempt)})]
 
-    return run_job(make_tasks, max_restarts=max_restarts, timeout=timeout, grace=grace, echo=echo,
-                   capture_lines=capture_lines, network=network, preempted=rank_preempted)
+    return run_job(make_tasks, max_restarts=max_restarts, timeout=timeout, grace=grace, echo=echo, network=network,
+                   capture_lines=capture_lines, preempted=rank_preempted, count_preemptions=count_preemptions)
 
 
 def rank_preempted(outcomes: Sequence[TaskOutcome]) -> bool:

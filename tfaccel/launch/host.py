@@ -52,7 +52,7 @@ def host_plan(cmd: Union[str, Sequence[str]], *, cluster: Any, task: str, env: O
 def run_host(cmd: Union[str, Sequence[str]], *, cluster: Any, task: str, timeout: Optional[float] = None,
              max_restarts: int = 0, env: Optional[Mapping[str, str]] = None, grace: float = 10.0,
              connect_timeout: float = 300.0, echo: bool = True,
-             capture_lines: Optional[int] = None) -> LaunchResult:
+             capture_lines: Optional[int] = None, count_preemptions: bool = False) -> LaunchResult:
     """Runs this host's task of a cluster and waits for the other tasks to come up.
 
     Args:
@@ -61,6 +61,7 @@ def run_host(cmd: Union[str, Sequence[str]], *, cluster: Any, task: str, timeout
         task: this host's task, e.g. ``"worker:1"``.
         timeout: bound on the whole run in seconds. Defaults to None (no bound).
         max_restarts: restart the task up to this many times after a failure. Defaults to 0.
+        count_preemptions: count restarts after a preemption (exit 75) against max_restarts. Defaults to False.
         env: extra environment for the task. Defaults to None.
         grace: seconds between SIGTERM and SIGKILL. Defaults to 10.
         connect_timeout: seconds the other tasks get to accept connections. Defaults to 300.
@@ -87,4 +88,5 @@ def run_host(cmd: Union[str, Sequence[str]], *, cluster: Any, task: str, timeout
         return [host_plan(cmd, cluster=cluster, task=task, env=env, attempt=attempt)[1]]
 
     return run_job(make_tasks, max_restarts=max_restarts, timeout=timeout, grace=grace,
-                   connect_timeout=connect_timeout, peers=peers, echo=echo, capture_lines=capture_lines)
+                   connect_timeout=connect_timeout, peers=peers, echo=echo, capture_lines=capture_lines,
+                   count_preemptions=count_preemptions)

@@ -71,7 +71,8 @@ def run_local(cmd_or_callable: Command, *, workers: int = 2, ps: int = 0, chief:
               evaluator: bool = False, timeout: Optional[float] = None, max_restarts: int = 0,
               env: Optional[Mapping[str, str]] = None, cluster: Any = None, args: Sequence[Any] = (),
               kwargs: Optional[Mapping[str, Any]] = None, grace: float = 10.0, connect_timeout: float = 60.0,
-              echo: bool = True, capture_lines: Optional[int] = None, network: str = "auto") -> LaunchResult:
+              echo: bool = True, capture_lines: Optional[int] = None, network: str = "auto",
+              count_preemptions: bool = False) -> LaunchResult:
     """Runs a command (or a Python callable) in every task of a cluster on this machine.
 
     TensorFlow's servers bind 0.0.0.0 whatever address they are given, so by default the tasks run in a private
@@ -79,15 +80,15 @@ def run_local(cmd_or_callable: Command, *, workers: int = 2, ps: int = 0, chief:
     cluster can be reached from outside it, and the tasks cannot reach other machines either.
 
     Args:
-        cmd_or_callable: an argv list, a command string (split, never run by a shell), or a picklable
-            callable (called with ``args``/``kwargs`` in each task; its return value lands in
-            ``TaskOutcome.value``).
+        cmd_or_callable: an argv list, a command string (split, never run by a shell), or a picklable callable
+            (called with ``args``/``kwargs`` in each task; its return value lands in ``TaskOutcome.value``).
         workers: number of worker tasks. Defaults to 2.
         ps: number of parameter-server tasks; with ps the command runs on the chief only (one is added when
             ``chief`` is False) and ps and worker tasks run servers. Defaults to 0.
         chief, evaluator: add a chief task, an evaluator task (it runs the command too). Defaults to False.
         timeout: bound on the whole run in seconds, restarts included. Defaults to None (no bound).
-        max_restarts: restart the whole job (fresh ports) up to this many times after a failure. Defaults to 0.
+        max_restarts, count_preemptions: restart the whole job (fresh ports) up to this many times after a failure;
+            count restarts after a preemption (exit 75, otherwise not counted) too. Defaults to 0, False.
         env: extra environment for every task. Defaults to None.
         cluster: a cluster file, dict or ``ClusterSpec`` whose addresses are all on this machine, instead of
             ``workers``/``ps``/``chief``/``evaluator``. Defaults to None.
@@ -121,7 +122,7 @@ def run_local(cmd_or_callable: Command, *, workers: int = 2, ps: int = 0, chief:
         return run_job(lambda attempt: build_tasks(make_spec(attempt), command_for(attempt), env=base_env,
                                                    attempt=attempt),
                        max_restarts=max_restarts, timeout=timeout, grace=grace, connect_timeout=connect_timeout,
-                       echo=echo, capture_lines=capture_lines,
+                       echo=echo, capture_lines=capture_lines, count_preemptions=count_preemptions,
                        on_attempt_end=payload.collect if payload is not None else None, network=network)
     finally:
         if payload is not None:

@@ -135,7 +135,7 @@ def run_ray(cmd: Union[str, Sequence[str]], *, workers: int = 2, address: Option
             max_restarts: int = 0, timeout: Optional[float] = None, env: Optional[Mapping[str, str]] = None,
             storage_path: Optional[str] = None, name: Optional[str] = None, grace: float = 10.0,
             echo: bool = True, capture_lines: Optional[int] = None, network: str = "auto",
-            forward: Sequence[str] = ()) -> LaunchResult:
+            forward: Sequence[str] = (), count_preemptions: bool = False) -> LaunchResult:
     """Runs ``cmd`` on ``workers`` Ray Train workers (``TensorflowTrainer``) and waits for it.
 
     Every worker runs the command with the TF_CONFIG Ray Train gives it (workers only; worker 0 is the chief),
@@ -150,6 +150,7 @@ def run_ray(cmd: Union[str, Sequence[str]], *, workers: int = 2, address: Option
         address: the Ray cluster to join (``host:port`` of the head, ``auto``, ``ray://...``). Defaults to
             ``$RAY_ADDRESS``; without either, a private local Ray instance on 127.0.0.1 (``workers`` CPUs).
         max_restarts: how many times Ray restarts the worker group after a failure. Defaults to 0.
+        count_preemptions: a preemption (exit 75) ends the launch instead of restarting it. Defaults to False.
         timeout: bound on the whole run in seconds; None for no bound. Defaults to None.
         env: extra environment for the command on every worker. Defaults to None.
         forward: names of variables of this environment the workers get too (``--env NAME``); each must be set.
@@ -184,8 +185,9 @@ def run_ray(cmd: Union[str, Sequence[str]], *, workers: int = 2, address: Option
                           capture_lines=capture_lines, result_path=os.path.join(tmp.name, "result.json"),
                           cwd=os.getcwd())
         task = _driver_task(spec, Path(tmp.name, "spec.json"), forward)
+        # A preempted run (the driver exits 75) starts again here, uncounted (Ray's FailureConfig counts failures)
         result = run_job(lambda _attempt: [task], timeout=timeout, grace=grace, echo=echo,
-                         capture_lines=capture_lines, network=network)
+                         capture_lines=capture_lines, network=network, count_preemptions=count_preemptions)
         return _merge_driver_result(result, Path(spec.result_path))
     finally:
         tmp.cleanup()
