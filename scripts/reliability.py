@@ -197,6 +197,11 @@ def main(argv: list) -> None:
         if tmp is not None:
             tmp.cleanup()
     print(f"\ntallies ({time.monotonic() - began:.0f} s; processes left alive: {len(left)}):")
+    for pid in left:  # on a busy host a PID may have been reused by an unrelated process: say what each one is
+        try:
+            print(f"  left alive? pid {pid}: {Path(f'/proc/{pid}/cmdline').read_bytes()[:200]!r}")
+        except OSError:
+            print(f"  left alive? pid {pid}: gone by now")
     for name, results in tallies.items():
         print(_line(name, results))
     if FLAGS.json:
