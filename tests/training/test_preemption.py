@@ -26,6 +26,15 @@ ROOT = HERE.parent.parent
 
 
 # ------------------------------------------------------------------------------------------------ configuration
+def test_the_public_names_and_the_exit_status():
+    import tfaccel
+
+    assert tfaccel.EXIT_PREEMPTED == EXIT_PREEMPTED == 75 and tfaccel.Preempted is Preempted
+    exc = Preempted(epoch=1, step=7, saved=True)
+    assert isinstance(exc, SystemExit) and not isinstance(exc, Exception) and exc.code == 75
+    assert str(exc) == "preempted at epoch 1, step 7: backup written there; exit status 75"
+
+
 def test_sigterm_alone_by_default_and_the_named_signal_beside_it(monkeypatch):
     monkeypatch.delenv(pre.SIGNAL_ENV, raising=False)
     assert pre.preemption_signals() == (signal.SIGTERM,)

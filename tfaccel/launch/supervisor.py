@@ -8,8 +8,12 @@ user's command once every server accepts connections), streams their output with
 - a command task exited non-zero, or a server task exited at all: fail-fast, every other task gets SIGTERM,
   then SIGKILL after ``grace`` seconds; the job exits with the failing task's code (128 + N when it was
   killed by signal N) and the log names the task and shows its last lines;
-- the deadline passed (exit 124), the launcher got SIGINT/SIGTERM/SIGHUP (forwarded to every task; exit 128 + N),
-  or a peer never accepted connections within the connect timeout (exit 1).
+- a command task exited with ``tfaccel.EXIT_PREEMPTED`` (75: it stopped at a step every task agreed on, its
+  backup written): the others are stopped and the job is restarted, not counted against ``max_restarts``
+  (:mod:`tfaccel.launch.restarts`);
+- the deadline passed (exit 124), the launcher got SIGINT/SIGTERM/SIGHUP or ``TFACCEL_PREEMPTION_SIGNAL``
+  (forwarded to every task; exit 128 + N, or 75 when every task exited 75), or a peer never accepted connections
+  within the connect timeout (exit 1).
 
 :func:`run_job` adds restarts (the restart policy lives here; one attempt's processes in
 :mod:`tfaccel.launch.attempt`): after a failure the whole job is built again (fresh ports) and started, up to
