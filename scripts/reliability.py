@@ -41,11 +41,13 @@ def define_flags() -> None:
     flags.DEFINE_integer("kills", 0, "trials that SIGKILL a one-process job (a backup after every step) at a random "
                          "moment while it writes backups, then restart it: it must resume from a complete backup "
                          "or from the start and end with the uninterrupted run's weights (issue 24)")
-    flags.DEFINE_integer("preempt", 0, "preemption trials on multi_worker (tfaccel launch --workers 2 --max-restarts 0: "
-                         "SIGTERM to one worker at a random step; every worker must exit 75 within the grace period, "
-                         "the launcher restart, 0 steps lost, final weights equal to the uninterrupted run's)")
+    flags.DEFINE_integer("preempt", 0, "preemption trials on multi_worker (tfaccel launch --workers 2 "
+                         "--max-restarts 0: SIGTERM to one worker at a random step; every worker must exit 75 within "
+                         "the grace period, the launcher restart, 0 steps lost, final weights equal to the "
+                         "uninterrupted run's)")
     flags.DEFINE_integer("preempt_horovod", 0, "the same preemption trials under Horovod (2 ranks)")
-    flags.DEFINE_integer("preempt_ps", 0, "the same with a parameter-server job (--ps 1 --workers 2): SIGTERM to the chief")
+    flags.DEFINE_integer("preempt_ps", 0, "the same with a parameter-server job (--ps 1 --workers 2): SIGTERM to "
+                         "the chief")
     flags.DEFINE_integer("preempt_ray", 0, "the same on 2 Ray Train workers (--backend ray, a private local Ray)")
     flags.DEFINE_integer("r2", 3, "trials of every R2 scenario (lost peer: local, per-host, Horovod)")
     flags.DEFINE_integer("r3", 1, "trials of each R3 scenario (parameter server: worker lost, ps lost)")

@@ -78,7 +78,8 @@ def test_an_interrupted_launch_whose_tasks_were_all_preempted_exits_75():
 
 
 def test_horovodrun_naming_a_rank_that_exited_75_is_a_preemption():
-    said = "Horovod detected that one or more processes exited with non-zero status...\nProcess name: 1\nExit code: 75\n"
+    said = ("Horovod detected that one or more processes exited with non-zero status...\n"
+            "Process name: 1\nExit code: 75\n")
     assert rank_preempted([TaskOutcome("horovodrun:0", 1, "", said)])
     assert not rank_preempted([TaskOutcome("horovodrun:0", 1, "", said.replace("75", "137"))])
 

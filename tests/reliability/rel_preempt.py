@@ -127,8 +127,8 @@ def _verdict(run: rs.Run, work: Path, reference: Path, measured: Dict[str, Any],
     measured["restarts_reported"] = restarts[0]
     if any(not r or r[-1].get("why") != "preemption" or r[-1].get("steps_lost") != 0
            or r[-1].get("resumed_from") != list(stops[0]) for r in restarts):
-        return rs._result(False, f"FitResult.details['restarts'] does not say: a preemption, resumed from {stops[0]}, 0 "
-                          f"steps lost: {restarts}", **measured)
+        return rs._result(False, f"FitResult.details['restarts'] does not say: a preemption, resumed from "
+                          f"{stops[0]}, 0 steps lost: {restarts}", **measured)
     mismatch, max_diff = rs.compare_weights(reference, work, tasks, rtol=0.0, atol=atol)
     measured["max_abs_diff"] = max_diff
     if mismatch:
