@@ -91,20 +91,27 @@ def test_the_launcher_forwards_the_preemption_signal_too(monkeypatch):
     assert signal.SIGUSR1 in signals_to_forward()
 
 
-def test_sigusr1_to_the_launcher_reaches_the_tasks_when_it_is_the_preemption_signal(monkeypatch):
-    """SLURM's --signal=USR1@60 reaches the launcher: it forwards USR1 (the tasks then stop as on SIGTERM)."""
+def test_sigusr1_to_the_launcher_reaches_the_tasks_when_it_is_the_preemption_signal(tmp_path):
+    """SLURM's --signal=USR1@60 reaches the launcher: it forwards USR1 (the tasks then stop as on SIGTERM). The
+    launcher runs in a process of its own (its signal handlers need the main thread)."""
     import os
-    import threading
-    import time
+    import subprocess
 
-    monkeypatch.setenv("TFACCEL_PREEMPTION_SIGNAL", "USR1")
-    code = ("import signal, sys, time\n"
+    task = ("import signal, sys, time\n"
             "signal.signal(signal.SIGUSR1, lambda *a: sys.exit(75))\n"
             "print('up', flush=True)\n"
             "time.sleep(60)\n")
-    tasks = lambda attempt: [LaunchTask("worker", 0, (sys.executable, "-c", code), {"PATH": "/usr/bin:/bin"})]
-    threading.Timer(3.0, lambda: os.kill(os.getpid(), signal.SIGUSR1)).start()
-    began = time.monotonic()
-    result = run_job(tasks, echo=False, grace=5, timeout=40)
-    assert result.returncode == EXIT_PREEMPTED and result.reason == "interrupted", result.message
-    assert time.monotonic() - began < 20
+    launcher = ("import os, signal, sys, threading, time\n"
+                "from tfaccel.launch.outcome import LaunchTask\n"
+                "from tfaccel.launch.supervisor import run_job\n"
+                f"task = LaunchTask('worker', 0, (sys.executable, '-c', {task!r}), {{'PATH': '/usr/bin:/bin'}})\n"
+                "threading.Timer(3.0, lambda: os.kill(os.getpid(), signal.SIGUSR1)).start()\n"
+                "began = time.monotonic()\n"
+                "result = run_job(lambda attempt: [task], echo=False, grace=5, timeout=40)\n"
+                "print('RESULT', result.returncode, result.reason, round(time.monotonic() - began, 1), flush=True)\n")
+    env = {**os.environ, "TFACCEL_PREEMPTION_SIGNAL": "USR1"}
+    done = subprocess.run([sys.executable, "-c", launcher], env=env, capture_output=True, timeout=60, cwd=tmp_path)
+    line = [ln for ln in done.stdout.decode().splitlines() if ln.startswith("RESULT")]
+    assert line, done.stderr.decode()[-2000:]
+    _, code, reason, seconds = line[0].split()
+    assert (int(code), reason) == (EXIT_PREEMPTED, "interrupted") and float(seconds) < 20, line
