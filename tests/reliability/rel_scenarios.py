@@ -225,6 +225,12 @@ def r1_trial(work: Path, reference: Path, *, rng: random.Random, timeout: float 
     allowed = _expected_resume(epoch, step, victim == "worker:0")
     if not restarted or len(reports) != 2 or len(resumed) != 1 or next(iter(resumed)) not in allowed:
         return _result(False, f"expected one restart resuming from one of {allowed}; got {measured}", **measured)
+    told = [r.get("restarts") or [{}] for r in reports]  # issue 25: FitResult.details["restarts"]
+    measured["restarts_reported"] = told[0]
+    if any(t[-1].get("why") != "failure" or t[-1].get("resumed_from") != (list(next(iter(resumed)) or []) or None)
+           for t in told):
+        return _result(False, f"details['restarts'] does not say: a failure, resumed from {resumed}: {told}",
+                       **measured)
     mismatch, max_diff = compare_weights(reference, work, ("worker0", "worker1"), rtol=rtol, atol=atol)
     if mismatch:
         return _result(False, mismatch, **measured, max_abs_diff=max_diff)
