@@ -119,19 +119,25 @@ def test_a_signal_at_the_end_of_the_last_epoch_is_no_stop(monkeypatch):
     assert procs.boundary(1, 0, epoch_end=True) == [(0, 1, 0, EXIT_PREEMPTED)]
 
 
-def test_auto_interval_keeps_checks_near_one_percent_and_every_process_agrees(monkeypatch):
+def test_auto_interval_checks_about_once_a_second_and_every_process_agrees(monkeypatch):
     procs = _Processes(2)  # auto
-    slow = iter([0.0005, 0.003] * 100)
-
-    def step():
-        time.sleep(next(slow))
-
-    for b in range(pre.PROBE_CHECKS):
-        step()
+    for b in range(pre.PROBE_BOUNDARIES):
+        time.sleep(0.02)  # a 20 ms step: about 50 steps a second
         assert procs.boundary(0, b + 1) == []
     intervals = {item.check_every for item in procs.items}
-    assert len(intervals) == 1 and 1 <= intervals.pop() <= pre.MAX_CHECK_EVERY
+    assert len(intervals) == 1 and 10 <= intervals.pop() <= 60, [i.check_every for i in procs.items]
+    assert all(item.checks == 1 for item in procs.items)  # none during the probe, one where it ends
     assert all(item.details()["check_every"].endswith("(auto)") for item in procs.items)
+
+
+def test_a_signal_during_the_probe_stops_at_its_end_and_epoch_ends_are_always_checked(monkeypatch):
+    monkeypatch.setattr(pre.atexit, "register", lambda *a: None)
+    procs = _Processes(2)
+    assert procs.boundary(0, 1) == [] and procs.boundary(1, 0, epoch_end=True) == []
+    procs.items[0].watch.received = signal.SIGTERM
+    for b in range(3, pre.PROBE_BOUNDARIES):
+        assert procs.boundary(1, b) == []
+    assert [s[1:3] for s in procs.boundary(1, pre.PROBE_BOUNDARIES)] == [(1, pre.PROBE_BOUNDARIES)] * 2
 
 
 # ------------------------------------------------------------------------------------------------ restarts record
