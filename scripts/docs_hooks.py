@@ -26,12 +26,13 @@ PARITY_JSON = ROOT / "docs" / "data" / "parity.json"
 CLI_MARK = "<!-- tfaccel:cli-help -->"
 PARITY_MARK = "<!-- tfaccel:parity-table -->"
 HELP_COLUMNS = "100"
-log = logging.getLogger("mkdocs.hooks.tfaccel")
+log = logging.getLogger("mkdocs.hooks.tfaccel")  # a warning here fails `mkdocs build --strict`
+if str(ROOT) not in sys.path:  # the checkout's tfaccel, also where it is not installed
+    sys.path.insert(0, str(ROOT))
 
 
 def cli_help_markdown() -> str:
     """``tfaccel --help`` and each verb's ``--help``, as the command prints them, one section per verb."""
-    sys.path.insert(0, str(ROOT))
     from tfaccel.cli.main import build_parser
 
     old = os.environ.get("COLUMNS")
@@ -51,6 +52,7 @@ def cli_help_markdown() -> str:
 
 
 def _help_of(parser: Any, argv: List[str]) -> str:
+    """What ``parser.parse_args(argv)`` prints for ``--help`` (argparse exits after printing it)."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
         parser.parse_args(argv)
@@ -79,7 +81,6 @@ def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
 
 def public_names() -> Set[str]:
     """The names a user imports: tfaccel's and tfaccel.launch's ``__all__`` (the version string aside)."""
-    sys.path.insert(0, str(ROOT))
     import tfaccel
     import tfaccel.launch
 
@@ -107,6 +108,7 @@ def api_problems(markdown: str) -> List[str]:
 
 
 def _undocumented(entry: str, obj: Any) -> Iterable[str]:
+    """``entry`` if its object has no docstring, and ``entry.method`` for each public method of a class without one."""
     if obj.is_alias:
         obj = obj.final_target
     if not (obj.docstring and obj.docstring.value.strip()):
