@@ -6,11 +6,14 @@ Every tfaccel error is a ``TfaccelError``. Errors about user input (a cluster fi
 
 from typing import Iterable, Optional
 
-# The exit status of a process that stopped because it was preempted (SIGTERM, or TFACCEL_PREEMPTION_SIGNAL) after
-# every worker agreed on a step and the chief wrote a backup there (or found nothing to save). 75 is sysexits.h's
-# EX_TEMPFAIL, "a temporary failure; the user is invited to retry": ``tfaccel launch`` restarts such a job from its
-# backup without counting it against --max-restarts, and a scheduler can requeue on it.
 EXIT_PREEMPTED = 75
+"""The exit status of a process that stopped because it was preempted (SIGTERM, or ``TFACCEL_PREEMPTION_SIGNAL``)
+after every worker agreed on a step and the chief wrote a backup there (or found nothing to save: no ``backup_dir``).
+
+75 is sysexits.h's EX_TEMPFAIL, "a temporary failure; the user is invited to retry": ``tfaccel launch`` restarts
+such a job from its backup without counting it against ``--max-restarts`` (``--count-preemptions`` counts it), and
+a scheduler can requeue on it (a Kubernetes Job's ``podFailurePolicy`` ``onExitCodes: [75]``, SLURM ``scontrol
+requeue``)."""
 
 
 class TfaccelError(Exception):
