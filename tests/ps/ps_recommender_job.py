@@ -81,6 +81,9 @@ def main() -> int:
 
     steps, epochs = int(os.environ["REC_STEPS"]), int(os.environ.get("REC_EPOCHS", "1"))
     partitions = int(os.environ.get("REC_PARTITIONS", "2"))
+    import keras
+
+    keras.utils.set_random_seed(0)  # the same initial weights as the reference below
     with tfaccel.scope(strategy="parameter_server", strategy_options={"variable_partitioner": partitions}):
         model = build()
         compile_(model)

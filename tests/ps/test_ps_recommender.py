@@ -3,8 +3,8 @@
 A recommender (user/item ids -> a 200k x 32 Embedding split over both ps -> MLP -> sigmoid) is trained from
 TFRecord shards written here; every worker reads only its own shards (``dataset_fn(input_context)``), nothing of the
 data passes through the coordinator. Checked: each ps task holds only its shard of the table; the coordinator's
-memory is the same with 4x the data; the final metrics are close to the same model trained by plain Keras ``fit``
-on the same data; Keras ``evaluate`` of the trained model equals the coordinator's last validation metrics; the
+memory is the same with 4x the data (and 2 workers instead of 1); with one worker (updates in order, no asynchrony)
+every metric equals the same model trained by plain Keras ``fit`` from the same initial weights on the same data; Keras ``evaluate`` of the trained model equals the coordinator's last validation metrics; the
 step accounting is exact (nothing lost).
 """
 
@@ -42,8 +42,8 @@ def launch(files: str, *, workers: int = 2, reference: bool = False) -> dict:
 
 
 def test_recommender_on_two_ps_from_worker_shards(tmp_path):
-    one = launch(write_shards(tmp_path / "x1", 4096), reference=True)
-    four = launch(write_shards(tmp_path / "x4", 4 * 4096))
+    one = launch(write_shards(tmp_path / "x1", 4096), workers=1, reference=True)
+    four = launch(write_shards(tmp_path / "x4", 4 * 4096), workers=2)
     print("measured:", json.dumps({k: {m: run.get(m) for m in ("examples_per_sec", "seconds", "rss_before_mb",
                                                                 "rss_after_mb", "peak_rss_mb", "accounting")}
                                     for k, run in (("1x", one), ("4x", four))}))
@@ -52,21 +52,22 @@ def test_recommender_on_two_ps_from_worker_shards(tmp_path):
     assert sorted(device.split("/device")[0] for _, _, device, _ in shards) == \
         ["/job:ps/replica:0/task:0", "/job:ps/replica:0/task:1"], shards
     assert sum(rows for *_, rows in shards) == 200_000 and all(rows == 100_000 for *_, rows in shards), shards
-    # Nothing of the data passes through the coordinator: 4x the data, the same memory.
+    # Nothing of the data passes through the coordinator: 4x the data (read by 2 workers), the same memory.
     assert abs(four["rss_after_mb"] - one["rss_after_mb"]) <= 0.10 * one["rss_after_mb"], (one, four)
-    # Every scheduled update applied once, by the two workers together; every example of a batch counted.
-    for run in (one, four):
+    # Every scheduled update applied once, by the workers together; every example of a batch counted.
+    for run, workers in ((one, ["worker:0"]), (four, ["worker:0", "worker:1"])):
         accounting = run["accounting"]
         assert accounting["updates_applied"] == accounting["updates_scheduled"] == STEPS * EPOCHS
         assert accounting["updates_not_counted"] == 0 and sum(accounting["updates_counted_per_worker"].values()) == 16
-        assert accounting["closures_rerun"] == 0 and sorted(accounting["examples_seen"]) == ["worker:0", "worker:1"]
+        assert accounting["closures_rerun"] == 0 and sorted(accounting["examples_seen"]) == workers
         assert accounting["examples_seen_total"] == STEPS * EPOCHS * BATCH  # 2 * 2 files of 1024 (4096): no remainder
         assert run["examples_per_sec"] > 0
     # Keras' evaluate on the trained model = the coordinator's validation pass of the last epoch.
     for key, value in one["evaluated"].items():
         np.testing.assert_allclose(value, one["history"][f"val_{key}"][-1], rtol=1e-5, err_msg=key)
-    # Close to the same model trained by plain Keras fit on the same data (asynchronous updates differ a little).
+    # One worker applies its updates in order: the same model as plain Keras fit from the same initial weights on
+    # the same data (the parity rule). With 2 workers the updates are asynchronous, so no run equals another.
     reference = one["reference"]
-    # (Losses, not accuracies: 512 validation examples near chance after 16 steps flip accuracy by 0.15 run to run.)
-    for key in ("loss", "val_loss"):
-        assert abs(one["history"][key][-1] - reference[key]) <= 0.15 * reference[key], (key, one, reference)
+    assert sorted(reference) == sorted(one["history"]), (reference, one["history"])
+    for key, value in reference.items():
+        np.testing.assert_allclose(one["history"][key][-1], value, rtol=1e-5, atol=1e-5, err_msg=key)
