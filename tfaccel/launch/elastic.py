@@ -1,0 +1,165 @@
+"""Elastic local jobs: ``tfaccel launch --workers MIN:MAX``.
+
+The job starts on MAX workers (or on the capacity a scheduler gives, never more than MAX). When a worker fails it
+is brought back, with the whole job restarted from the last backup, up to ``max_restarts`` times; a worker whose
+restarts are spent cannot be brought back, and the job restarts on the workers it has, as long as they are at
+least MIN. With a capacity file (a number of workers a scheduler, or a person, writes), every restart starts as
+many workers as it says (MIN..MAX): the job shrinks when it falls and grows back when capacity returns, at the
+next restart. Every task of an elastic job sees ``TFACCEL_ELASTIC=MIN:MAX`` (tfaccel's ``fit`` then checks, before
+training, that the global batch splits evenly over every size) and, after a change of size, why
+(``TFACCEL_RESIZE_REASON``). The tasks record each change with the step it happened at
+(``FitResult.details["world_size"]``); the launcher logs it.
+
+Each attempt is one :func:`tfaccel.launch.local.run_local` launch on fresh ports. Per-host mode has no
+launcher that sees every host: a scheduler does the same by starting ``tfaccel launch --cluster FILE --task
+NAME`` on the hosts it has, with a cluster file of that many workers, ``TFACCEL_ELASTIC=MIN:MAX`` in every task's
+environment and the same ``backup_dir``.
+"""
+
+import dataclasses
+import time
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from tfaccel.errors import ConfigError
+from tfaccel.launch.supervisor import LaunchResult
+from tfaccel.log import get_logger
+from tfaccel.train.elastic import ELASTIC_ENV, RESIZE_REASON_ENV, parse_workers_range
+
+__all__ = ["ElasticState", "read_capacity", "run_elastic", "parse_workers_range"]
+
+
+def read_capacity(path: str) -> int:
+    """The number of workers a capacity file offers now (one integer).
+
+    Raises:
+        ConfigError: the file is missing or does not hold a non-negative integer (names the file and the text).
+    """
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read(200)
+    except OSError as exc:
+        raise ConfigError(f"--capacity-file {path}: cannot be read ({exc.strerror}); write the number of workers "
+                          "available into it, e.g. `echo 3 > FILE`") from exc
+    try:
+        value = int(text.strip())
+        if value < 0:
+            raise ValueError(value)
+    except ValueError as exc:
+        raise ConfigError(f"--capacity-file {path}: expected one integer >= 0 (the workers available now); "
+                          f"received {text.strip()[:40]!r}") from exc
+    return value
+
+
+@dataclasses.dataclass
+class ElasticState:
+    """Which worker slots a job has, how often each failed, and every change of size.
+
+    Slot ``k`` is a place for one worker (a machine); an attempt of ``n`` workers runs slots ``slots[0..n-1]`` as
+    ``worker:0..n-1``.
+    """
+
+    min_workers: int
+    max_workers: int
+    max_restarts: int
+    capacity_file: Optional[str] = None
+    slots: List[int] = dataclasses.field(default_factory=list)
+    failures: Dict[int, int] = dataclasses.field(default_factory=dict)
+    changes: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.slots = list(range(self._offered(self.max_workers)))
+
+    def _offered(self, have: int) -> int:
+        """Workers to start: what the capacity file offers (at most MAX), else the slots still usable."""
+        return min(self.max_workers, read_capacity(self.capacity_file)) if self.capacity_file else have
+
+    @property
+    def size(self) -> int:
+        return len(self.slots)
+
+    def after_failure(self, task: Optional[str]) -> Tuple[Optional[str], str]:
+        """Counts a failure of ``task`` (``"worker:1"``, or None when no worker is to blame) and picks the next
+        size; returns (why the size changes, or None; why not to restart, or "")."""
+        before = self.size
+        slot = self.slots[int(task.split(":")[1])] if task and task.startswith("worker:") else None
+        why: Optional[str] = None
+        if slot is not None:
+            self.failures[slot] = self.failures.get(slot, 0) + 1
+            if self.failures[slot] > self.max_restarts:
+                self.slots.remove(slot)
+                why = f"{task} failed and its restarts are spent ({self.max_restarts})"
+        failures = sum(self.failures.values()) + (0 if slot is not None else 1)
+        if failures > (self.max_restarts + 1) * self.max_workers:
+            return why, f"{failures} failures, more than the workers' restarts allow"
+        if self.capacity_file:
+            offered = self._offered(self.size)
+            self.slots = (self.slots + [s for s in range(self.max_workers) if s not in self.slots])[:offered]
+            why = f"{self.capacity_file} offers {offered} workers" + (f"; {why}" if why else "")
+        if self.size < self.min_workers:
+            return why, f"{self.size} worker(s) left ({why}), fewer than the minimum of {self.min_workers}"
+        return (why if self.size != before else None), ""
+
+
+def run_elastic(cmd: Any, *, workers: Tuple[int, int], max_restarts: int = 0, capacity_file: Optional[str] = None,
+                timeout: Optional[float] = None, env: Optional[Mapping[str, str]] = None,
+                **local: Any) -> LaunchResult:
+    """Runs an elastic local job (see the module doc): restarts from the last backup on the workers it has.
+
+    Args:
+        cmd: the command (argv or string), or a picklable callable, as for ``run_local``.
+        workers: ``(MIN, MAX)`` workers.
+        max_restarts: how many times each worker may fail and be brought back. Defaults to 0.
+        capacity_file: a file holding the number of workers available, read at every (re)start. Defaults to None.
+        timeout: bound on the whole run in seconds, restarts included. Defaults to None.
+        env: extra environment for every task. Defaults to None.
+        **local: more options of ``run_local`` (grace, connect_timeout, echo, capture_lines, network, args, kwargs).
+
+    Returns:
+        A ``LaunchResult`` over every attempt; ``message`` names the world size it ended on.
+
+    Raises:
+        ConfigError: a bad range, an unreadable capacity file, or fewer workers offered than MIN at the start.
+    """
+    from tfaccel.launch.local import run_local
+
+    low, high = parse_workers_range(f"{workers[0]}:{workers[1]}")
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ConfigError(f"max_restarts: must be an integer >= 0; received {max_restarts!r}")
+    state = ElasticState(low, high, max_restarts, capacity_file)
+    if state.size < low:
+        raise ConfigError(f"--capacity-file {capacity_file}: offers {state.size} workers, fewer than the minimum "
+                          f"{low} of --workers {low}:{high}")
+    log, began, results = get_logger(), time.monotonic(), []
+    child_env, reason = {**(env or {}), ELASTIC_ENV: f"{low}:{high}"}, None
+    while True:
+        left = None if timeout is None else timeout - (time.monotonic() - began)
+        if left is not None and left <= 0:
+            break
+        log.info("launch: elastic attempt %d on %d worker(s) (--workers %d:%d)", len(results) + 1, state.size, low,
+                 high)
+        attempt_env = {**child_env, **({RESIZE_REASON_ENV: reason} if reason else {})}
+        result = run_local(cmd, workers=state.size, max_restarts=0, timeout=left, env=attempt_env, **local)
+        results.append(result)
+        if result.reason in ("ok", "timeout", "interrupted"):
+            break
+        before = state.size
+        why, stop = state.after_failure(result.failed_task)
+        if why:
+            state.changes.append({"from": before, "to": state.size, "after": result.failed_task, "reason": why})
+            log.warning("launch: elastic: world size %d -> %d (%s); restarting from the last backup", before,
+                        state.size, why)
+        if stop:
+            log.error("launch: elastic: not restarting: %s", stop)
+            break
+        reason = why or reason
+    return _combined(results, state)
+
+
+def _combined(results: List[LaunchResult], state: ElasticState) -> LaunchResult:
+    last = results[-1]
+    attempts = [outcomes for result in results for outcomes in (result.attempts or [result.tasks])]
+    sizes = " -> ".join(str(c["to"]) for c in state.changes)
+    message = (f"{last.message}; elastic: ended on {len(last.tasks)} worker(s)"
+               + (f" (world size {state.changes[0]['from']} -> {sizes})" if sizes else ""))
+    return dataclasses.replace(last, restarts=len(attempts) - 1, attempts=attempts, message=message,
+                               elapsed=sum(r.elapsed for r in results))
