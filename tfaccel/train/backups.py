@@ -133,7 +133,8 @@ class StepBackup:
     """
 
     def __new__(cls, backup_dir: str, *, save_freq: Optional[int], is_chief: bool, step_offset: int = 0,
-                steps_per_epoch: int, record: Optional[Callable[[], Dict[str, Any]]] = None) -> Any:
+                steps_per_epoch: int, record: Optional[Callable[[], Dict[str, Any]]] = None
+                ) -> Any:
         import keras
 
         class _StepBackup(keras.callbacks.Callback):

@@ -251,8 +251,11 @@ def _journal(ctx: FitContext, state: Optional[Dict[str, Any]]) -> Any:
     if len(changes) > len((state or {}).get("world_size_changes", [])) and backend.is_chief:
         get_logger().warning("elastic: world size %(from)d -> %(to)d workers at epoch %(epoch)d step %(step)d "
                              "(%(reason)s); same global batch, per-replica batch recomputed", changes[-1])
+    backups = ctx.request.backups
     return journal_callback(state, workers=backend.num_workers, replicas=backend.num_replicas_in_sync,
-                            changes=changes)
+                            changes=changes, save_freq=backups.backup_freq,
+                            steps_per_epoch=ctx.data.steps_per_epoch or 0,
+                            metric_state=not backend.traits.shards_by_rank)
 
 
 def _announce(ctx: FitContext, *, loop_reason: str, changes: Dict[str, Any]) -> None:

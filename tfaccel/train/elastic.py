@@ -139,29 +139,71 @@ def merged_history(before: Mapping[str, List[float]], ran: Mapping[str, List[flo
 
 
 def journal_callback(state: Optional[Mapping[str, Any]], *, workers: int, replicas: int,
-                     changes: List[Dict[str, Any]]) -> Any:
-    """A Keras callback that keeps what a backup records for the next start: the world size, its changes and the
-    logs of every finished epoch (``.record()``), and the history a resumed run adds to its own (``.before``).
+                     changes: List[Dict[str, Any]], save_freq: Optional[int] = None, steps_per_epoch: int = 0,
+                     metric_state: bool = True) -> Any:
+    """A Keras callback that keeps what a backup records for the next start (``.record()``): the world size, its
+    changes, the logs of every finished epoch and, at a backup in the middle of an epoch, the state of the
+    model's metrics; and the history a resumed run adds to its own (``.before``).
 
-    It must run before the backup callback, so that an epoch's backup holds that epoch's logs.
+    Where a resumed run starts in the middle of an epoch, it puts the metrics' state back at that epoch's start,
+    so the epoch's logs cover all its steps, as in an uninterrupted run. It must run before the backup callback
+    (an epoch's backup then holds that epoch's logs), on every worker (reading the metrics sums them over every
+    replica, a collective).
+
+    Args:
+        state: the backup this run resumes from, or None.
+        workers, replicas: this run's world size. changes: from :func:`world_size_changes`.
+        save_freq, steps_per_epoch: the backup callback's (the metrics are read at the steps it backs up).
+        metric_state: whether the metrics read here are the whole job's (False where each process keeps its own,
+            as Horovod's ranks do: then a resumed epoch's logs cover the steps after the resume). Defaults to True.
     """
     import keras
 
-    start_epoch = int(state["epoch"]) if state else 0
+    start_epoch, start_step = (int(state["epoch"]), int(state["step"])) if state else (0, 0)
     before = {k: list(v)[:start_epoch] for k, v in (state or {}).get("history", {}).items()}
+    saved = (state or {}).get("metrics") if metric_state and start_step else None
 
     class _Journal(keras.callbacks.Callback):
         def __init__(self) -> None:
             super().__init__()
             self.before = before
             self.history: Dict[str, List[float]] = {k: list(v) for k, v in before.items()}
+            self.metrics: Optional[List[Any]] = None
+            self.offset = start_step
+
+        def on_epoch_begin(self, epoch: int, logs: Optional[Dict] = None) -> None:
+            if saved is not None and epoch == start_epoch and self.offset == start_step:
+                _assign_metrics(self.model, saved)
+
+        def on_train_batch_end(self, batch: int, logs: Optional[Dict] = None) -> None:
+            step = self.offset + batch + 1
+            if metric_state and save_freq and step % save_freq == 0 and step < steps_per_epoch:
+                self.metrics = [v.numpy().tolist() for v in self.model.metrics_variables]
 
         def on_epoch_end(self, epoch: int, logs: Optional[Dict] = None) -> None:
+            self.offset, self.metrics = 0, None
             for key, value in (logs or {}).items():
                 self.history.setdefault(key, []).append(float(value))
 
         def record(self) -> Dict[str, Any]:
             return {"workers": workers, "replicas": replicas, "world_size_changes": changes,
-                    "history": self.history}
+                    "history": self.history, **({"metrics": self.metrics} if self.metrics is not None else {})}
 
     return _Journal()
+
+
+def _assign_metrics(model: Any, values: List[Any]) -> None:
+    """Puts the metrics' state a backup read back (a sum over replicas is spread over this run's replicas by
+    ``assign`` in cross-replica context)."""
+    import numpy as np
+
+    variables = list(model.metrics_variables)
+    if len(variables) != len(values):
+        from tfaccel.log import get_logger
+
+        get_logger().warning("resume: the backup holds %d metric values, the model has %d metric variables; the "
+                             "resumed epoch's logs cover only the steps after the resume", len(values),
+                             len(variables))
+        return
+    for variable, value in zip(variables, values):
+        variable.assign(np.asarray(value, dtype=variable.dtype))
