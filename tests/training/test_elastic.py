@@ -58,7 +58,9 @@ def test_datasets_are_refused():
 
 
 def test_world_size_changes_and_history():
-    assert world_size_changes(None, workers=3) == []
+    assert world_size_changes(None, workers=3) == [] == world_size_changes(None, workers=3, previous=3)
+    assert world_size_changes(None, workers=2, previous=3) == [  # a restart before the first backup
+        {"from": 3, "to": 2, "epoch": 0, "step": 0, "reason": "restarted with 2 workers"}]
     state = {"epoch": 1, "step": 4, "workers": 3, "world_size_changes": []}
     assert world_size_changes(state, workers=3) == []
     assert world_size_changes(state, workers=2, reason="worker:2 lost") == [
@@ -81,9 +83,10 @@ class _Stop(Exception):
 
 
 def _fit(backup_dir, callbacks=()):
-    return tfaccel.compile_and_fit(_build, (X, Y), epochs=3, global_batch_size=16, loss="sparse_categorical_crossentropy",
-                                   metrics=["accuracy"], learning_rate=0.01, backup_dir=str(backup_dir), backup_freq=2,
-                                   seed=3, verbose=0, steps_per_execution=1, callbacks=list(callbacks))
+    return tfaccel.compile_and_fit(_build, (X, Y), epochs=3, global_batch_size=16, metrics=["accuracy"],
+                                   loss="sparse_categorical_crossentropy", learning_rate=0.01, seed=3, verbose=0,
+                                   backup_dir=str(backup_dir), backup_freq=2, steps_per_execution=1,
+                                   callbacks=list(callbacks))
 
 
 def test_a_resumed_job_reports_every_epoch_once_as_the_uninterrupted_run(tmp_path, clean_tf_config):

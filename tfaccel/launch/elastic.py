@@ -6,9 +6,9 @@ restarts are spent cannot be brought back, and the job restarts on the workers i
 least MIN. With a capacity file (a number of workers a scheduler, or a person, writes), every restart starts as
 many workers as it says (MIN..MAX): the job shrinks when it falls and grows back when capacity returns, at the
 next restart. Every task of an elastic job sees ``TFACCEL_ELASTIC=MIN:MAX`` (tfaccel's ``fit`` then checks, before
-training, that the global batch splits evenly over every size) and, after a change of size, why
-(``TFACCEL_RESIZE_REASON``). The tasks record each change with the step it happened at
-(``FitResult.details["world_size"]``); the launcher logs it.
+training, that the global batch splits evenly over every size) and, after a change of size, why and from how
+many (``TFACCEL_RESIZE_REASON``, ``TFACCEL_RESIZE_FROM``). The tasks record each change with the step it
+happened at (``FitResult.details["world_size"]``); the launcher logs it.
 
 Each attempt is one :func:`tfaccel.launch.local.run_local` launch on fresh ports. Per-host mode has no
 launcher that sees every host: a scheduler does the same by starting ``tfaccel launch --cluster FILE --task
@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from tfaccel.errors import ConfigError
 from tfaccel.launch.supervisor import LaunchResult
 from tfaccel.log import get_logger
-from tfaccel.train.elastic import ELASTIC_ENV, RESIZE_REASON_ENV, parse_workers_range
+from tfaccel.train.elastic import ELASTIC_ENV, RESIZE_FROM_ENV, RESIZE_REASON_ENV, parse_workers_range
 
 __all__ = ["ElasticState", "read_capacity", "run_elastic", "parse_workers_range"]
 
@@ -130,15 +130,15 @@ def run_elastic(cmd: Any, *, workers: Tuple[int, int], max_restarts: int = 0, ca
         raise ConfigError(f"--capacity-file {capacity_file}: offers {state.size} workers, fewer than the minimum "
                           f"{low} of --workers {low}:{high}")
     log, began, results = get_logger(), time.monotonic(), []
-    child_env, reason = {**(env or {}), ELASTIC_ENV: f"{low}:{high}"}, None
+    child_env, resized = {**(env or {}), ELASTIC_ENV: f"{low}:{high}"}, {}
     while True:
         left = None if timeout is None else timeout - (time.monotonic() - began)
         if left is not None and left <= 0:
             break
         log.info("launch: elastic attempt %d on %d worker(s) (--workers %d:%d)", len(results) + 1, state.size, low,
                  high)
-        attempt_env = {**child_env, **({RESIZE_REASON_ENV: reason} if reason else {})}
-        result = run_local(cmd, workers=state.size, max_restarts=0, timeout=left, env=attempt_env, **local)
+        result = run_local(cmd, workers=state.size, max_restarts=0, timeout=left, env={**child_env, **resized},
+                           **local)
         results.append(result)
         if result.reason in ("ok", "timeout", "interrupted"):
             break
@@ -151,7 +151,8 @@ def run_elastic(cmd: Any, *, workers: Tuple[int, int], max_restarts: int = 0, ca
         if stop:
             log.error("launch: elastic: not restarting: %s", stop)
             break
-        reason = why or reason
+        if why:
+            resized = {RESIZE_REASON_ENV: why, RESIZE_FROM_ENV: str(before)}
     return _combined(results, state)
 
 

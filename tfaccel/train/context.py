@@ -244,10 +244,11 @@ def _journal(ctx: FitContext, state: Optional[Dict[str, Any]]) -> Any:
     """The world size and finished epochs a backup records; logs each change of world size on the chief."""
     import os
 
-    from tfaccel.train.elastic import RESIZE_REASON_ENV, journal_callback, world_size_changes
+    from tfaccel.train.elastic import RESIZE_FROM_ENV, RESIZE_REASON_ENV, journal_callback, world_size_changes
 
-    backend = ctx.backend
-    changes = world_size_changes(state, workers=backend.num_workers, reason=os.environ.get(RESIZE_REASON_ENV))
+    backend, previous = ctx.backend, os.environ.get(RESIZE_FROM_ENV, "")
+    changes = world_size_changes(state, workers=backend.num_workers, reason=os.environ.get(RESIZE_REASON_ENV),
+                                 previous=int(previous) if previous.isdigit() else None)
     if len(changes) > len((state or {}).get("world_size_changes", [])) and backend.is_chief:
         get_logger().warning("elastic: world size %(from)d -> %(to)d workers at epoch %(epoch)d step %(step)d "
                              "(%(reason)s); same global batch, per-replica batch recomputed", changes[-1])

@@ -19,11 +19,12 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from tfaccel.errors import ConfigError
 
-__all__ = ["ELASTIC_ENV", "RESIZE_REASON_ENV", "parse_workers_range", "elastic_range", "check_elastic_batch",
-           "world_size_changes", "journal_callback", "merged_history"]
+__all__ = ["ELASTIC_ENV", "RESIZE_REASON_ENV", "RESIZE_FROM_ENV", "parse_workers_range", "elastic_range",
+           "check_elastic_batch", "world_size_changes", "journal_callback", "merged_history"]
 
 ELASTIC_ENV = "TFACCEL_ELASTIC"  # "MIN:MAX", set by `tfaccel launch --workers MIN:MAX` in every task
 RESIZE_REASON_ENV = "TFACCEL_RESIZE_REASON"  # why this attempt runs on another number of workers than the last
+RESIZE_FROM_ENV = "TFACCEL_RESIZE_FROM"  # the workers of the last attempt (for a restart before any backup)
 
 
 def parse_workers_range(text: str, *, field: str = "--workers") -> Tuple[int, int]:
@@ -113,17 +114,19 @@ def _lcm_multiple(batch: int, sizes: range, per_worker: int) -> int:
     return max(step, -(-batch // step) * step)
 
 
-def world_size_changes(state: Optional[Mapping[str, Any]], *, workers: int,
-                       reason: Optional[str] = None) -> List[Dict[str, Any]]:
+def world_size_changes(state: Optional[Mapping[str, Any]], *, workers: int, reason: Optional[str] = None,
+                       previous: Optional[int] = None) -> List[Dict[str, Any]]:
     """The job's changes of world size: the backup's, plus this start's when it runs on another number of workers.
 
     Args:
         state: the backup this process resumes from (None: a fresh start).
         workers: the workers of this start.
         reason: why the size changed (the launcher's ``TFACCEL_RESIZE_REASON``). Defaults to a plain phrase.
+        previous: the workers of the launcher's last attempt (``TFACCEL_RESIZE_FROM``), which counts where no
+            backup was written yet. Defaults to None.
     """
     if not state:
-        return []
+        state = {"epoch": 0, "step": 0, "workers": previous}
     changes = [dict(c) for c in state.get("world_size_changes", [])]
     before = state.get("workers")
     if before is not None and int(before) != workers:
