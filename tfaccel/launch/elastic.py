@@ -10,15 +10,19 @@ training, that the global batch splits evenly over every size) and, after a chan
 many (``TFACCEL_RESIZE_REASON``, ``TFACCEL_RESIZE_FROM``). The tasks record each change with the step it
 happened at (``FitResult.details["world_size"]``); the launcher logs it.
 
-Each attempt is one :func:`tfaccel.launch.local.run_local` launch on fresh ports. Per-host mode has no
+Each attempt is one :func:`tfaccel.launch.local.run_local` launch on fresh ports, or (``backend="ray"``) one
+:func:`tfaccel.launch.ray.run_ray` run of that many Ray Train workers: Ray Train 2.60's ``ScalingConfig`` has no
+elastic path for TensorFlow, so a Ray job changes size by a restart too (all attempts under one run name, so a
+backup kept in the run's storage is found again). Per-host mode has no
 launcher that sees every host: a scheduler does the same by starting ``tfaccel launch --cluster FILE --task
 NAME`` on the hosts it has, with a cluster file of that many workers, ``TFACCEL_ELASTIC=MIN:MAX`` in every task's
 environment and the same ``backup_dir``.
 """
 
 import dataclasses
+import os
 import time
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from tfaccel.errors import ConfigError
 from tfaccel.launch.supervisor import LaunchResult
@@ -101,35 +105,37 @@ class ElasticState:
 
 
 def run_elastic(cmd: Any, *, workers: Tuple[int, int], max_restarts: int = 0, capacity_file: Optional[str] = None,
-                timeout: Optional[float] = None, env: Optional[Mapping[str, str]] = None,
-                **local: Any) -> LaunchResult:
-    """Runs an elastic local job (see the module doc): restarts from the last backup on the workers it has.
+                timeout: Optional[float] = None, env: Optional[Mapping[str, str]] = None, backend: str = "tf",
+                **options: Any) -> LaunchResult:
+    """Runs an elastic job (see the module doc): restarts from the last backup on the workers it has.
 
     Args:
-        cmd: the command (argv or string), or a picklable callable, as for ``run_local``.
+        cmd: the command (argv or string), or (``backend="tf"``) a picklable callable, as for ``run_local``.
         workers: ``(MIN, MAX)`` workers.
         max_restarts: how many times each worker may fail and be brought back. Defaults to 0.
         capacity_file: a file holding the number of workers available, read at every (re)start. Defaults to None.
         timeout: bound on the whole run in seconds, restarts included. Defaults to None.
         env: extra environment for every task. Defaults to None.
-        **local: more options of ``run_local`` (grace, connect_timeout, echo, capture_lines, network, args, kwargs).
+        backend: ``"tf"`` (each attempt a ``run_local`` cluster on this machine) or ``"ray"`` (each attempt a
+            ``run_ray`` run of that many Ray Train workers, all under one run name). Defaults to "tf".
+        **options: more options of ``run_local`` or ``run_ray`` (grace, echo, capture_lines, network, ...).
 
     Returns:
         A ``LaunchResult`` over every attempt; ``message`` names the world size it ended on.
 
     Raises:
-        ConfigError: a bad range, an unreadable capacity file, or fewer workers offered than MIN at the start.
+        ConfigError: a bad range or backend, an unreadable capacity file, or fewer workers offered than MIN at
+            the start.
     """
-    from tfaccel.launch.local import run_local
-
     low, high = parse_workers_range(f"{workers[0]}:{workers[1]}")
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ConfigError(f"max_restarts: must be an integer >= 0; received {max_restarts!r}")
+    launch = _launcher(cmd, backend, options)
     state = ElasticState(low, high, max_restarts, capacity_file)
     if state.size < low:
         raise ConfigError(f"--capacity-file {capacity_file}: offers {state.size} workers, fewer than the minimum "
                           f"{low} of --workers {low}:{high}")
-    log, began, results = get_logger(), time.monotonic(), []
+    log, began, results, sizes = get_logger(), time.monotonic(), [], []
     child_env, resized = {**(env or {}), ELASTIC_ENV: f"{low}:{high}"}, {}
     while True:
         left = None if timeout is None else timeout - (time.monotonic() - began)
@@ -137,15 +143,14 @@ def run_elastic(cmd: Any, *, workers: Tuple[int, int], max_restarts: int = 0, ca
             break
         log.info("launch: elastic attempt %d on %d worker(s) (--workers %d:%d)", len(results) + 1, state.size, low,
                  high)
-        result = run_local(cmd, workers=state.size, max_restarts=0, timeout=left, env={**child_env, **resized},
-                           **local)
-        results.append(result)
-        if result.reason in ("ok", "timeout", "interrupted"):
+        sizes.append(state.size)
+        results.append(launch(state.size, {**child_env, **resized}, left))
+        if results[-1].reason in ("ok", "timeout", "interrupted"):
             break
         before = state.size
-        why, stop = state.after_failure(result.failed_task)
+        why, stop = state.after_failure(results[-1].failed_task)
         if why:
-            state.changes.append({"from": before, "to": state.size, "after": result.failed_task, "reason": why})
+            state.changes.append({"from": before, "to": state.size, "after": results[-1].failed_task, "reason": why})
             log.warning("launch: elastic: world size %d -> %d (%s); restarting from the last backup", before,
                         state.size, why)
         if stop:
@@ -153,14 +158,29 @@ def run_elastic(cmd: Any, *, workers: Tuple[int, int], max_restarts: int = 0, ca
             break
         if why:
             resized = {RESIZE_REASON_ENV: why, RESIZE_FROM_ENV: str(before)}
-    return _combined(results, state)
+    return _combined(results, sizes)
 
 
-def _combined(results: List[LaunchResult], state: ElasticState) -> LaunchResult:
+def _launcher(cmd: Any, backend: str, options: Dict[str, Any]) -> Callable[..., LaunchResult]:
+    """``(workers, env, timeout) -> LaunchResult``: one attempt on ``backend``, never restarted by itself."""
+    if backend == "ray":
+        from tfaccel.launch import run_ray
+
+        # One run name for every attempt: a job that keeps its backup in the run's storage finds it again.
+        options = {"name": f"tfaccel-elastic-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}", **options}
+        return lambda size, env, left: run_ray(cmd, workers=size, max_restarts=0, timeout=left, env=env, **options)
+    if backend != "tf":
+        raise ConfigError(f"backend: elastic jobs run on 'tf' (a local cluster) or 'ray'; received {backend!r}")
+    from tfaccel.launch import run_local
+
+    return lambda size, env, left: run_local(cmd, workers=size, max_restarts=0, timeout=left, env=env, **options)
+
+
+def _combined(results: List[LaunchResult], sizes: List[int]) -> LaunchResult:
     last = results[-1]
     attempts = [outcomes for result in results for outcomes in (result.attempts or [result.tasks])]
-    sizes = " -> ".join(str(c["to"]) for c in state.changes)
-    message = (f"{last.message}; elastic: ended on {len(last.tasks)} worker(s)"
-               + (f" (world size {state.changes[0]['from']} -> {sizes})" if sizes else ""))
-    return dataclasses.replace(last, restarts=len(attempts) - 1, attempts=attempts, message=message,
-                               elapsed=sum(r.elapsed for r in results))
+    changes = [b for a, b in zip(sizes, sizes[1:]) if a != b]
+    message = (f"{last.message}; elastic: ended on {sizes[-1]} worker(s)"
+               + (f" (world size {' -> '.join(str(n) for n in [sizes[0]] + changes)})" if changes else ""))
+    return dataclasses.replace(last, restarts=len(results) - 1 + sum(r.restarts for r in results), attempts=attempts,
+                               message=message, elapsed=sum(r.elapsed for r in results))
