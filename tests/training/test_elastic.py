@@ -128,3 +128,28 @@ def test_an_elastic_job_with_an_uneven_last_batch_stops_before_training(tmp_path
     with pytest.raises(ConfigError, match=r"--workers 1:3: the last batch of every epoch holds 2 examples"):
         tfaccel.compile_and_fit(_build, (X[:50], Y[:50]), epochs=1, global_batch_size=24,
                                 loss="sparse_categorical_crossentropy", verbose=0)
+
+
+def test_per_replica_batch_statistics_are_named():
+    import keras
+
+    from tfaccel.train.elastic import per_replica_statistics
+
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4), keras.layers.BatchNormalization(name="bn"),
+                              keras.layers.BatchNormalization(synchronized=True, name="sync")])
+    assert per_replica_statistics(model) == ["bn"] and per_replica_statistics(_build()) == []
+
+
+def test_an_elastic_job_with_per_replica_batch_statistics_says_so(clean_tf_config, monkeypatch, caplog):
+    import keras
+
+    monkeypatch.setenv(ELASTIC_ENV, "1:2")
+
+    def build():
+        return keras.Sequential([keras.Input((6,)), keras.layers.Dense(4), keras.layers.BatchNormalization(name="bn"),
+                                 keras.layers.Dense(2, activation="softmax")])
+
+    with caplog.at_level("WARNING", logger="tfaccel"):
+        tfaccel.compile_and_fit(build, (X, Y), epochs=1, global_batch_size=16, loss="sparse_categorical_crossentropy",
+                                verbose=0)
+    assert "elastic: bn normalize(s) with each replica's own batch statistics" in caplog.text

@@ -128,7 +128,7 @@ def prepare(model: Any, request: FitRequest) -> Tuple[FitContext, "Loop"]:
 
 def _check_elastic(ctx: FitContext) -> None:
     """An elastic job (``tfaccel launch --workers MIN:MAX``): its batches must split evenly over every size."""
-    from tfaccel.train.elastic import check_elastic_batch, elastic_range
+    from tfaccel.train.elastic import check_elastic_batch, elastic_range, per_replica_statistics
 
     workers = elastic_range()
     if workers is not None:
@@ -136,6 +136,12 @@ def _check_elastic(ctx: FitContext) -> None:
         check_elastic_batch(batch_size=data.batch_size, num_examples=data.num_examples, what=data.what,
                             workers=workers,
                             replicas_per_worker=max(1, backend.num_replicas_in_sync // max(1, backend.num_workers)))
+        per_replica = per_replica_statistics(ctx.model)
+        if per_replica and backend.is_chief:
+            get_logger().warning("elastic: %s normalize(s) with each replica's own batch statistics, so the "
+                                 "training changes when the world size (and the per-replica batch) does; "
+                                 "BatchNormalization(synchronized=True) uses the whole global batch",
+                                 ", ".join(per_replica[:5]))
 
 
 def _resume(ctx: FitContext) -> tuple:

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from tfaccel.errors import ConfigError
 
 __all__ = ["ELASTIC_ENV", "RESIZE_REASON_ENV", "RESIZE_FROM_ENV", "parse_workers_range", "elastic_range",
-           "check_elastic_batch", "world_size_changes", "journal_callback", "merged_history"]
+           "check_elastic_batch", "per_replica_statistics", "world_size_changes", "journal_callback", "merged_history"]
 
 ELASTIC_ENV = "TFACCEL_ELASTIC"  # "MIN:MAX", set by `tfaccel launch --workers MIN:MAX` in every task
 RESIZE_REASON_ENV = "TFACCEL_RESIZE_REASON"  # why this attempt runs on another number of workers than the last
@@ -112,6 +112,17 @@ def _lcm_multiple(batch: int, sizes: range, per_worker: int) -> int:
     for n in sizes:
         step = step * n * per_worker // math.gcd(step, n * per_worker)
     return max(step, -(-batch // step) * step)
+
+
+def per_replica_statistics(model: Any) -> List[str]:
+    """The names of the model's layers that normalize with each replica's own batch statistics
+    (``BatchNormalization`` without ``synchronized=True``): their training depends on the per-replica batch."""
+    import keras
+
+    from tfaccel.compat.keras_internals import flatten_layers
+
+    return [layer.name for layer in flatten_layers(model)
+            if isinstance(layer, keras.layers.BatchNormalization) and not getattr(layer, "synchronized", False)]
 
 
 def world_size_changes(state: Optional[Mapping[str, Any]], *, workers: int, reason: Optional[str] = None,

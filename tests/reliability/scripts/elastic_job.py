@@ -5,7 +5,8 @@ whole batches of ELASTIC_BATCH (96), which split evenly over 1, 2, 3, 4 and 6 wo
 environment: ELASTIC_EPOCHS (3), ELASTIC_BACKUP_DIR, ELASTIC_BACKUP_FREQ (2), ELASTIC_WEIGHTS_OUT (an npz path,
 {task} filled in), ELASTIC_KILL_AT "worker:I:EPOCH:STEP": that task SIGKILLs itself right after that step, once
 (guarded by the marker file ELASTIC_KILL_MARKER); ELASTIC_CAPACITY "PATH:N": just before that kill, N is written
-into PATH (the launcher's capacity file: capacity returns).
+into PATH (the launcher's capacity file: capacity returns); ELASTIC_MODEL "bn" / "syncbn": a BatchNormalization
+layer after the hidden layer (per-replica statistics / synchronized over every replica).
 """
 
 import json
@@ -25,8 +26,10 @@ task_name = f"{task.get('type', 'local')}:{task.get('index', 0)}"
 def build():
     import keras
 
+    norm = {"bn": [keras.layers.BatchNormalization()],  # ELASTIC_MODEL: with batch normalization, per replica or
+            "syncbn": [keras.layers.BatchNormalization(synchronized=True)]}.get(env.get("ELASTIC_MODEL"), [])  # not
     return keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(32, activation="relu"),
-                             keras.layers.Dense(10, activation="softmax")])
+                             *norm, keras.layers.Dense(10, activation="softmax")])
 
 
 def kill_callback():
