@@ -68,6 +68,7 @@ class ElasticState:
     capacity_file: Optional[str] = None
     slots: List[int] = dataclasses.field(default_factory=list)
     failures: Dict[int, int] = dataclasses.field(default_factory=dict)
+    unblamed: int = 0
     changes: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -85,14 +86,17 @@ class ElasticState:
         """Counts a failure of ``task`` (``"worker:1"``, or None when no worker is to blame) and picks the next
         size; returns (why the size changes, or None; why not to restart, or "")."""
         before = self.size
-        slot = self.slots[int(task.split(":")[1])] if task and task.startswith("worker:") else None
+        index = int(task.split(":")[1]) if task and task.startswith("worker:") else -1
+        slot = self.slots[index] if 0 <= index < self.size else None
         why: Optional[str] = None
-        if slot is not None:
+        if slot is None:
+            self.unblamed += 1
+        else:
             self.failures[slot] = self.failures.get(slot, 0) + 1
             if self.failures[slot] > self.max_restarts:
                 self.slots.remove(slot)
                 why = f"{task} failed and its restarts are spent ({self.max_restarts})"
-        failures = sum(self.failures.values()) + (0 if slot is not None else 1)
+        failures = sum(self.failures.values()) + self.unblamed
         if failures > (self.max_restarts + 1) * self.max_workers:
             return why, f"{failures} failures, more than the workers' restarts allow"
         if self.capacity_file:
