@@ -1,7 +1,10 @@
-"""Runs the Keras-parity suite and prints the README's "Keras parity" table from its results.
+"""Runs the Keras-parity suite and prints the "Keras parity" table (docs/guides/keras-parity.md) from its results.
 
     python scripts/parity_table.py [--json parity.json]      # runs tests/parity, then prints the table
     python scripts/parity_table.py --from parity.json         # only renders an earlier run's results
+    python scripts/parity_table.py --json docs/data/parity.json   # refresh the results the docs page shows
+
+The documentation build renders the page's table from docs/data/parity.json with ``render`` (scripts/docs_hooks.py).
 """
 
 import argparse

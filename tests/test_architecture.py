@@ -17,17 +17,9 @@ MAX_FUNCTION_LINES = 60
 MAX_MODULE_LINES = 400
 
 # Functions over MAX_FUNCTION_LINES ("module:qualified name"), to be split.
-KNOWN_LONG_FUNCTIONS: Set[str] = {
-    "tfaccel.cli.launch:_options", "tfaccel.cli.launch:register",
-    "tfaccel.launch.horovod:build_horovodrun_command", "tfaccel.launch.horovod:run_horovod",
-    "tfaccel.launch.local:run_local", "tfaccel.launch.ray:run_ray", "tfaccel.launch.supervisor:run_job",
-    "tfaccel.strategies.horovod:make_backend",
-}
+KNOWN_LONG_FUNCTIONS: Set[str] = set()
 # Modules over MAX_MODULE_LINES, to be split.
-KNOWN_LONG_MODULES: Set[str] = {
-    "tfaccel.cluster.spec", "tfaccel.launch.local", "tfaccel.launch.ray", "tfaccel.launch.supervisor",
-    "tfaccel.strategies.horovod",
-}
+KNOWN_LONG_MODULES: Set[str] = set()
 # Import cycles, each as its sorted modules joined by " <-> ".
 KNOWN_CYCLES: Set[str] = set()
 # "importer -> module:name" for private names imported from another module.

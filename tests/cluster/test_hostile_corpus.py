@@ -24,7 +24,7 @@ import harness  # noqa: E402
 import hostile_cases as hc  # noqa: E402
 from tfaccel.cluster import ClusterConfigError, ClusterSpec, expand_nodelist, task_from_tf_config  # noqa: E402
 from tfaccel.cluster.limits import nesting_problem, show  # noqa: E402
-from tfaccel.cluster.spec import canonical_address  # noqa: E402
+from tfaccel.cluster.address import canonical_address  # noqa: E402
 
 CASES = hc.all_cases()
 

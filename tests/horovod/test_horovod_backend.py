@@ -15,6 +15,8 @@ import tensorflow as tf
 from hvd_testing import FakeHvd, LogCapture, require_horovod
 from tfaccel.errors import BackendUnavailableError, ConfigError, DeviceError
 from tfaccel.strategies import horovod as th
+from tfaccel.strategies.horovod import callbacks as th_callbacks
+from tfaccel.strategies.horovod import optimizer as th_optimizer
 
 
 @pytest.fixture
@@ -78,12 +80,12 @@ def test_wrapper_averages_gradients_through_one_grouped_allreduce() -> None:
 def test_allreduce_keeps_none_gradients_and_densifies_sparse_ones() -> None:
     fake = FakeHvd(scale=2.0)
     sparse = tf.IndexedSlices(tf.constant([[1.0, 1.0]]), tf.constant([1]), tf.constant([3, 2]))
-    out = th._allreduce_gradients(fake, [None, tf.constant([1.0]), sparse], compression="c")
+    out = th_optimizer._allreduce_gradients(fake, [None, tf.constant([1.0]), sparse], compression="c")
     assert out[0] is None
     np.testing.assert_allclose(out[1].numpy(), [2.0])
     np.testing.assert_allclose(out[2].numpy(), [[0, 0], [2, 2], [0, 0]])
     assert fake.calls == [("grouped_allreduce", 2, "Average", "c")]
-    assert th._allreduce_gradients(fake, [None], compression="c") == [None]
+    assert th_optimizer._allreduce_gradients(fake, [None], compression="c") == [None]
 
 
 def test_wrapping_twice_returns_the_same_optimizer() -> None:
@@ -191,7 +193,7 @@ def test_tf_variable_error_names_the_variable() -> None:
         value = tf.constant(1.0)
 
     with pytest.raises(Exception) as info:
-        th._tf_variable(Unbuilt())
+        th_callbacks._tf_variable(Unbuilt())
     assert "cannot broadcast variable 'dense/kernel'" in str(info.value) and "build the model" in str(info.value)
 
 

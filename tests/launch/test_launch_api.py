@@ -14,7 +14,8 @@ from launch_util import SCRIPTS, track, wait_gone
 from tfaccel.errors import ConfigError
 from tfaccel.launch import run_host, run_local
 from tfaccel.launch.procs import LOOPBACK, free_ports, pid_alive
-from tfaccel.launch.supervisor import LaunchTask, describe_returncode, exit_code, run_job
+from tfaccel.launch.outcome import LaunchTask, describe_returncode, exit_code
+from tfaccel.launch.supervisor import run_job
 
 PY = sys.executable
 TASK_NAME = "import json, os; t = json.loads(os.environ['TF_CONFIG'])['task']; name = f\"{t['type']}:{t['index']}\"\n"

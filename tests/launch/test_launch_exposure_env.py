@@ -16,7 +16,8 @@ from tfaccel.launch.envpolicy import check_env_names, job_env, left_out, runtime
 from tfaccel.launch.horovod import horovod_env, run_horovod
 from tfaccel.launch.host import run_host
 from tfaccel.launch.procs import free_ports
-from tfaccel.launch.supervisor import LaunchTask, warn_exposed_ports
+from tfaccel.launch.outcome import LaunchTask
+from tfaccel.launch.supervisor import warn_exposed_ports
 
 PY = sys.executable
 PRINT_PORT = "import json, os; print('PORT', json.loads(os.environ['TF_CONFIG'])['cluster']['worker'])"

@@ -202,7 +202,7 @@ class _ListLog:
 
 
 def test_private_network_refuses_a_cluster_with_non_loopback_addresses(tmp_path):
-    from tfaccel.launch.local import _network_for, local_specs
+    from tfaccel.launch.tasks import local_specs, network_for
 
     addresses = host_ipv4_addresses()
     if not addresses:
@@ -211,12 +211,12 @@ def test_private_network_refuses_a_cluster_with_non_loopback_addresses(tmp_path)
     cluster.write_text(f"worker:\n  - {addresses[0]}:2222\n  - 127.0.0.1:2223\n")
     make_spec, _ = local_specs(cluster=str(cluster))
     with pytest.raises(ConfigError, match=rf"network='private'.*worker:0 \({addresses[0]}:2222\).*--network host"):
-        _network_for(make_spec(0), "private", "cluster")
-    assert _network_for(make_spec(0), "auto", "cluster") == "host"
+        network_for(make_spec(0), "private", "cluster")
+    assert network_for(make_spec(0), "auto", "cluster") == "host"
     loopback = tmp_path / "loopback.yaml"
     loopback.write_text("worker:\n  - 127.0.0.1:2222\n  - localhost:2223\n")
     make_spec, _ = local_specs(cluster=str(loopback))
-    assert _network_for(make_spec(0), "private", "cluster") == "private"
+    assert network_for(make_spec(0), "private", "cluster") == "private"
 
 
 def _cli(*args):

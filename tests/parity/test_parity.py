@@ -12,7 +12,7 @@ compared with one device, or with Keras' MirroredStrategy where BatchNormalizati
 weights abs 1e-5) or refuses the case with a ConfigError that says why; nothing runs differently. One-device
 paths are compared with Keras at the XLA setting tfaccel's plan chose (announced in the plan): XLA draws
 Dropout masks from another RNG kernel than TF's CPU kernels, in Keras' own fit as well.
-``TFACCEL_PARITY_JSON=path`` also writes the outcome table (scripts/parity_table.py renders it for the README).
+``TFACCEL_PARITY_JSON=path`` also writes the outcome table (scripts/parity_table.py renders it for docs/guides/keras-parity.md).
 """
 
 import json

@@ -28,6 +28,6 @@ def test_switched_off_and_unknown_versions_are_left_alone(monkeypatch):
     monkeypatch.delenv("TFACCEL_DISABLE_COMPAT")
     monkeypatch.setattr(keras, "__version__", "3.16.0")
     assert keras_ps_model.why_not_needed(model) == (
-        "Keras 3.16.0 is outside 3.0..3.15.x; if evaluate fails after parameter-server training, see "
-        "keras-team/keras#18624")
+        "Keras 3.16.0 is outside the versions this fix is known to be needed on (3.0 up to 3.15.x); not patching. "
+        "If evaluate fails after parameter-server training, see keras-team/keras#18624")
     assert keras_ps_model.release_from_strategy(model) is False

@@ -10,8 +10,9 @@ import harness
 from tfaccel.cli.main import main as cli_main
 from tfaccel.errors import ConfigError
 from tfaccel.launch import run_ray
-from tfaccel.launch.ray import (enter_launch_dir, first_failure, forwarded_env, ray_backup_dir, ray_context,
-                                report_callbacks)
+from tfaccel.launch.ray import forwarded_env, ray_backup_dir, ray_context, report_callbacks
+from tfaccel.launch.ray_driver import first_failure
+from tfaccel.launch.ray_worker import enter_launch_dir
 
 
 @pytest.mark.parametrize("kwargs, words", [

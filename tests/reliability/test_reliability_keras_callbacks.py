@@ -1,10 +1,11 @@
-"""The user's own keras.callbacks.BackupAndRestore and ModelCheckpoint under `tfaccel launch --workers 2` and
-`tfaccel launch --backend horovod -np 2` (issue 24, point 9): the chief writes the real paths, the other worker
+"""The user's own keras.callbacks.BackupAndRestore, ModelCheckpoint and CSVLogger under `tfaccel launch --workers 2`
+and `tfaccel launch --backend horovod -np 2` (issue 24, point 9): the chief writes the real paths, the other worker
 private temporary ones; a worker SIGKILLed after an epoch, the job restarted, ends with the weights of an
 uninterrupted run.
 
 Real processes on 127.0.0.1 through the real front end (rel_scenarios.Run); the job is scripts/rel_job.py with
-REL_KERAS_BACKUP / REL_KERAS_CHECKPOINT (Keras' callbacks passed to compile_and_fit, no tfaccel backup_dir).
+REL_KERAS_BACKUP / REL_KERAS_CHECKPOINT / REL_KERAS_CSV (Keras' callbacks passed to compile_and_fit, no tfaccel
+backup_dir).
 """
 
 import os
@@ -21,7 +22,8 @@ def _launch(work, backend, *, kill=None, timeout=300):
     work.mkdir(parents=True, exist_ok=True)
     (work / "tmp").mkdir(exist_ok=True)
     env = dict(REL_BACKUP_FREQ="", REL_KERAS_BACKUP=work / "keras-backup",
-               REL_KERAS_CHECKPOINT=work / "ckpt" / "m-{epoch}.weights.h5", REL_WEIGHTS_OUT=work / "res-{task}.npz",
+               REL_KERAS_CHECKPOINT=work / "ckpt" / "m-{epoch}.weights.h5", REL_KERAS_CSV=work / "rows.csv",
+               REL_WEIGHTS_OUT=work / "res-{task}.npz",
                TMPDIR=work / "tmp")
     if kill:
         env["REL_KILL_AT"] = kill
@@ -30,6 +32,13 @@ def _launch(work, backend, *, kill=None, timeout=300):
     run.wait(timeout)
     assert run.returncode == 0, f"rc={run.returncode} timed out={run.timed_out}\n{run.tail(60)}"
     return run
+
+
+def _csv_epochs(work):
+    """The epoch column of the appending CSVLogger's file: each epoch once, from the chief alone."""
+    lines = (work / "rows.csv").read_text().splitlines()
+    assert lines[0].startswith("epoch,"), lines
+    return [int(line.split(",")[0]) for line in lines[1:]]
 
 
 @pytest.mark.slow
@@ -48,6 +57,7 @@ def test_keras_backup_and_checkpoint_survive_a_killed_worker_and_end_like_an_uni
     tmp = ref / "tmp"
     assert rs.job_files_in_tmp(str(p.relative_to(tmp)) for p in tmp.rglob("*")) == []
     assert not (ref / "keras-backup").exists()
+    assert _csv_epochs(ref) == [0, 1, 2]
     run = _launch(tmp_path / "killed", backend, kill=f"{victim}:1:3")  # epoch 1 (0-based), after the backup of epoch 0
     work = tmp_path / "killed"
     assert (work / "killed").read_text().strip() == "1:3" and "restart" in run.text
@@ -59,4 +69,5 @@ def test_keras_backup_and_checkpoint_survive_a_killed_worker_and_end_like_an_uni
     # (the killed worker's own is removed by its restart)
     assert sorted(p.name for p in (work / "ckpt").iterdir()) == [f"m-{e}.weights.h5" for e in (1, 2, 3)]
     assert not (work / "keras-backup").exists()
+    assert _csv_epochs(work) == [0, 1, 2]  # the killed run appended epochs 1-2 after its restart
     assert [p.name for p in (work / "tmp").iterdir() if p.name.startswith("tfaccel-worker-")] == []

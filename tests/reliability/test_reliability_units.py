@@ -173,7 +173,8 @@ def test_atomic_write_text_never_leaves_a_mix(tmp_path, monkeypatch):
 
 # --------------------------------------------------------------------------------------------- R4 security
 def test_local_clusters_use_loopback_addresses_only():
-    from tfaccel.launch.local import build_tasks, child_base_env, local_cluster
+    from tfaccel.launch.command import child_base_env
+    from tfaccel.launch.tasks import build_tasks, local_cluster
 
     spec = local_cluster(workers=2, ps=1, chief=True, evaluator=True)
     for task in build_tasks(spec, lambda name: ("python", "x.py"), env=child_base_env()):

@@ -96,3 +96,25 @@ def test_the_epoch_a_users_backup_resumes_at_is_known_before_training(tmp_path):
                                               backend=Backend(is_chief=True)) == 3
     np.testing.assert_array_equal(fresh.get_weights()[0], model.get_weights()[0])
     assert keras_callbacks.keras_resume_epoch([], model=_model(), backend=Backend(is_chief=True)) == 0
+
+
+def test_another_worker_logs_tensorboard_and_csv_rows_privately(tmp_path, private_tmp):
+    """Only the chief writes the user's TensorBoard logs and CSV rows (an appending CSVLogger's file had both
+    workers' rows)."""
+    logs, rows = tmp_path / "logs", tmp_path / "rows.csv"
+    board = keras.callbacks.TensorBoard(str(logs))
+    csv = keras.callbacks.CSVLogger(str(rows), append=True)
+    given = keras_callbacks.worker_callbacks([board, csv], backend=Backend(is_chief=False))
+    assert board.log_dir == str(logs) and csv.filename == str(rows)  # the user's objects are untouched
+    assert type(given[0]) is keras.callbacks.TensorBoard and type(given[1]) is keras.callbacks.CSVLogger
+    [private] = list(private_tmp.iterdir())
+    assert given[0].log_dir.startswith(str(private)) and given[1].filename == str(private / "1" / "rows.csv")
+    written = []
+    probe = keras.callbacks.LambdaCallback(on_epoch_end=lambda e, logs: written.extend(
+        str(p.relative_to(private)) for p in private.rglob("*") if p.is_file()))
+    _model().fit(X, Y, epochs=2, verbose=0, callbacks=given + [probe])
+    assert "1/rows.csv" in written and any(name.startswith("0/train/events.out") for name in written), written
+    assert not logs.exists() and not rows.exists() and list(private_tmp.iterdir()) == []
+    chief = keras_callbacks.worker_callbacks([board, csv], backend=Backend(is_chief=True))
+    _model().fit(X, Y, epochs=2, verbose=0, callbacks=chief)
+    assert len(rows.read_text().splitlines()) == 3 and (logs / "train").is_dir()  # header + 2 epochs

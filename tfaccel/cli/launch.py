@@ -58,6 +58,16 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
                "  tfaccel launch --backend horovod -np 2 --max-restarts 1 -- python train.py\n"
                "  tfaccel launch --backend ray --workers 2 --max-restarts 1 -- python train.py",
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_cluster_options(parser)
+    _add_supervision_options(parser)
+    _add_backend_options(parser)
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the tasks, their TF_CONFIG and commands; start nothing")
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command every task runs")
+    parser.set_defaults(func=run_cli)
+
+
+def _add_cluster_options(parser: argparse.ArgumentParser) -> None:
     layout = parser.add_argument_group("cluster (local mode unless --task is given)")
     layout.add_argument("--workers", type=int, default=None, metavar="N",
                         help=f"number of worker tasks on 127.0.0.1, or of Ray Train workers with --backend ray "
@@ -72,6 +82,9 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
                         help="cluster file (YAML/JSON); without --task every address must be on this machine")
     layout.add_argument("--task", metavar="NAME", default=None,
                         help="per-host mode: run only this task of --cluster, e.g. worker:1")
+
+
+def _add_supervision_options(parser: argparse.ArgumentParser) -> None:
     run = parser.add_argument_group("supervision")
     run.add_argument("--max-restarts", type=int, default=None, metavar="K",
                      help="restart the whole job (fresh ports) up to K times after a failure; with --backend "
@@ -94,6 +107,9 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
                      help="--backend ray / horovod: also pass this variable of the launcher's environment to every "
                           "worker / rank (repeatable). They get TFACCEL_*, TF_* and the launch's own variables; "
                           "nothing else of this environment (secrets stay home) unless named here")
+
+
+def _add_backend_options(parser: argparse.ArgumentParser) -> None:
     hvd = parser.add_argument_group("horovod (--backend horovod)")
     hvd.add_argument("--backend", choices=LAUNCH_BACKENDS, default=None,
                      help=f"tf: one process per tf.distribute task (TF_CONFIG); horovod: ranks through horovodrun; "
@@ -111,10 +127,6 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     ray_group.add_argument("--storage-path", default=None, metavar="DIR",
                            help="Ray Train's run storage (shared by every node of a cluster); default: Ray's "
                                 "(~/ray_results)")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="print the tasks, their TF_CONFIG and commands; start nothing")
-    parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command every task runs")
-    parser.set_defaults(func=run_cli)
 
 
 def _positive(name: str, value: Optional[float]) -> None:
@@ -130,15 +142,42 @@ def _options(args: argparse.Namespace) -> dict:
     if not cmd:
         raise ConfigError("command: none given; put it after `--`, e.g. `tfaccel launch --workers 2 -- python "
                           "train.py`")
-    counts = {"--workers": args.workers, "--ps": args.ps, "--chief": args.chief, "--evaluator": args.evaluator}
     backend = args.backend or DEFAULT_BACKEND
+    _check_combinations(args, backend)
+    env_names = _env_names(args, backend)
+    if args.max_restarts is not None and args.max_restarts < 0:
+        raise ConfigError(f"--max-restarts: must be >= 0; received {args.max_restarts}")
+    for name, value in (("--timeout", args.timeout), ("--grace", args.grace),
+                        ("--connect-timeout", args.connect_timeout)):
+        _positive(name, value)
+    per_host = args.task is not None
+    connect_default = DEFAULT_CONNECT_TIMEOUT_HOST_S if per_host else DEFAULT_CONNECT_TIMEOUT_LOCAL_S
+    return {
+        "cmd": cmd, "per_host": per_host, "filled": _filled(args, backend, connect_default), "backend": backend,
+        "env_names": env_names, "address": args.address, "storage_path": args.storage_path,
+        "np": DEFAULT_RANKS if args.np is None else args.np, "hosts": args.hosts, "gloo_timeout": args.gloo_timeout,
+        "workers": DEFAULT_WORKERS if args.workers is None else args.workers, "ps": args.ps or 0,
+        "chief": bool(args.chief), "evaluator": bool(args.evaluator),
+        "max_restarts": args.max_restarts or 0, "timeout": args.timeout, "network": args.network or "auto",
+        "grace": DEFAULT_GRACE_S if args.grace is None else args.grace,
+        "connect_timeout": connect_default if args.connect_timeout is None else args.connect_timeout,
+    }
+
+
+def _counts(args: argparse.Namespace) -> dict:
+    return {"--workers": args.workers, "--ps": args.ps, "--chief": args.chief, "--evaluator": args.evaluator}
+
+
+def _check_combinations(args: argparse.Namespace, backend: str) -> None:
+    """Each option only with the backend and mode it belongs to."""
+    counts = _counts(args)
     horovod_only = {"-np": args.np, "-H": args.hosts, "--gloo-timeout": args.gloo_timeout}
     ray_only = {"--address": args.address, "--storage-path": args.storage_path}
     if backend != "ray":
         given = [name for name, value in ray_only.items() if value is not None]
         if given:
-            raise ConfigError(f"{', '.join(given)}: only with --backend ray; received --backend {backend}. "
-                              "Example: tfaccel launch --backend ray --workers 2 --address HOST:6379 -- python train.py")
+            raise ConfigError(f"{', '.join(given)}: only with --backend ray; received --backend {backend}. Example: "
+                              "tfaccel launch --backend ray --workers 2 --address HOST:6379 -- python train.py")
     if backend == "ray":
         _check_ray_options(args, counts, horovod_only)
     elif backend == "horovod":
@@ -153,6 +192,11 @@ def _options(args: argparse.Namespace) -> dict:
         if given:
             raise ConfigError(f"{', '.join(given)}: only with --backend horovod; received --backend {backend}. "
                               "For tf.distribute tasks use --workers N")
+    _check_cluster_options(args, counts)
+
+
+def _check_cluster_options(args: argparse.Namespace, counts: dict) -> None:
+    """--task needs --cluster; --cluster excludes the counts; --network is for local clusters."""
     if args.task is not None and args.cluster is None:
         raise ConfigError(f"--task: needs --cluster FILE (per-host mode reads the whole cluster from it); received "
                           f"--task {args.task} without --cluster")
@@ -164,21 +208,24 @@ def _options(args: argparse.Namespace) -> dict:
     if args.network is not None and args.task is not None:
         raise ConfigError(f"--network: only for local clusters; received --network {args.network} with --task "
                           f"{args.task} (per-host mode: the task must reach the other hosts); leave --network out")
-    env_names: List[str] = list(args.env_names or [])
-    if env_names:
-        if backend == "tf":
-            raise ConfigError(f"--env {env_names[0]}: only with --backend ray or horovod; tf.distribute tasks run on "
-                              "this machine with the launcher's whole environment (per-host mode: this host's)")
-        from tfaccel.launch.envpolicy import check_env_names
 
-        env_names = list(check_env_names(env_names))
-    if args.max_restarts is not None and args.max_restarts < 0:
-        raise ConfigError(f"--max-restarts: must be >= 0; received {args.max_restarts}")
-    for name, value in (("--timeout", args.timeout), ("--grace", args.grace),
-                        ("--connect-timeout", args.connect_timeout)):
-        _positive(name, value)
+
+def _env_names(args: argparse.Namespace, backend: str) -> List[str]:
+    """The checked ``--env NAME`` names (Ray and Horovod only)."""
+    env_names: List[str] = list(args.env_names or [])
+    if not env_names:
+        return env_names
+    if backend == "tf":
+        raise ConfigError(f"--env {env_names[0]}: only with --backend ray or horovod; tf.distribute tasks run on "
+                          "this machine with the launcher's whole environment (per-host mode: this host's)")
+    from tfaccel.launch.envpolicy import check_env_names
+
+    return list(check_env_names(env_names))
+
+
+def _filled(args: argparse.Namespace, backend: str, connect_default: float) -> List[str]:
+    """The defaults filled in, as the options that would set them."""
     filled: List[str] = []
-    per_host = args.task is not None
     if args.backend is None:
         filled.append(f"--backend {DEFAULT_BACKEND}")
     if backend == "ray":
@@ -195,27 +242,15 @@ def _options(args: argparse.Namespace) -> dict:
         if args.workers is None:
             filled.append(f"--workers {DEFAULT_WORKERS}")
         filled.append("ports chosen by the OS on 127.0.0.1")
-    if args.network is None and not per_host:
+    if args.network is None and args.task is None:
         filled.append("--network auto")
-    if args.max_restarts is None:
-        filled.append("--max-restarts 0")
-    if args.timeout is None:
-        filled.append("--timeout none")
-    if args.grace is None:
-        filled.append(f"--grace {DEFAULT_GRACE_S:g}")
-    connect_default = DEFAULT_CONNECT_TIMEOUT_HOST_S if per_host else DEFAULT_CONNECT_TIMEOUT_LOCAL_S
+    for value, option in ((args.max_restarts, "--max-restarts 0"), (args.timeout, "--timeout none"),
+                          (args.grace, f"--grace {DEFAULT_GRACE_S:g}")):
+        if value is None:
+            filled.append(option)
     if args.connect_timeout is None and backend == "tf":
         filled.append(f"--connect-timeout {connect_default:g}")
-    return {
-        "cmd": cmd, "per_host": per_host, "filled": filled, "backend": backend, "env_names": env_names,
-        "address": args.address, "storage_path": args.storage_path,
-        "np": DEFAULT_RANKS if args.np is None else args.np, "hosts": args.hosts, "gloo_timeout": args.gloo_timeout,
-        "workers": DEFAULT_WORKERS if args.workers is None else args.workers, "ps": args.ps or 0,
-        "chief": bool(args.chief), "evaluator": bool(args.evaluator),
-        "max_restarts": args.max_restarts or 0, "timeout": args.timeout, "network": args.network or "auto",
-        "grace": DEFAULT_GRACE_S if args.grace is None else args.grace,
-        "connect_timeout": connect_default if args.connect_timeout is None else args.connect_timeout,
-    }
+    return filled
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -226,7 +261,8 @@ def run_cli(args: argparse.Namespace) -> int:
     if args.cluster is not None:
         from tfaccel.cluster import ClusterSpec
 
-        ClusterSpec.from_file(args.cluster)  # a bad cluster file is the one line said, before anything else
+        # Read once, here: a bad cluster file is the one line said, before anything else.
+        opts["cluster"] = ClusterSpec.from_file(args.cluster)
     log = get_logger()
     if opts["filled"]:
         log.info("launch: defaults filled in (pass the options to set them): %s", ", ".join(opts["filled"]))
@@ -239,13 +275,13 @@ def run_cli(args: argparse.Namespace) -> int:
     if opts["per_host"]:
         from tfaccel.launch.host import run_host
 
-        result = run_host(opts["cmd"], cluster=args.cluster, task=args.task, timeout=opts["timeout"],
+        result = run_host(opts["cmd"], cluster=opts["cluster"], task=args.task, timeout=opts["timeout"],
                           max_restarts=opts["max_restarts"], grace=opts["grace"],
                           connect_timeout=opts["connect_timeout"], capture_lines=CAPTURE_LINES)
     else:
         from tfaccel.launch.local import run_local
 
-        local = {"cluster": args.cluster} if args.cluster is not None else {
+        local = {"cluster": opts["cluster"]} if args.cluster is not None else {
             "workers": opts["workers"], "ps": opts["ps"], "chief": opts["chief"], "evaluator": opts["evaluator"]}
         result = run_local(opts["cmd"], timeout=opts["timeout"], max_restarts=opts["max_restarts"],
                            grace=opts["grace"], connect_timeout=opts["connect_timeout"], capture_lines=CAPTURE_LINES,
@@ -254,18 +290,19 @@ def run_cli(args: argparse.Namespace) -> int:
 
 
 def _dry_run(args: argparse.Namespace, opts: dict) -> int:
-    from tfaccel.launch.local import build_tasks, child_base_env, local_specs, normalize_command
+    from tfaccel.launch.command import child_base_env, normalize_command
+    from tfaccel.launch.tasks import build_tasks, local_specs
     from tfaccel.log import get_logger
 
     peers: List = []
     if opts["per_host"]:
         from tfaccel.launch.host import host_plan
 
-        spec, task, peers, notes = host_plan(opts["cmd"], cluster=args.cluster, task=args.task)
+        spec, task, peers, notes = host_plan(opts["cmd"], cluster=opts["cluster"], task=args.task)
         tasks = [task]
     else:
         if args.cluster is not None:
-            make_spec, notes = local_specs(cluster=args.cluster)
+            make_spec, notes = local_specs(cluster=opts["cluster"])
         else:
             make_spec, notes = local_specs(workers=opts["workers"], ps=opts["ps"], chief=opts["chief"],
                                            evaluator=opts["evaluator"])
@@ -329,7 +366,7 @@ def _check_ray_options(args: argparse.Namespace, counts: dict, horovod_only: dic
 
 
 def _ray(opts: dict, *, dry_run: bool) -> int:
-    from tfaccel.launch.local import normalize_command
+    from tfaccel.launch.command import normalize_command
     from tfaccel.launch.ray import run_ray
 
     if dry_run:

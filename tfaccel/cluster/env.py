@@ -3,7 +3,7 @@
 from typing import Mapping, Optional
 
 from tfaccel.cluster.described import read_env, read_slurm, read_tf_config
-from tfaccel.cluster.spec import TaskInfo
+from tfaccel.cluster.task import TaskInfo
 
 __all__ = ["task_from_env", "task_from_tf_config", "slurm_task"]
 

@@ -10,7 +10,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from tfaccel.cluster.errors import ClusterConfigError
 from tfaccel.cluster.limits import shorten
-from tfaccel.cluster.spec import ClusterSpec, split_address
+from tfaccel.cluster.address import split_address
+from tfaccel.cluster.spec import ClusterSpec
 
 __all__ = ["tfjob_manifest", "tfjob_yaml", "REPLICA_TYPES"]
 

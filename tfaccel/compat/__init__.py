@@ -13,7 +13,9 @@ tfaccel reads no ``keras.src``, no ``tf.__internal__`` and no private attribute 
 import os
 from typing import Mapping, Optional, Tuple
 
-__all__ = ["DISABLE_ENV", "is_disabled", "major_minor"]
+VersionWindow = Tuple[Tuple[int, int], Tuple[int, int]]  # [low, high) of (major, minor)
+
+__all__ = ["DISABLE_ENV", "VersionWindow", "is_disabled", "major_minor", "outside_versions"]
 
 DISABLE_ENV = "TFACCEL_DISABLE_COMPAT"
 
@@ -40,3 +42,26 @@ def major_minor(version: str) -> Tuple[int, int]:
         return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
     except (IndexError, ValueError):
         return (0, 0)
+
+
+def outside_versions(library: str, version: str, affected: VersionWindow, if_it_fails: str) -> Optional[str]:
+    """Why a fix is left alone when ``version`` lies outside the versions it is known to be needed on, else None.
+
+    Args:
+        library: the library's name in the message, e.g. ``"Keras"``.
+        version: its installed version, e.g. ``keras.__version__``.
+        affected: ``(low, high)``: the fix is needed from ``low`` up to, not including, ``high`` (major, minor).
+        if_it_fails: what to do if the upstream problem shows after all, e.g. ``"model.fit fails ..., see ..."``.
+
+    Returns:
+        None inside the window; else one line naming the version, the window and ``if_it_fails``.
+
+    Example:
+        >>> outside_versions("Keras", "3.16.0", ((3, 0), (3, 16)), "it fails, see keras#1")
+        'Keras 3.16.0 is outside the versions this fix is known to be needed on (3.0 up to 3.15.x); not patching. If it fails, see keras#1'
+    """
+    low, high = affected
+    if low <= major_minor(version) < high:
+        return None
+    return (f"{library} {version} is outside the versions this fix is known to be needed on "
+            f"({low[0]}.{low[1]} up to {high[0]}.{high[1] - 1}.x); not patching. If {if_it_fails}")

@@ -27,9 +27,9 @@ tfaccel runs several steps per call with its own loop instead (``tfaccel.train.l
 """
 
 import threading
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional
 
-from tfaccel.compat import is_disabled, major_minor
+from tfaccel.compat import VersionWindow, is_disabled, outside_versions
 from tfaccel.log import get_logger
 
 __all__ = ["NAME", "UPSTREAM_ISSUES", "AFFECTED_VERSIONS", "is_needed", "why_not_needed", "apply", "remove",
@@ -39,16 +39,10 @@ NAME = "keras_mwms"
 UPSTREAM_ISSUES = ("keras-team/keras#20585", "tensorflow/tensorflow#72388", "ray-project/ray#47464")
 # [first affected, first version not known to be affected): 3.0 .. 3.15.x. Outside the range the fix is not
 # applied; re-check upstream (tests/strategies/test_compat_keras_mwms.py reproduces the failure) and widen it.
-AFFECTED_VERSIONS: Tuple[Tuple[int, int], Tuple[int, int]] = ((3, 0), (3, 16))
+AFFECTED_VERSIONS: VersionWindow = ((3, 0), (3, 16))
 
 _lock = threading.Lock()
 _originals: Dict[str, Any] = {}
-
-
-def _keras_version() -> Tuple[int, int]:
-    import keras
-
-    return major_minor(keras.__version__)
 
 
 def _trainer_module() -> Any:
@@ -65,12 +59,10 @@ def why_not_needed() -> Optional[str]:
     """
     import keras
 
-    low, high = AFFECTED_VERSIONS
-    version = _keras_version()
-    if not low <= version < high:
-        return (f"Keras {keras.__version__} is outside the versions this fix is known to be needed on "
-                f"({low[0]}.{low[1]} up to {high[0]}.{high[1] - 1}.x); not patching. If model.fit fails under "
-                f"MultiWorkerMirroredStrategy, see {', '.join(UPSTREAM_ISSUES)}")
+    outside = outside_versions("Keras", keras.__version__, AFFECTED_VERSIONS,
+                               f"model.fit fails under MultiWorkerMirroredStrategy, see {', '.join(UPSTREAM_ISSUES)}")
+    if outside is not None:
+        return outside
     try:
         module = _trainer_module()
     except ImportError as exc:

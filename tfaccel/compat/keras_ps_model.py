@@ -14,16 +14,16 @@ strategy (Keras then uses the strategy of the current scope: the default one out
 ``predict`` and ``save`` work on the coordinator. Switched off with ``TFACCEL_DISABLE_COMPAT=keras_ps_model``.
 """
 
-from typing import Any, Optional, Tuple
+from typing import Any, Optional
 
-from tfaccel.compat import is_disabled, major_minor
+from tfaccel.compat import VersionWindow, is_disabled, outside_versions
 
 __all__ = ["NAME", "UPSTREAM_ISSUES", "AFFECTED_VERSIONS", "why_not_needed", "release_from_strategy"]
 
 NAME = "keras_ps_model"
 UPSTREAM_ISSUES = ("keras-team/keras#18624",)
 # [first affected, first version not known to be affected): Keras 3.0 .. 3.15.x.
-AFFECTED_VERSIONS: Tuple[Tuple[int, int], Tuple[int, int]] = ((3, 0), (3, 16))
+AFFECTED_VERSIONS: VersionWindow = ((3, 0), (3, 16))
 
 
 def why_not_needed(model: Any) -> Optional[str]:
@@ -33,10 +33,10 @@ def why_not_needed(model: Any) -> Optional[str]:
 
     if is_disabled(NAME):
         return f"switched off by TFACCEL_DISABLE_COMPAT ({NAME})"
-    low, high = AFFECTED_VERSIONS
-    if not low <= major_minor(keras.__version__) < high:
-        return (f"Keras {keras.__version__} is outside {low[0]}.{low[1]}..{high[0]}.{high[1] - 1}.x; if evaluate "
-                f"fails after parameter-server training, see {UPSTREAM_ISSUES[0]}")
+    outside = outside_versions("Keras", keras.__version__, AFFECTED_VERSIONS,
+                               f"evaluate fails after parameter-server training, see {UPSTREAM_ISSUES[0]}")
+    if outside is not None:
+        return outside
     strategy = getattr(model, "_distribute_strategy", None)  # Keras 3.15 TensorFlowTrainer; no public setter
     if not isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
         return f"the model's strategy is {type(strategy).__name__}, not ParameterServerStrategy"

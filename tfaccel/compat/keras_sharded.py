@@ -35,7 +35,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tfaccel.compat import is_disabled, major_minor
+from tfaccel.compat import VersionWindow, is_disabled, outside_versions
 from tfaccel.log import get_logger
 
 __all__ = ["NAME", "UPSTREAM_ISSUES", "AFFECTED_VERSIONS", "why_not_needed", "is_needed", "sharded_value",
@@ -45,7 +45,7 @@ NAME = "keras_sharded"
 UPSTREAM_ISSUES = ("keras-team/keras#18624",)
 # [first affected, first version not known to be affected): Keras 3.0 .. 3.15.x. Re-check upstream
 # (tests/training/test_sharded_variables.py reproduces the failure with the fix off) before widening it.
-AFFECTED_VERSIONS: Tuple[Tuple[int, int], Tuple[int, int]] = ((3, 0), (3, 16))
+AFFECTED_VERSIONS: VersionWindow = ((3, 0), (3, 16))
 
 _lock = threading.Lock()
 _originals: Dict[str, Any] = {}
@@ -62,12 +62,8 @@ def why_not_needed() -> Optional[str]:
 
     if is_disabled(NAME):
         return f"switched off by TFACCEL_DISABLE_COMPAT ({NAME})"
-    low, high = AFFECTED_VERSIONS
-    if not low <= major_minor(keras.__version__) < high:
-        return (f"Keras {keras.__version__} is outside the versions this fix is known to be needed on "
-                f"({low[0]}.{low[1]} up to {high[0]}.{high[1] - 1}.x); not patching. If training a sharded variable "
-                f"fails, see {', '.join(UPSTREAM_ISSUES)}")
-    return None
+    return outside_versions("Keras", keras.__version__, AFFECTED_VERSIONS,
+                            f"training a sharded variable fails, see {', '.join(UPSTREAM_ISSUES)}")
 
 
 def is_needed() -> bool:

@@ -49,7 +49,7 @@ import sys
 import threading
 from typing import Any, Iterator, Optional, Tuple
 
-from tfaccel.compat import is_disabled, major_minor
+from tfaccel.compat import VersionWindow, is_disabled, outside_versions
 from tfaccel.log import get_logger
 
 __all__ = ["NAME", "UPSTREAM_ISSUES", "UPSTREAM_CODE", "AFFECTED_VERSIONS", "KEEP_ENV", "NOTE", "is_needed",
@@ -62,7 +62,7 @@ UPSTREAM_CODE = ("tensorflow/core/common_runtime/eager/context_distributed_manag
                  "xla/tsl/distributed_runtime/preemption/preemption_notifier.cc (SigtermNotifier: std::signal)")
 # [first affected, first version not known to be affected): seen on TF 2.21 (checked here). Earlier versions
 # carry the same code but were not checked; re-check (tests/strategies/test_compat_tf_sigterm.py) and widen.
-AFFECTED_VERSIONS: Tuple[Tuple[int, int], Tuple[int, int]] = ((2, 21), (2, 22))
+AFFECTED_VERSIONS: VersionWindow = ((2, 21), (2, 22))
 KEEP_ENV = "TFACCEL_KEEP_TF_SIGTERM"
 NOTE = (f"SIGTERM ends this worker: TensorFlow's SIGTERM preemption notifier is set aside by compat fix {NAME} "
         f"({KEEP_ENV}=1 keeps it)")
@@ -134,12 +134,6 @@ def _is_tensorflows(buf: Any) -> bool:
     return any(marker in owner for marker in _TF_LIBRARY_MARKERS)
 
 
-def _tf_version() -> Tuple[int, int]:
-    import tensorflow as tf
-
-    return major_minor(tf.__version__)
-
-
 def why_not_needed() -> Optional[str]:
     """Why the fix should not be applied here, or None when it should.
 
@@ -151,12 +145,8 @@ def why_not_needed() -> Optional[str]:
                 "Linux and macOS on x86_64/arm64; not patching")
     import tensorflow as tf
 
-    low, high = AFFECTED_VERSIONS
-    if not low <= _tf_version() < high:
-        return (f"TensorFlow {tf.__version__} is outside the versions this fix is known to be needed on "
-                f"({low[0]}.{low[1]} up to {high[0]}.{high[1] - 1}.x); not patching. If a MultiWorkerMirrored "
-                f"worker ignores SIGTERM, see {UPSTREAM_CODE[0]}")
-    return None
+    return outside_versions("TensorFlow", tf.__version__, AFFECTED_VERSIONS,
+                            f"a MultiWorkerMirrored worker ignores SIGTERM, see {UPSTREAM_CODE[0]}")
 
 
 def is_needed() -> bool:

@@ -14,8 +14,8 @@ from tfaccel._lazy import lazy_exports
 __all__ = ["run_local", "run_host", "run_ray", "LaunchResult", "TaskOutcome", "LaunchTask"]
 
 _LAZY = {"run_local": "tfaccel.launch.local", "run_host": "tfaccel.launch.host", "run_ray": "tfaccel.launch.ray",
-         "LaunchResult": "tfaccel.launch.supervisor", "TaskOutcome": "tfaccel.launch.supervisor",
-         "LaunchTask": "tfaccel.launch.supervisor"}
+         "LaunchResult": "tfaccel.launch.outcome", "TaskOutcome": "tfaccel.launch.outcome",
+         "LaunchTask": "tfaccel.launch.outcome"}
 
 
 __getattr__, __dir__ = lazy_exports("tfaccel.launch", globals(), _LAZY, __all__)

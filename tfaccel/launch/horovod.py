@@ -9,6 +9,11 @@ Restarts (``max_restarts``, issue 9 R1): horovodrun ends every rank when one fai
 job is then run again as a whole (a fresh horovodrun, all ranks, a fresh rendezvous port). With
 ``compile_and_fit(backup_dir=...)`` the ranks resume from the last step-level backup (written by rank 0).
 
+What reaches the ranks: horovodrun writes every variable of its own environment onto each rank's command line
+(``env K=V ... CMD``, which any user of the host can read with ``ps``, and which goes over ssh to other hosts), so
+horovodrun gets only what the ranks need (:func:`horovod_env`): what running a program needs (``PATH``, ``HOME``,
+``PYTHONPATH``, ...), ``TFACCEL_*``, ``TF_*``, ``HOROVOD_*``, ``GLOO_*``, the launch's ``env`` and ``--env`` names.
+
 Batch semantics: every rank runs the same command on its own shard; tfaccel's ``global_batch_size`` is
 still the global batch (each rank steps on ``global_batch_size // N`` examples).
 """
@@ -23,9 +28,10 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 from tfaccel.cluster.limits import shorten
 from tfaccel.errors import BackendUnavailableError, ConfigError
 from tfaccel.launch.envpolicy import check_env_names, runtime_env
-from tfaccel.launch.local import CHILD_DEFAULT_ENV, child_base_env, normalize_command
+from tfaccel.launch.command import CHILD_DEFAULT_ENV, child_base_env, normalize_command
 from tfaccel.launch.netns import check_network_mode
-from tfaccel.launch.supervisor import RESTART_ENV, LaunchResult, LaunchTask, run_job
+from tfaccel.launch.outcome import LaunchResult, LaunchTask
+from tfaccel.launch.supervisor import RESTART_ENV, run_job
 from tfaccel.log import get_logger
 
 __all__ = ["build_horovodrun_command", "run_horovod", "parse_hosts", "find_horovodrun", "horovod_env"]
@@ -129,19 +135,34 @@ def build_horovodrun_command(np: int, hosts: Union[None, str, Sequence[str]], cm
                           "Example: tfaccel launch --backend horovod -np 2 -- python train.py")
     parsed = parse_hosts(hosts, np)
     argv, _notes = normalize_command(cmd)
-    env_words = []
+    env_words = _env_words(extra_env)
+    if network_interfaces is None and all(host in ("localhost", "127.0.0.1") for host, _ in parsed):
+        network_interfaces = "lo"  # all ranks here: keep Gloo on loopback instead of probing every NIC
+    options = _option_words(network_interfaces=network_interfaces, start_timeout=start_timeout,
+                            gloo_timeout=gloo_timeout, verbose=verbose)
+    out = [horovodrun or find_horovodrun(), "--gloo", "-np", str(np),
+           "-H", ",".join(f"{host}:{slots}" for host, slots in parsed)] + options
+    return out + (["env", *env_words] if env_words else []) + list(argv)
+
+
+def _env_words(extra_env: Optional[Mapping[str, str]]) -> List[str]:
+    """``["K=V", ...]`` for ``env K=V ... CMD``; every name checked."""
+    words = []
     for name, value in (extra_env or {}).items():
         if not _ENV_NAME_RE.match(str(name)):
             raise ConfigError(f"extra_env: {name!r} is not a valid environment variable name; valid: letters, "
                               "digits and '_', not starting with a digit")
-        env_words.append(f"{name}={value}")
+        words.append(f"{name}={value}")
+    return words
+
+
+def _option_words(*, network_interfaces: Optional[str], start_timeout: Optional[int], gloo_timeout: Optional[int],
+                  verbose: bool) -> List[str]:
+    """horovodrun's options after ``-H``; the timeouts checked."""
     for name, value in (("start_timeout", start_timeout), ("gloo_timeout", gloo_timeout)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ConfigError(f"{name}: must be a whole number of seconds >= 1; received {value!r}")
-    if network_interfaces is None and all(host in ("localhost", "127.0.0.1") for host, _ in parsed):
-        network_interfaces = "lo"  # all ranks here: keep Gloo on loopback instead of probing every NIC
-    out = [horovodrun or find_horovodrun(), "--gloo", "-np", str(np),
-           "-H", ",".join(f"{host}:{slots}" for host, slots in parsed)]
+    out: List[str] = []
     if network_interfaces:
         out += ["--network-interfaces", network_interfaces]
     if start_timeout is not None:
@@ -150,9 +171,7 @@ def build_horovodrun_command(np: int, hosts: Union[None, str, Sequence[str]], cm
         out += ["--gloo-timeout-seconds", str(gloo_timeout)]
     if verbose:
         out.append("--verbose")
-    if env_words:
-        out += ["env", *env_words]
-    return out + list(argv)
+    return out
 
 
 def horovod_env(environ: Mapping[str, str], names: Sequence[str] = ()) -> Dict[str, str]:
@@ -177,21 +196,10 @@ def run_horovod(np: int, cmd: Union[str, Sequence[str]], *, hosts: Union[None, s
                 max_restarts: int = 0, network: str = "auto", forward: Sequence[str] = ()) -> LaunchResult:
     """Runs ``cmd`` as ``np`` Horovod ranks through ``horovodrun --gloo`` and waits for it.
 
-    The ``horovodrun`` process is supervised like any tfaccel task: its output is streamed with a
-    ``[horovodrun 0]`` prefix (horovodrun adds ``[rank]<stdout>:`` itself), it is bounded by ``timeout``
-    and stopped with its whole process group. TF_CONFIG is removed from the ranks' environment (Horovod
-    ranks are not a tf.distribute cluster; a stray TF_CONFIG would make ``strategy="auto"`` pick
-    multi_worker).
-
-    horovodrun writes every variable of its own environment onto each rank's command line (``env K=V ... CMD``,
-    which any user of the host can read with ``ps``, and which goes over ssh to other hosts), so horovodrun gets
-    only what the ranks need (:func:`horovod_env`): what running a program needs (``PATH``, ``HOME``,
-    ``PYTHONPATH``, ...), ``TFACCEL_*``, ``TF_*``, ``HOROVOD_*``, ``GLOO_*``, ``env`` and the names in ``forward``.
-
-    After a failure (a rank exited non-zero or was killed: horovodrun ends the other ranks and exits non-zero)
-    the whole job is run again, up to ``max_restarts`` times: a fresh ``horovodrun`` starts every rank, and
-    every rank sees ``TFACCEL_RESTART_COUNT`` (the attempt number, 0 first). A job that passes
-    ``backup_dir`` to ``compile_and_fit`` resumes from rank 0's last step-level backup.
+    The ``horovodrun`` process is supervised like any tfaccel task (output prefixed ``[horovodrun 0]``, bounded by
+    ``timeout``, stopped with its process group) and gets only :func:`horovod_env` (see the module docstring).
+    TF_CONFIG is not passed on: Horovod ranks are not a tf.distribute cluster, and a stray TF_CONFIG would make
+    ``strategy="auto"`` pick multi_worker.
 
     Args:
         np: number of ranks.
@@ -199,29 +207,24 @@ def run_horovod(np: int, cmd: Union[str, Sequence[str]], *, hosts: Union[None, s
         hosts: ``-H``; None for ``localhost:np``.
         extra_env: variables set in every rank (through the rank command). Defaults to None.
         env: variables set in horovodrun's own environment (passed to every rank). Defaults to None.
-        timeout: bound on the whole run in seconds; None for no bound. Defaults to None.
-        grace: seconds between SIGTERM and SIGKILL when stopping. Defaults to 10.
-        echo: stream the output. Defaults to True.
-        capture_lines: keep only the last N output lines in the result. Defaults to all.
+        timeout: bound on the whole run, restarts included, in seconds; None for no bound. Defaults to None.
+        grace, echo, capture_lines: as for :func:`tfaccel.launch.supervisor.run_job`.
         horovodrun, start_timeout, gloo_timeout, network_interfaces, verbose: see
             :func:`build_horovodrun_command`.
-        max_restarts: run the whole job (all ranks) again up to this many times after a failure; the
-            ``timeout`` bounds all attempts together. Defaults to 0.
-        network: for ranks all on this machine (``hosts`` None or localhost/127.0.0.1 only): ``"private"``
-            runs horovodrun and its ranks in a loopback-only network namespace (horovodrun's rendezvous server
-            and Gloo would otherwise listen on every interface; see :mod:`tfaccel.launch.netns`), ``"host"`` on
-            this machine's network, ``"auto"`` private where possible. With other hosts the ranks need the
-            real network: ``"auto"`` uses it, ``"private"`` is an error. Defaults to "auto".
+        max_restarts: run the whole job (all ranks) again up to this many times after a failure; every rank sees
+            ``TFACCEL_RESTART_COUNT``. Defaults to 0.
+        network: for ranks all on this machine (``hosts`` None or localhost/127.0.0.1 only): ``"private"`` runs
+            horovodrun and its ranks in a loopback-only network namespace (see :mod:`tfaccel.launch.netns`),
+            ``"host"`` on this machine's network, ``"auto"`` private where possible. With other hosts ``"auto"``
+            uses the real network and ``"private"`` is an error. Defaults to "auto".
         forward: names of variables of this environment the ranks get too (``--env NAME``); each must be set.
-            Defaults to none.
 
     Returns:
-        A ``LaunchResult`` with one task, ``horovodrun:0`` (returncode 124 on timeout); ``restarts`` says how
-        many times the job was started again, ``attempts`` holds every attempt's outcome.
+        A ``LaunchResult`` with one task, ``horovodrun:0`` (returncode 124 on timeout); ``restarts`` and
+        ``attempts`` say how many times the job was started again and how each attempt ended.
 
     Raises:
-        ConfigError: bad arguments (see :func:`build_horovodrun_command`), ``max_restarts`` not a whole number
-            >= 0, a bad ``network``, ``network="private"`` with hosts other than this machine's loopback.
+        ConfigError: bad arguments (see :func:`build_horovodrun_command`), a bad ``max_restarts`` or ``network``.
         NetworkIsolationError: ``network="private"`` where no private network namespace can be made.
         BackendUnavailableError: ``horovodrun`` is not installed.
     """
@@ -231,15 +234,8 @@ def run_horovod(np: int, cmd: Union[str, Sequence[str]], *, hosts: Union[None, s
     argv = tuple(build_horovodrun_command(np, hosts, cmd, extra_env=extra_env, horovodrun=horovodrun,
                                           start_timeout=start_timeout, gloo_timeout=gloo_timeout,
                                           network_interfaces=network_interfaces, verbose=verbose))
-    check_network_mode(network)
-    if network != "host" and any(host not in ("localhost", "127.0.0.1") for host, _ in parse_hosts(hosts, np)):
-        if network == "private":
-            raise ConfigError(f"network='private': a private network namespace has only loopback, but the ranks "
-                              f"run on hosts {shorten(repr(hosts))}; use -H localhost:N or --network host")
-        network = "host"
-    base = horovod_env(child_base_env(env), tuple(check_env_names(forward)) + tuple(env or {}))
-    # horovodrun finds itself and the rank's python through PATH: put this environment's bin first.
-    base["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), base.get("PATH", "")])
+    network = _network_mode(network, hosts, np)
+    base = _horovodrun_env(env, forward)
     get_logger().info("launch: %d Horovod rank(s) (Gloo) on %s: %s", np, argv[argv.index("-H") + 1],
                       " ".join(argv))
 
@@ -250,3 +246,21 @@ def run_horovod(np: int, cmd: Union[str, Sequence[str]], *, hosts: Union[None, s
     return run_job(make_tasks, max_restarts=max_restarts, timeout=timeout, grace=grace, echo=echo,
                    capture_lines=capture_lines, network=network)
 
+
+def _network_mode(network: str, hosts: Union[None, str, Sequence[str]], np: int) -> str:
+    """The network mode for these ranks: ranks on other hosts need the real network."""
+    check_network_mode(network)
+    if network != "host" and any(host not in ("localhost", "127.0.0.1") for host, _ in parse_hosts(hosts, np)):
+        if network == "private":
+            raise ConfigError(f"network='private': a private network namespace has only loopback, but the ranks "
+                              f"run on hosts {shorten(repr(hosts))}; use -H localhost:N or --network host")
+        return "host"
+    return network
+
+
+def _horovodrun_env(env: Optional[Mapping[str, str]], forward: Sequence[str]) -> Dict[str, str]:
+    """horovodrun's environment (:func:`horovod_env`), this Python environment's ``bin`` first on PATH (horovodrun
+    finds itself and the ranks' python through it)."""
+    base = horovod_env(child_base_env(env), tuple(check_env_names(forward)) + tuple(env or {}))
+    base["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), base.get("PATH", "")])
+    return base

@@ -10,9 +10,10 @@ stops with an error naming the tasks that never came up.
 from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
 
 from tfaccel.errors import ConfigError
-from tfaccel.launch.local import (build_tasks, check_ps_has_chief, child_base_env, load_spec, normalize_command,
-                                  warn_inherited_tf_config)
-from tfaccel.launch.supervisor import LaunchResult, LaunchTask, run_job
+from tfaccel.launch.command import child_base_env, normalize_command, warn_inherited_tf_config
+from tfaccel.launch.outcome import LaunchResult, LaunchTask
+from tfaccel.launch.supervisor import run_job
+from tfaccel.launch.tasks import build_tasks, check_ps_has_chief, load_spec
 from tfaccel.log import get_logger
 
 __all__ = ["run_host", "host_plan"]

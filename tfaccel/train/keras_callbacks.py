@@ -1,13 +1,16 @@
-"""The user's own ``keras.callbacks.BackupAndRestore`` and ``ModelCheckpoint`` under several workers.
+"""The user's own Keras callbacks that write files (``BackupAndRestore``, ``ModelCheckpoint``, ``TensorBoard``,
+``CSVLogger``) under several workers.
 
 Under multi_worker (and Horovod) every worker runs the same script, so every worker's callbacks write the same
 paths: two workers writing one HDF5 file fail with ``BlockingIOError: Unable to synchronously create file (unable to
 lock file)``. tf_keras had the chief write the real path and the others a private temporary one; Keras 3 does not.
 tfaccel restores that rule: on a worker other than the chief, each ``BackupAndRestore`` still *reads* the real
 ``backup_dir`` (every worker resumes from the chief's backup, which needs ``backup_dir`` on storage all workers see,
-as tf_keras did) but writes into a private temporary directory, and each ``ModelCheckpoint`` writes into one; both
-are removed when training ends (or, after a crash, by the next worker process on that host). The user's objects are
-not changed: the other workers train with copies. The chief keeps the user's callbacks as given.
+as tf_keras did) but writes into a private temporary directory, and each ``ModelCheckpoint``, ``TensorBoard`` and
+``CSVLogger`` writes into one (the other workers' logs and rows would otherwise land beside the chief's: an
+appending ``CSVLogger`` file got a second header and both workers' rows); they are removed when training ends (or,
+after a crash, by the next worker process on that host). The user's objects are not changed: the other workers
+train with copies. The chief keeps the user's callbacks as given.
 
 The epoch a ``BackupAndRestore`` restores is read before training (:func:`keras_resume_epoch`), so tfaccel's
 example order, a function of (seed, epoch), starts at that epoch as in an uninterrupted run.
@@ -51,6 +54,29 @@ def _private_checkpoint(user_cb: Any, directory: str) -> Any:
     return clone
 
 
+def _private_tensorboard(user_cb: Any, directory: str) -> Any:
+    """A copy of the user's TensorBoard logging into ``directory`` (Keras opens its writers at train begin)."""
+    clone = copy.copy(user_cb)
+    clone.log_dir = directory
+    return clone
+
+
+def _private_csv(user_cb: Any, directory: str) -> Any:
+    """A copy of the user's CSVLogger writing its rows into ``directory`` (same file name; Keras makes no folder)."""
+    os.makedirs(directory, exist_ok=True)
+    clone = copy.copy(user_cb)
+    clone.filename = os.path.join(directory, os.path.basename(user_cb.filename))
+    return clone
+
+
+def _private_copies() -> dict:
+    """Each Keras callback class that writes a user path -> the function making a copy that writes privately."""
+    import keras
+
+    return {keras.callbacks.BackupAndRestore: _private_backup, keras.callbacks.ModelCheckpoint: _private_checkpoint,
+            keras.callbacks.TensorBoard: _private_tensorboard, keras.callbacks.CSVLogger: _private_csv}
+
+
 def _remover(directory: str) -> Any:
     import keras
 
@@ -81,21 +107,20 @@ def worker_callbacks(callbacks: Sequence[Any], *, backend: Any) -> List[Any]:
         backend: this process's backend (``is_chief``, ``num_workers``).
 
     Returns:
-        A new list; on a worker other than the chief with a ``BackupAndRestore`` or ``ModelCheckpoint``, those are
-        replaced by copies writing into a private temporary directory, and a last callback removes it.
+        A new list; on a worker other than the chief, each ``BackupAndRestore``, ``ModelCheckpoint``,
+        ``TensorBoard`` or ``CSVLogger`` is replaced by a copy writing into a private temporary directory, and a last
+        callback removes it.
     """
-    import keras
-
     if backend.is_chief or backend.num_workers <= 1:
         return list(callbacks)
+    copies = _private_copies()
     directory: Optional[str] = None
     out = []
     for cb in callbacks:
-        if isinstance(cb, (keras.callbacks.BackupAndRestore, keras.callbacks.ModelCheckpoint)):
+        private_copy = next((make for cls, make in copies.items() if isinstance(cb, cls)), None)
+        if private_copy is not None:
             directory = directory or _private_root()
-            private = os.path.join(directory, str(len(out)))
-            cb = _private_backup(cb, private) if isinstance(cb, keras.callbacks.BackupAndRestore) \
-                else _private_checkpoint(cb, private)
+            cb = private_copy(cb, os.path.join(directory, str(len(out))))
         out.append(cb)
     return out + ([_remover(directory)] if directory else [])
 

@@ -35,6 +35,7 @@ class FitResult:
     details: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def summary(self) -> str:
+        """One line: steps, seconds, examples/s, the last epoch's metrics, the loop that ran and the plan."""
         last = {k: v[-1] for k, v in self.history.items() if v}
         metrics = ", ".join(f"{k}={v:.4g}" for k, v in last.items())
         return (f"trained {self.steps} steps in {self.seconds:.1f}s, {self.examples_per_sec:,.0f} examples/s; "

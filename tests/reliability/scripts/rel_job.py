@@ -5,8 +5,9 @@ Configured by the environment so that tests and scripts/reliability.py share it:
   REL_KILL_AT  "task:epoch:step" (e.g. "worker:1:1:7"): that task SIGKILLs itself right after that step, once
                (guarded by the marker file REL_KILL_MARKER, so the restarted job runs through),
   REL_WEIGHTS_OUT  npz path for the final weights ({task} is filled in),
-  REL_KERAS_BACKUP, REL_KERAS_CHECKPOINT  the user's own keras.callbacks.BackupAndRestore(dir) and
-               ModelCheckpoint(filepath, save_weights_only=True), passed to compile_and_fit,
+  REL_KERAS_BACKUP, REL_KERAS_CHECKPOINT, REL_KERAS_CSV  the user's own keras.callbacks.BackupAndRestore(dir),
+               ModelCheckpoint(filepath, save_weights_only=True) and CSVLogger(filename, append=True), passed to
+               compile_and_fit,
   REL_STEP_SLEEP   seconds to sleep after every step (keeps a job running long enough to be interrupted),
   REL_HANG_BEFORE_START  a task name ("worker:1", "rank:1") that sleeps before starting TensorFlow: a peer that
                never joins.
@@ -76,6 +77,8 @@ def make_callbacks():
         callbacks.append(keras.callbacks.BackupAndRestore(env["REL_KERAS_BACKUP"]))
     if env.get("REL_KERAS_CHECKPOINT"):
         callbacks.append(keras.callbacks.ModelCheckpoint(env["REL_KERAS_CHECKPOINT"], save_weights_only=True))
+    if env.get("REL_KERAS_CSV"):
+        callbacks.append(keras.callbacks.CSVLogger(env["REL_KERAS_CSV"], append=True))
     if env.get("REL_STEP_SLEEP"):
         pause = float(env["REL_STEP_SLEEP"])
 

@@ -1,0 +1,50 @@
+"""The generated parts of the documentation site (scripts/docs_hooks.py): the CLI page is the parsers' own help,
+the Keras-parity table is scripts/parity_table.py's rendering of docs/data/parity.json, and the API page check
+finds a public name that has no entry."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent.parent
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+hooks = _load("docs_hooks", REPO / "scripts" / "docs_hooks.py")
+parity_table = _load("parity_table", REPO / "scripts" / "parity_table.py")
+
+
+def test_the_cli_page_is_every_verbs_help() -> None:
+    page = hooks.cli_help_markdown()
+    for verb in ("env", "tf-config", "launch", "fit", "bench", "memory"):
+        assert f"## `tfaccel {verb}`" in page and f"usage: tfaccel {verb}" in page, verb
+    assert "--max-restarts K" in page and "--network {auto,private,host}" in page
+
+
+def test_the_parity_table_is_rendered_from_the_recorded_results() -> None:
+    results = json.loads(hooks.PARITY_JSON.read_text())
+    table = hooks.parity_table_markdown()
+    assert table == parity_table.render(results)
+    rows = table.splitlines()[2:]
+    assert len(rows) == len(next(iter(results.values()))) >= 20
+    cells = [cell.strip() for row in rows for cell in row.strip("|").split("|")]
+    assert "not run" not in cells, "a path of the recorded run did not run every case"
+    page = (REPO / "docs" / "guides" / "keras-parity.md").read_text()
+    assert hooks.PARITY_MARK in page and "| case |" not in page, "the page must hold the marker, not a pasted table"
+
+
+def test_the_api_page_check_finds_a_missing_entry() -> None:
+    pytest.importorskip("griffe", reason="griffe comes with the [docs] extra, which .ci/run installs")
+    page = (REPO / "docs" / "reference" / "api.md").read_text()
+    assert hooks.api_problems(page) == []
+    without = page.replace("::: tfaccel.memory.estimate_memory\n", "")
+    assert hooks.api_problems(without) == [
+        "reference/api.md: public name tfaccel.estimate_memory has no '::: module.estimate_memory' entry"]

@@ -1,0 +1,86 @@
+"""The command and environment of a launched task: an argv (never a shell), the server command of ps tasks, and
+the environment every task starts from."""
+
+import os
+import shlex
+import shutil
+import sys
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from tfaccel.errors import ConfigError
+from tfaccel.log import get_logger
+
+__all__ = ["CHILD_DEFAULT_ENV", "server_command", "normalize_command", "child_base_env", "warn_inherited_tf_config"]
+
+
+# Set in every child unless the caller's environment already has them.
+# PYTHONUNBUFFERED: lines reach the launcher as they are written. TFACCEL_OUTPUT_PREFIXED: the launcher
+# prefixes every line with the task, so tfaccel's logger in the task does not add a second prefix.
+CHILD_DEFAULT_ENV = {"PYTHONUNBUFFERED": "1", "TFACCEL_OUTPUT_PREFIXED": "1"}
+
+
+def server_command() -> Tuple[str, ...]:
+    """The argv of a server task (ps, or worker of a parameter-server cluster)."""
+    return (sys.executable, "-m", "tfaccel.launch.server")
+
+
+def normalize_command(cmd: Union[str, Sequence[str]], *, check_exists: bool = False,
+                      env: Optional[Mapping[str, str]] = None) -> Tuple[Tuple[str, ...], List[str]]:
+    """Turns a command into an argv (never a shell) and says what it filled in.
+
+    A string is split like a shell would (``shlex``) but never run by one; a first word ending in ``.py`` is run
+    with this Python (``sys.executable``).
+
+    Args:
+        cmd: the command.
+        check_exists: raise when the program is not found here (on ``PATH`` of ``env``, or as a path).
+            Defaults to False (e.g. a command for other hosts).
+        env: the environment whose ``PATH`` is searched. Defaults to this process's.
+
+    Returns:
+        ``(argv, notes)`` where notes describe what was filled in.
+
+    Raises:
+        ConfigError: the command is empty, or (``check_exists``) its program or script is not found.
+    """
+    argv = shlex.split(cmd) if isinstance(cmd, str) else [str(part) for part in cmd]
+    notes = []
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        raise ConfigError("command: received an empty command; put the program after `--`, e.g. "
+                          "`tfaccel launch --workers 2 -- python train.py`")
+    if argv[0].endswith(".py"):
+        if check_exists and not os.path.isfile(argv[0]):
+            raise ConfigError(f"command: script {argv[0]!r} not found (received {shlex.join(argv)!r}, working "
+                              f"directory {os.getcwd()}); check the path")
+        notes.append(f"{argv[0]} is run with this Python ({sys.executable})")
+        argv = [sys.executable] + argv
+    elif check_exists:
+        path = (env if env is not None else os.environ).get("PATH", os.defpath)
+        if shutil.which(argv[0], path=path) is None:
+            where = "not an executable file" if os.sep in argv[0] else "not found on PATH"
+            raise ConfigError(f"command: program {argv[0]!r} {where} (received {shlex.join(argv)!r}); give its full "
+                              "path or install it")
+    return tuple(argv), notes
+
+
+def child_base_env(env: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """The environment every task starts from: this process's, without TF_CONFIG, plus defaults and ``env``."""
+    base = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    for key, value in CHILD_DEFAULT_ENV.items():
+        base.setdefault(key, value)
+    base.update(env or {})
+    if "TF_CONFIG" in (env or {}):
+        raise ConfigError("env: TF_CONFIG cannot be set through env; the launcher gives every task its own. "
+                          "Pass a cluster (--cluster FILE) instead")
+    return base
+
+
+def warn_inherited_tf_config() -> None:
+    """Says that the launcher's own TF_CONFIG is not passed on (every task gets its own from the cluster)."""
+    inherited = os.environ.get("TF_CONFIG")
+    if inherited:
+        get_logger().warning("launch: TF_CONFIG is set in the launcher's environment (%s); it is not passed on: "
+                             "every task gets its own from the cluster. To launch the cluster it describes, save "
+                             "its \"cluster\" part to a file and pass --cluster FILE", inherited[:120])
