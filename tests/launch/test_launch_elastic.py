@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from launch_util import track, wait_gone
+from launch_util import Launcher, track, wait_gone
 from tfaccel.errors import ConfigError
 from tfaccel.launch.elastic import ElasticState, read_capacity, run_elastic
 
@@ -55,6 +55,12 @@ def test_a_worker_whose_restarts_are_spent_is_left_out():
                                            "fewer than the minimum of 2")
 
 
+def test_failures_no_worker_is_blamed_for_are_bounded_too():
+    state = ElasticState(1, 2, max_restarts=1)
+    assert [state.after_failure(None) for _ in range(4)] == [(None, "")] * 4
+    assert state.after_failure("chief:0") == (None, "5 failures, more than the workers' restarts allow")
+
+
 def test_a_capacity_file_shrinks_and_grows_the_job(tmp_path):
     cap = tmp_path / "cap"
     cap.write_text("2\n")
@@ -102,3 +108,33 @@ def test_below_the_minimum_the_job_fails(clean_tf_config, launch_log):
     result = _run([PY, "-c", FAIL_THIRD], workers=(3, 3))
     assert result.returncode == 3 and result.restarts == 0 and result.failed_task == "worker:2"
     assert any("not restarting: 2 worker(s) left" in m and "fewer than the minimum of 3" in m for m in launch_log)
+
+
+def _cli(*args, timeout=60):
+    with Launcher(*args) as launcher:
+        rc = launcher.wait(timeout=timeout)
+    assert not wait_gone(launcher.all_pids()), "a process outlived the launcher"
+    return rc, launcher
+
+
+def test_the_cli_runs_an_elastic_job(clean_tf_config):
+    rc, launcher = _cli("--workers", "2:3", "--grace", "2", "--", PY, "-c", FAIL_THIRD)
+    assert rc == 0, launcher.stderr
+    assert "elastic: world size 3 -> 2 (worker:2 failed and its restarts are spent (0))" in launcher.stderr
+    second = sorted(line.split("GOT ")[1] for line in launcher.stdout.splitlines() if "GOT 2 " in line)
+    assert second == [f"2 {i} 2:3 worker:2 failed and its restarts are spent (0)" for i in (0, 1)]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--workers", "3:2"], "--workers: expected a number of workers N or a range MIN:MAX with 1 <= MIN <= MAX; "
+                           "received '3:2'"),
+    (["--workers", "two"], "--workers: expected a number of workers N or a range MIN:MAX"),
+    (["--workers", "2", "--capacity-file", "cap"], "--capacity-file: only with --workers MIN:MAX"),
+    (["--workers", "2:3", "--ps", "1"], "--workers 2:3: an elastic job is a local cluster of workers or Ray Train "
+                                        "workers; received --ps 1"),
+    (["--workers", "2:3", "--backend", "horovod"], "--backend horovod: --workers are for --backend tf"),
+])
+def test_bad_elastic_options_are_one_line_errors_with_exit_2(clean_tf_config, args, message):
+    rc, launcher = _cli(*args, "--", PY, "-c", "pass")
+    errors = [line for line in launcher.stderr.splitlines() if "error" in line.lower()]
+    assert rc == 2 and len(errors) == 1 and message in errors[0], launcher.stderr

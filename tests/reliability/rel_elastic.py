@@ -97,13 +97,15 @@ def _history_problems(histories: List[Dict[str, List[float]]], expected: Dict[st
 
 
 def shrink_trial(work: Path, ref: Dict[str, Any], *, rng: random.Random, victim: Optional[str] = None,
-                 kill: Optional[List[int]] = None, timeout: float = 360) -> Dict[str, Any]:
-    """3 workers; one is SIGKILLed at a random step and not allowed back; the job ends on 2 like the reference."""
+                 kill: Optional[List[int]] = None, timeout: float = 360, ray: bool = False) -> Dict[str, Any]:
+    """3 workers; one is SIGKILLed at a random step and not allowed back; the job ends on 2 like the reference.
+    ``ray``: 3 Ray Train workers (``--backend ray``, a private local Ray instance), the job restarted on 2."""
     work.mkdir(parents=True, exist_ok=True)
     victim = victim or rng.choice(["worker:0", "worker:1", "worker:2"])
     kill = kill or [rng.randrange(EPOCHS), rng.randrange(1, STEPS_PER_EPOCH)]
-    run = rs.Run(["--workers", "2:3", "--max-restarts", "0", "--timeout", str(timeout - 10), "--", str(JOB)],
-                 env=_env(work, ELASTIC_KILL_AT=f"{victim}:{kill[0]}:{kill[1]}"))
+    backend = ["--backend", "ray", "--storage-path", str(work / "ray")] if ray else []
+    run = rs.Run([*backend, "--workers", "2:3", "--max-restarts", "0", "--timeout", str(timeout - 10), "--",
+                  str(JOB)], env=_env(work, ELASTIC_KILL_AT=f"{victim}:{kill[0]}:{kill[1]}"))
     run.wait(timeout)
     measured = {"victim": victim, "kill_at": kill, "seconds": round(run.seconds, 1)}
     return _verdict(run, work, ref, sizes=[3, 2], kill=kill, victim=victim, measured=measured)

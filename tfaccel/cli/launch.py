@@ -32,6 +32,7 @@ import shlex
 import sys
 from typing import List, Optional
 
+from tfaccel.cli.launch_elastic import WORKERS_HELP, add_elastic_options, check_elastic, run_elastic_job, worker_range
 from tfaccel.errors import ConfigError
 from tfaccel.launch.netns import NETWORK_MODES
 
@@ -69,9 +70,9 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
 
 def _add_cluster_options(parser: argparse.ArgumentParser) -> None:
     layout = parser.add_argument_group("cluster (local mode unless --task is given)")
-    layout.add_argument("--workers", type=int, default=None, metavar="N",
+    layout.add_argument("--workers", default=None, metavar="N|MIN:MAX",
                         help=f"number of worker tasks on 127.0.0.1, or of Ray Train workers with --backend ray "
-                             f"(default: {DEFAULT_WORKERS})")
+                             f"(default: {DEFAULT_WORKERS}){WORKERS_HELP}")
     layout.add_argument("--ps", type=int, default=None, metavar="M",
                         help="number of parameter-server tasks; the command then runs on the chief only (a chief "
                              "is added), ps and worker tasks run tf.distribute servers (default: 0)")
@@ -91,6 +92,7 @@ def _add_supervision_options(parser: argparse.ArgumentParser) -> None:
                           "horovod horovodrun is run again with every rank (default: 0)")
     run.add_argument("--timeout", type=float, default=None, metavar="S",
                      help="stop everything after S seconds, restarts included; exit 124 (default: none)")
+    add_elastic_options(run)
     run.add_argument("--grace", type=float, default=None, metavar="S",
                      help=f"seconds between SIGTERM and SIGKILL when tasks are stopped (default: {DEFAULT_GRACE_S:g})")
     run.add_argument("--connect-timeout", type=float, default=None, metavar="S",
@@ -142,8 +144,9 @@ def _options(args: argparse.Namespace) -> dict:
     if not cmd:
         raise ConfigError("command: none given; put it after `--`, e.g. `tfaccel launch --workers 2 -- python "
                           "train.py`")
-    backend = args.backend or DEFAULT_BACKEND
+    backend, (args, elastic) = args.backend or DEFAULT_BACKEND, worker_range(args)
     _check_combinations(args, backend)
+    check_elastic(args, elastic, backend)
     env_names = _env_names(args, backend)
     if args.max_restarts is not None and args.max_restarts < 0:
         raise ConfigError(f"--max-restarts: must be >= 0; received {args.max_restarts}")
@@ -161,6 +164,7 @@ def _options(args: argparse.Namespace) -> dict:
         "max_restarts": args.max_restarts or 0, "timeout": args.timeout, "network": args.network or "auto",
         "grace": DEFAULT_GRACE_S if args.grace is None else args.grace,
         "connect_timeout": connect_default if args.connect_timeout is None else args.connect_timeout,
+        "elastic": elastic, "capacity_file": args.capacity_file,
     }
 
 
@@ -268,6 +272,8 @@ def run_cli(args: argparse.Namespace) -> int:
         log.info("launch: defaults filled in (pass the options to set them): %s", ", ".join(opts["filled"]))
     if opts["backend"] == "horovod":
         return _horovod(opts, dry_run=args.dry_run)
+    if opts["elastic"] and not args.dry_run:
+        return run_elastic_job(opts, capture_lines=CAPTURE_LINES)
     if opts["backend"] == "ray":
         return _ray(opts, dry_run=args.dry_run)
     if args.dry_run:

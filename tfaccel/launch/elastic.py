@@ -25,7 +25,7 @@ import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from tfaccel.errors import ConfigError
-from tfaccel.launch.supervisor import LaunchResult
+from tfaccel.launch.outcome import LaunchResult
 from tfaccel.log import get_logger
 from tfaccel.train.elastic import ELASTIC_ENV, RESIZE_FROM_ENV, RESIZE_REASON_ENV, parse_workers_range
 
