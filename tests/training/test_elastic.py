@@ -71,6 +71,17 @@ def test_world_size_changes_and_history():
                                                                                     "val_loss": [0.7]}
 
 
+def test_a_backup_holds_the_metrics_only_when_they_were_read_at_its_step():
+    """A backup at another step (e.g. one a preemption asked for) gets no metric state rather than a stale one."""
+    from tfaccel.train.elastic import journal_callback
+
+    journal = journal_callback(None, workers=2, replicas=2, changes=[], save_freq=2, steps_per_epoch=10)
+    journal.metrics = (1, 4, [[3.0], [96.0]])
+    assert journal.record(1, 4) == {"workers": 2, "replicas": 2, "world_size_changes": [], "history": {},
+                                    "metrics": [[3.0], [96.0]]}
+    assert "metrics" not in journal.record(1, 5) and "metrics" not in journal.record(2, 4)
+
+
 def _build():
     import keras
 

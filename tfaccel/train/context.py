@@ -122,7 +122,7 @@ def prepare(model: Any, request: FitRequest) -> Tuple[FitContext, "Loop"]:
     ctx.details = {"loop": loop_reason, "loops_rejected": rejected, "data": ctx.data.note, "seed": ctx.data.seed,
                    **changes}
     if "journal" in ctx.named:
-        ctx.details["world_size"] = ctx.named["journal"].record()["world_size_changes"]
+        ctx.details["world_size"] = ctx.named["journal"].record(ctx.start_epoch, ctx.start_step)["world_size_changes"]
     return ctx, loop
 
 

@@ -155,9 +155,10 @@ def merged_history(before: Mapping[str, List[float]], ran: Mapping[str, List[flo
 def journal_callback(state: Optional[Mapping[str, Any]], *, workers: int, replicas: int,
                      changes: List[Dict[str, Any]], save_freq: Optional[int] = None, steps_per_epoch: int = 0,
                      metric_state: bool = True) -> Any:
-    """A Keras callback that keeps what a backup records for the next start (``.record()``): the world size, its
-    changes, the logs of every finished epoch and, at a backup in the middle of an epoch, the state of the
-    model's metrics; and the history a resumed run adds to its own (``.before``).
+    """A Keras callback that keeps what a backup records for the next start (``.record(epoch, step)``): the world
+    size, its changes, the logs of every finished epoch and, at a backup in the middle of an epoch, the state of
+    the model's metrics (read at the backup callback's steps, recorded only for a backup at that step); and the
+    history a resumed run adds to its own (``.before``).
 
     Where a resumed run starts in the middle of an epoch, it puts the metrics' state back at that epoch's start,
     so the epoch's logs cover all its steps, as in an uninterrupted run. It must run before the backup callback
@@ -182,26 +183,29 @@ def journal_callback(state: Optional[Mapping[str, Any]], *, workers: int, replic
             super().__init__()
             self.before = before
             self.history: Dict[str, List[float]] = {k: list(v) for k, v in before.items()}
-            self.metrics: Optional[List[Any]] = None
-            self.offset = start_step
+            self.metrics: Optional[Tuple[int, int, List[Any]]] = None  # (epoch, step, values) of the last read
+            self.offset, self.epoch = start_step, start_epoch
 
         def on_epoch_begin(self, epoch: int, logs: Optional[Dict] = None) -> None:
+            self.epoch = epoch
             if saved is not None and epoch == start_epoch and self.offset == start_step:
                 _assign_metrics(self.model, saved)
 
         def on_train_batch_end(self, batch: int, logs: Optional[Dict] = None) -> None:
             step = self.offset + batch + 1
             if metric_state and save_freq and step % save_freq == 0 and step < steps_per_epoch:
-                self.metrics = [v.numpy().tolist() for v in self.model.metrics_variables]
+                self.metrics = (self.epoch, step, [v.numpy().tolist() for v in self.model.metrics_variables])
 
         def on_epoch_end(self, epoch: int, logs: Optional[Dict] = None) -> None:
             self.offset, self.metrics = 0, None
             for key, value in (logs or {}).items():
                 self.history.setdefault(key, []).append(float(value))
 
-        def record(self) -> Dict[str, Any]:
+        def record(self, epoch: int, step: int) -> Dict[str, Any]:
+            """The fields for a backup at (epoch, step): the metrics only where they were read at that step."""
+            read = self.metrics is not None and self.metrics[:2] == (epoch, step)
             return {"workers": workers, "replicas": replicas, "world_size_changes": changes,
-                    "history": self.history, **({"metrics": self.metrics} if self.metrics is not None else {})}
+                    "history": self.history, **({"metrics": self.metrics[2]} if read else {})}
 
     return _Journal()
 
