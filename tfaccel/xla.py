@@ -4,7 +4,7 @@ Keras' own ``"auto"`` turns XLA off on CPU-only machines and under any ``tf.dist
 ``"auto"`` turns it on where it is known to work *and* was measured to help, off where it fails or was not
 measured, and says why. An explicit ``True`` that cannot work falls back to ``False`` with a warning.
 
-What was checked on this stack (TF 2.21, Keras 3.15, 2-core CPU; see the README):
+What was checked on this stack (TF 2.21, Keras 3.15, 2-core CPU; see docs/guides/one-machine.md):
 
 * MirroredStrategy over several devices + XLA fails ("Trying to access resource ... located in device CPU:1
   from device CPU:0").

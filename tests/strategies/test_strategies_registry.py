@@ -179,8 +179,12 @@ def test_parameter_server_errors(clean_tf_config) -> None:
 
 
 def test_horovod_unavailable_says_how_to_install(clean_tf_config, monkeypatch) -> None:
-    monkeypatch.setitem(sys.modules, "tfaccel.strategies.horovod", None)  # import fails as if not built
-    with pytest.raises(BackendUnavailableError, match=r"horovod: Horovod cannot be loaded here.*HOROVOD_WITH_TENSORFLOW"):
+    monkeypatch.setitem(sys.modules, "horovod", None)  # import fails as if Horovod were not built
+    monkeypatch.setitem(sys.modules, "horovod.tensorflow", None)
+    with pytest.raises(BackendUnavailableError, match=r"scripts/install_horovod.sh"):
+        get_backend("horovod", devices=CPU2)
+    monkeypatch.setitem(sys.modules, "tfaccel.strategies.horovod", None)  # tfaccel's own modules broken
+    with pytest.raises(BackendUnavailableError, match=r"horovod: tfaccel's Horovod backend cannot be loaded.*another"):
         get_backend("horovod", devices=CPU2)
 
 

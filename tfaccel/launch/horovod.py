@@ -37,7 +37,7 @@ from tfaccel.log import get_logger
 __all__ = ["build_horovodrun_command", "run_horovod", "parse_hosts", "find_horovodrun", "horovod_env"]
 
 INSTALL_HINT = ("build Horovod against the installed TensorFlow with `bash scripts/install_horovod.sh .venv` "
-                "(see the README section 'Horovod')")
+                "(see docs/guides/horovod.md)")
 
 _HOST_RE = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+)(?::(?P<slots>\d+))?$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

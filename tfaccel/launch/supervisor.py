@@ -47,7 +47,7 @@ def warn_exposed_ports(tasks: Sequence[LaunchTask], log: Any, *, restarts: bool 
     log.warning("launch: TensorFlow's gRPC servers of this launch listen on every network interface of this machine "
                 "without authentication (whoever reaches a port can run any TensorFlow graph as this user): port(s) "
                 "%s%s; allow them only from the cluster's hosts (firewall), or run a local cluster with --network "
-                "private (see the README's Security section)", ports,
+                "private (see docs/guides/security.md)", ports,
                 "; a restart chooses new ports" if restarts else "")
     return True
 

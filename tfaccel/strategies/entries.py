@@ -20,11 +20,9 @@ def make_horovod(*, devices: Any, task: Optional[Any], **options: Any) -> Backen
     """Loads ``tfaccel.strategies.horovod.make_backend`` lazily (Horovod is an optional, compiled dependency)."""
     try:
         from tfaccel.strategies.horovod import make_backend
-    except ImportError as exc:
-        raise BackendUnavailableError(
-            f"horovod: Horovod cannot be loaded here ({exc}). Install it with TensorFlow support, e.g. "
-            "`HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 pip install --no-build-isolation horovod` (see the README "
-            "section on Horovod for the extra build flags TF 2.21 needs), or pick another strategy") from exc
+    except ImportError as exc:  # tfaccel's own modules; Horovod itself is loaded later, with its install hint
+        raise BackendUnavailableError(f"horovod: tfaccel's Horovod backend cannot be loaded here ({exc}); pick "
+                                      "another strategy") from exc
     return make_backend(devices=devices, task=task, **options)
 
 

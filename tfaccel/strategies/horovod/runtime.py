@@ -11,7 +11,7 @@ __all__ = ["INSTALL_HINT", "launched_by_horovod", "import_horovod", "pin_gpu_to_
 
 INSTALL_HINT = ("Horovod 0.28.1 must be built against the installed TensorFlow: run "
                 "`bash scripts/install_horovod.sh .venv` (plain `pip install horovod` cannot build against "
-                "TF >= 2.19); see the README section 'Horovod'")
+                "TF >= 2.19); see docs/guides/horovod.md")
 
 # Variables horovodrun (Gloo) sets in every rank; MPI launches are recognised by Horovod's own variables only.
 _HOROVOD_ENV_VARS = ("HOROVOD_RANK", "HOROVOD_GLOO_RENDEZVOUS_ADDR")
