@@ -355,7 +355,8 @@ def test_tfjob_manifest() -> None:
     assert all(v["restartPolicy"] == "OnFailure" for v in replicas.values())
     container = replicas["PS"]["template"]["spec"]["containers"][0]
     assert container == {"name": "tensorflow", "image": "tf:2.21", "command": ["python", "train.py"],
-                         "ports": [{"containerPort": 3333, "name": "tfjob-port"}]}
+                         "ports": [{"containerPort": 3333, "name": "tfjob-port"}],
+                         "env": [{"name": "TFACCEL_JOB_ID", "value": "mnist"}]}  # one job id for every replica
     no_cmd = tfjob_manifest(spec, name="x", image="i")
     assert "command" not in no_cmd["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     import yaml

@@ -13,7 +13,8 @@ PY = sys.executable
 # worker:2 of a 3-worker cluster fails; every other task prints what the elastic launcher gave it.
 FAIL_THIRD = ("import json, os, sys; c = json.loads(os.environ['TF_CONFIG']); n = len(c['cluster']['worker']); "
               "i = c['task']['index']; sys.exit(3) if (n, i) == (3, 2) else "
-              "print('GOT', n, i, os.environ.get('TFACCEL_ELASTIC'), os.environ.get('TFACCEL_RESIZE_REASON'))")
+              "print('GOT', n, i, os.environ.get('TFACCEL_ELASTIC'), os.environ.get('TFACCEL_RESIZE_REASON'), "
+              "'JOB', os.environ.get('TFACCEL_JOB_ID'))")
 
 
 @pytest.fixture
@@ -99,7 +100,10 @@ def test_the_job_goes_on_with_the_workers_it_has(clean_tf_config, launch_log):
     assert result.ok and result.restarts == 1 and [t.name for t in result.tasks] == ["worker:0", "worker:1"]
     assert [len(a) for a in result.attempts] == [3, 2]
     reason = "worker:2 failed and its restarts are spent (0)"
-    assert all(f"GOT 2 {t.name[-1]} 2:3 {reason}" in t.stdout for t in result.tasks)
+    assert all(f"GOT 2 {t.name[-1]} 2:3 {reason} JOB" in t.stdout for t in result.tasks)
+    jobs = {line.split(" JOB ")[1] for attempt in result.attempts for t in attempt for line in t.stdout.splitlines()
+            if " JOB " in line}
+    assert len(jobs) == 1 and next(iter(jobs)).startswith("elastic-tf-")  # one job id over every attempt
     assert any(f"elastic: world size 3 -> 2 ({reason})" in m for m in launch_log)
     assert result.message.endswith("elastic: ended on 2 worker(s) (world size 3 -> 2)")
 
@@ -121,7 +125,8 @@ def test_the_cli_runs_an_elastic_job(clean_tf_config):
     rc, launcher = _cli("--workers", "2:3", "--grace", "2", "--", PY, "-c", FAIL_THIRD)
     assert rc == 0, launcher.stderr
     assert "elastic: world size 3 -> 2 (worker:2 failed and its restarts are spent (0))" in launcher.stderr
-    second = sorted(line.split("GOT ")[1] for line in launcher.stdout.splitlines() if "GOT 2 " in line)
+    second = sorted(line.split("GOT ")[1].split(" JOB ")[0] for line in launcher.stdout.splitlines()
+                    if "GOT 2 " in line)
     assert second == [f"2 {i} 2:3 worker:2 failed and its restarts are spent (0)" for i in (0, 1)]
 
 

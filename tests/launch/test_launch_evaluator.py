@@ -47,12 +47,25 @@ def _tensorboard_values(log_dir: str, tag: str) -> dict:
 def test_evaluator_follows_every_checkpoint_and_ends_with_the_job(tmp_path) -> None:
     import tensorflow as tf
 
-    with launch_util.Launcher("--ps", "1", "--workers", "1", "--evaluator", "--", str(SCRIPT),
+    from tfaccel.launch.procs import free_ports
+
+    # The chief's addresses are fixed (a cluster file), and an earlier job's finished progress file names this very
+    # chief, written just now: only the launch's job id (issue 24) tells the evaluator it is not this job's.
+    chief_port, worker_port, ps_port, evaluator_port = free_ports(4)
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(f"chief: ['127.0.0.1:{chief_port}']\nworker: ['127.0.0.1:{worker_port}']\n"
+                       f"ps: ['127.0.0.1:{ps_port}']\nevaluator: ['127.0.0.1:{evaluator_port}']\n")
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / evaluator.PROGRESS_FILE).write_text(json.dumps({
+        "chief": f"127.0.0.1:{chief_port}", "checkpoints": [], "done": True,
+        "job": {**_job()["job"], "id": "an-earlier-job"}}))
+    with launch_util.Launcher("--cluster", str(cluster), "--job-id", "eval-job-1", "--", str(SCRIPT),
                               env={"EVAL_DIR": str(tmp_path)}) as job:
         assert job.wait(timeout=240) == 0, job.stdout[-3000:] + job.stderr[-3000:]
     text = job.stdout + job.stderr
     results = _results(text)
     chief, side = results["chief"], results["evaluator"]
+    assert chief["job_id"] == side["job_id"] == "eval-job-1"
     assert chief["strategy"] == "parameter_server" and side["strategy"] == "default"
     assert any("this task is the side-car evaluator" in n and "strategy 'parameter_server' is for the training "
                "tasks" in n for n in side["notes"])

@@ -125,6 +125,8 @@ def test_run_horovod_gives_horovodrun_only_the_allowlist(tmp_path, monkeypatch, 
     for key, value in LAUNCHER.items():
         if key not in ("PATH", "HOME", "TF_CONFIG"):
             monkeypatch.setenv(key, value)
+    monkeypatch.delenv("TFACCEL_JOB_ID", raising=False)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     result = run_horovod(1, [PY, "-c", "pass"], horovodrun=str(fake), env={"EXPLICIT": "1"}, forward=["EPOCHS"],
                          network="host", timeout=60, echo=False)
     assert result.returncode == 0, result.tasks[0].stderr
@@ -132,6 +134,13 @@ def test_run_horovod_gives_horovodrun_only_the_allowlist(tmp_path, monkeypatch, 
     assert env["EPOCHS"] == "3" and env["EXPLICIT"] == "1" and env["HOROVOD_LOG_LEVEL"] == "INFO"
     assert env["TFACCEL_RESTART_COUNT"] == "0" and env["PYTHONPATH"] == os.environ["PYTHONPATH"]
     assert not set(SECRETS) & set(env), sorted(env)
+    assert env["TFACCEL_JOB_ID"].startswith("horovod-")  # one id for every rank: horovodrun passes it on
+    monkeypatch.setenv("SLURM_JOB_ID", "4711")  # the allocation's id reaches the ranks, though SLURM_* does not
+    assert run_horovod(1, [PY, "-c", "pass"], horovodrun=str(fake), network="host", timeout=60, echo=False).ok
+    assert json.loads(seen.read_text())["TFACCEL_JOB_ID"] == "slurm-4711"
+    assert run_horovod(1, [PY, "-c", "pass"], horovodrun=str(fake), network="host", timeout=60, echo=False,
+                       job_id="hvd-run-3").ok
+    assert json.loads(seen.read_text())["TFACCEL_JOB_ID"] == "hvd-run-3"
 
 
 @pytest.mark.parametrize("names, words", [

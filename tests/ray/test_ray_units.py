@@ -101,6 +101,7 @@ def test_forwarded_env_is_an_allowlist_plus_the_names_given_with_env():
                 "AWS_SECRET_ACCESS_KEY": "fake", "TF_CPP_MIN_LOG_LEVEL": "2", "TFACCEL_X": "1"}
     assert forwarded_env(launcher) == {"TF_CPP_MIN_LOG_LEVEL": "2", "TFACCEL_X": "1"}
     assert forwarded_env(launcher, names=["EPOCHS"]) == {"EPOCHS": "2", "TF_CPP_MIN_LOG_LEVEL": "2", "TFACCEL_X": "1"}
+    assert forwarded_env({**launcher, "TFACCEL_JOB_ID": "job-7"})["TFACCEL_JOB_ID"] == "job-7"  # the job's identity
 
 
 def test_enter_launch_dir_changes_into_the_launchers_directory_or_says_why_not(tmp_path, caplog):

@@ -19,6 +19,7 @@ import pytest
 import harness
 import rel_horovod as rh
 from tfaccel.cli import launch as cli_launch
+from tfaccel.cli.launch_options import launch_options
 from tfaccel.errors import ConfigError
 from tfaccel.launch import horovod as lh
 from tfaccel.launch.supervisor import RESTART_ENV
@@ -34,10 +35,10 @@ def _parse(*argv: str) -> argparse.Namespace:
 
 
 def test_cli_accepts_max_restarts_with_the_horovod_backend():
-    opts = cli_launch._options(_parse("--backend", "horovod", "-np", "2", "--max-restarts", "1", "--", "t.py"))
+    opts = launch_options(_parse("--backend", "horovod", "-np", "2", "--max-restarts", "1", "--", "t.py"))
     assert opts["backend"] == "horovod" and opts["max_restarts"] == 1
     assert "--max-restarts 0" not in opts["filled"]
-    opts = cli_launch._options(_parse("--backend", "horovod", "--", "t.py"))
+    opts = launch_options(_parse("--backend", "horovod", "--", "t.py"))
     assert opts["max_restarts"] == 0 and "--max-restarts 0" in opts["filled"]  # said like under --backend tf
 
 
@@ -47,7 +48,7 @@ def test_cli_accepts_max_restarts_with_the_horovod_backend():
 ])
 def test_cli_horovod_restart_option_errors(args, message):
     with pytest.raises(ConfigError) as info:
-        cli_launch._options(_parse("--backend", "horovod", *args, "--", "t.py"))
+        launch_options(_parse("--backend", "horovod", *args, "--", "t.py"))
     assert message in str(info.value)
 
 

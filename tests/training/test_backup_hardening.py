@@ -17,6 +17,7 @@ import pytest
 
 import tfaccel
 from tfaccel.errors import ConfigError
+from tfaccel.job_id import JOB_ID_ENV
 from tfaccel.train import backup_guard, backups, evaluator
 
 X = np.random.default_rng(0).normal(size=(32, 4)).astype("float32")
@@ -129,7 +130,7 @@ def test_data_and_directory_are_fsynced_before_the_pointer_swap_and_the_old_back
 
 # --------------------------------------------------------------------------------------------- 3 job identity
 def test_every_pointer_and_progress_file_carries_the_job(tmp_path, monkeypatch):
-    monkeypatch.setenv(backup_guard.JOB_ID_ENV, "train-42")
+    monkeypatch.setenv(JOB_ID_ENV, "train-42")
     pointer = _backup_of(_model(), tmp_path / "backup")
     assert pointer["job"]["id"] == "train-42" and pointer["job"]["pid"] == os.getpid()
     assert pointer["steps_per_epoch"] == STEPS
@@ -141,7 +142,7 @@ def test_every_pointer_and_progress_file_carries_the_job(tmp_path, monkeypatch):
                                                task=_evaluator_task())
     progress.on_train_end()
     assert json.loads((tmp_path / evaluator.PROGRESS_FILE).read_text())["job"]["id"] == "train-42"
-    monkeypatch.setenv(backup_guard.JOB_ID_ENV, "bad id/../x")
+    monkeypatch.setenv(JOB_ID_ENV, "bad id/../x")
     with pytest.raises(ConfigError, match=r"TFACCEL_JOB_ID must be 1-128 characters .*received 'bad id/../x'"):
         backup_guard.job_identity()
 
@@ -191,7 +192,7 @@ def test_an_old_progress_file_is_not_followed_by_a_new_evaluator(tmp_path, monke
     assert evaluator._read_progress(str(path), "h:1", time.time() - 60) is None  # another, earlier job's
     path.write_text(json.dumps({"chief": "h:1", "checkpoints": [], "done": True}))
     assert evaluator._read_progress(str(path), "h:1", 0.0) is None  # no job: written before job ids
-    monkeypatch.setenv(backup_guard.JOB_ID_ENV, "job-b")
+    monkeypatch.setenv(JOB_ID_ENV, "job-b")
     path.write_text(json.dumps({"chief": "h:1", "checkpoints": [], "done": True, "job": {
         **backup_guard.job_identity(), "id": "job-a"}}))
     assert evaluator._read_progress(str(path), "h:1", 0.0) is None  # a fresh file, but of job-a

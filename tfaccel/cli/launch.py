@@ -27,23 +27,17 @@ Exit status: 0, the failing task's code (128 + N when it was killed by signal N)
 
 import argparse
 import json
-import math
 import shlex
 import sys
-from typing import List, Optional
+from typing import List
 
-from tfaccel.cli.launch_elastic import WORKERS_HELP, add_elastic_options, check_elastic, run_elastic_job, worker_range
-from tfaccel.errors import ConfigError
+from tfaccel.cli.launch_elastic import WORKERS_HELP, add_elastic_options, run_elastic_job
+from tfaccel.cli.launch_options import (DEFAULT_BACKEND, DEFAULT_CONNECT_TIMEOUT_HOST_S,
+                                        DEFAULT_CONNECT_TIMEOUT_LOCAL_S, DEFAULT_GRACE_S, DEFAULT_RANKS,
+                                        DEFAULT_WORKERS, LAUNCH_BACKENDS, launch_options)
+from tfaccel.job_id import JOB_ID_ENV
 from tfaccel.launch.netns import NETWORK_MODES
 
-LAUNCH_BACKENDS = ("tf", "horovod", "ray")  # tf: one process per tf.distribute task; horovod: horovodrun ranks;
-# ray: Ray Train workers
-DEFAULT_BACKEND = "tf"
-DEFAULT_WORKERS = 2
-DEFAULT_RANKS = 2
-DEFAULT_GRACE_S = 10.0
-DEFAULT_CONNECT_TIMEOUT_LOCAL_S = 60.0
-DEFAULT_CONNECT_TIMEOUT_HOST_S = 300.0
 CAPTURE_LINES = 200  # the CLI streams output; it only keeps the tail of each task for its failure report
 
 
@@ -105,6 +99,11 @@ def _add_supervision_options(parser: argparse.ArgumentParser) -> None:
                           "so otherwise their ports can be reached from other machines; the tasks then cannot "
                           "reach other machines either); host: this machine's network; auto: private where the "
                           "system allows it (default: auto)")
+    run.add_argument("--job-id", default=None, metavar="ID",
+                     help="the job's id, TFACCEL_JOB_ID of every task and kept across restarts: backups and the "
+                          "evaluator tell jobs apart by it (default: $TFACCEL_JOB_ID, else slurm-$SLURM_JOB_ID, else a "
+                          "new one per launch; per-host mode: one derived from the cluster file, the same on every "
+                          "host and for every run of the file)")
     run.add_argument("--env", action="append", default=None, metavar="NAME", dest="env_names",
                      help="--backend ray / horovod: also pass this variable of the launcher's environment to every "
                           "worker / rank (repeatable). They get TFACCEL_*, TF_* and the launch's own variables; "
@@ -131,137 +130,11 @@ def _add_backend_options(parser: argparse.ArgumentParser) -> None:
                                 "(~/ray_results)")
 
 
-def _positive(name: str, value: Optional[float]) -> None:
-    if value is not None and (not math.isfinite(value) or value <= 0):
-        raise ConfigError(f"{name}: must be a positive number of seconds; received {value:g}")
-
-
-def _options(args: argparse.Namespace) -> dict:
-    """Validates the options, fills defaults and lists which defaults were filled in."""
-    cmd: List[str] = list(args.cmd)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
-    if not cmd:
-        raise ConfigError("command: none given; put it after `--`, e.g. `tfaccel launch --workers 2 -- python "
-                          "train.py`")
-    backend, (args, elastic) = args.backend or DEFAULT_BACKEND, worker_range(args)
-    _check_combinations(args, backend)
-    check_elastic(args, elastic, backend)
-    env_names = _env_names(args, backend)
-    if args.max_restarts is not None and args.max_restarts < 0:
-        raise ConfigError(f"--max-restarts: must be >= 0; received {args.max_restarts}")
-    for name, value in (("--timeout", args.timeout), ("--grace", args.grace),
-                        ("--connect-timeout", args.connect_timeout)):
-        _positive(name, value)
-    per_host = args.task is not None
-    connect_default = DEFAULT_CONNECT_TIMEOUT_HOST_S if per_host else DEFAULT_CONNECT_TIMEOUT_LOCAL_S
-    return {
-        "cmd": cmd, "per_host": per_host, "filled": _filled(args, backend, connect_default), "backend": backend,
-        "env_names": env_names, "address": args.address, "storage_path": args.storage_path,
-        "np": DEFAULT_RANKS if args.np is None else args.np, "hosts": args.hosts, "gloo_timeout": args.gloo_timeout,
-        "workers": DEFAULT_WORKERS if args.workers is None else args.workers, "ps": args.ps or 0,
-        "chief": bool(args.chief), "evaluator": bool(args.evaluator),
-        "max_restarts": args.max_restarts or 0, "timeout": args.timeout, "network": args.network or "auto",
-        "grace": DEFAULT_GRACE_S if args.grace is None else args.grace,
-        "connect_timeout": connect_default if args.connect_timeout is None else args.connect_timeout,
-        "elastic": elastic, "capacity_file": args.capacity_file,
-    }
-
-
-def _counts(args: argparse.Namespace) -> dict:
-    return {"--workers": args.workers, "--ps": args.ps, "--chief": args.chief, "--evaluator": args.evaluator}
-
-
-def _check_combinations(args: argparse.Namespace, backend: str) -> None:
-    """Each option only with the backend and mode it belongs to."""
-    counts = _counts(args)
-    horovod_only = {"-np": args.np, "-H": args.hosts, "--gloo-timeout": args.gloo_timeout}
-    ray_only = {"--address": args.address, "--storage-path": args.storage_path}
-    if backend != "ray":
-        given = [name for name, value in ray_only.items() if value is not None]
-        if given:
-            raise ConfigError(f"{', '.join(given)}: only with --backend ray; received --backend {backend}. Example: "
-                              "tfaccel launch --backend ray --workers 2 --address HOST:6379 -- python train.py")
-    if backend == "ray":
-        _check_ray_options(args, counts, horovod_only)
-    elif backend == "horovod":
-        tf_only = dict(counts, **{"--cluster": args.cluster, "--task": args.task,
-                                  "--connect-timeout": args.connect_timeout})
-        given = [name for name, value in tf_only.items() if value is not None]
-        if given:
-            raise ConfigError(f"--backend horovod: {', '.join(given)} are for --backend tf (tf.distribute tasks); "
-                              "horovodrun places the ranks: use -np N and -H host:slots,...")
-    else:
-        given = [name for name, value in horovod_only.items() if value is not None]
-        if given:
-            raise ConfigError(f"{', '.join(given)}: only with --backend horovod; received --backend {backend}. "
-                              "For tf.distribute tasks use --workers N")
-    _check_cluster_options(args, counts)
-
-
-def _check_cluster_options(args: argparse.Namespace, counts: dict) -> None:
-    """--task needs --cluster; --cluster excludes the counts; --network is for local clusters."""
-    if args.task is not None and args.cluster is None:
-        raise ConfigError(f"--task: needs --cluster FILE (per-host mode reads the whole cluster from it); received "
-                          f"--task {args.task} without --cluster")
-    if args.cluster is not None:
-        given = [name for name, value in counts.items() if value is not None]
-        if given:
-            raise ConfigError(f"--cluster: given together with {', '.join(given)}; the cluster file already says "
-                              "how many tasks of each role there are: pass either --cluster or the counts")
-    if args.network is not None and args.task is not None:
-        raise ConfigError(f"--network: only for local clusters; received --network {args.network} with --task "
-                          f"{args.task} (per-host mode: the task must reach the other hosts); leave --network out")
-
-
-def _env_names(args: argparse.Namespace, backend: str) -> List[str]:
-    """The checked ``--env NAME`` names (Ray and Horovod only)."""
-    env_names: List[str] = list(args.env_names or [])
-    if not env_names:
-        return env_names
-    if backend == "tf":
-        raise ConfigError(f"--env {env_names[0]}: only with --backend ray or horovod; tf.distribute tasks run on "
-                          "this machine with the launcher's whole environment (per-host mode: this host's)")
-    from tfaccel.launch.envpolicy import check_env_names
-
-    return list(check_env_names(env_names))
-
-
-def _filled(args: argparse.Namespace, backend: str, connect_default: float) -> List[str]:
-    """The defaults filled in, as the options that would set them."""
-    filled: List[str] = []
-    if args.backend is None:
-        filled.append(f"--backend {DEFAULT_BACKEND}")
-    if backend == "ray":
-        if args.workers is None:
-            filled.append(f"--workers {DEFAULT_WORKERS}")
-        if args.address is None:
-            filled.append("--address $RAY_ADDRESS or a private local Ray instance on 127.0.0.1")
-    elif backend == "horovod":
-        if args.np is None:
-            filled.append(f"-np {DEFAULT_RANKS}")
-        if args.hosts is None:
-            filled.append("-H localhost:N")
-    elif args.cluster is None:
-        if args.workers is None:
-            filled.append(f"--workers {DEFAULT_WORKERS}")
-        filled.append("ports chosen by the OS on 127.0.0.1")
-    if args.network is None and args.task is None:
-        filled.append("--network auto")
-    for value, option in ((args.max_restarts, "--max-restarts 0"), (args.timeout, "--timeout none"),
-                          (args.grace, f"--grace {DEFAULT_GRACE_S:g}")):
-        if value is None:
-            filled.append(option)
-    if args.connect_timeout is None and backend == "tf":
-        filled.append(f"--connect-timeout {connect_default:g}")
-    return filled
-
-
 def run_cli(args: argparse.Namespace) -> int:
     """Runs ``tfaccel launch``; returns the exit status."""
     from tfaccel.log import get_logger
 
-    opts = _options(args)
+    opts = launch_options(args)
     if args.cluster is not None:
         from tfaccel.cluster import ClusterSpec
 
@@ -270,10 +143,10 @@ def run_cli(args: argparse.Namespace) -> int:
     log = get_logger()
     if opts["filled"]:
         log.info("launch: defaults filled in (pass the options to set them): %s", ", ".join(opts["filled"]))
-    if opts["backend"] == "horovod":
-        return _horovod(opts, dry_run=args.dry_run)
     if opts["elastic"] and not args.dry_run:
         return run_elastic_job(opts, capture_lines=CAPTURE_LINES)
+    if opts["backend"] == "horovod":
+        return _horovod(opts, dry_run=args.dry_run)
     if opts["backend"] == "ray":
         return _ray(opts, dry_run=args.dry_run)
     if args.dry_run:
@@ -283,7 +156,7 @@ def run_cli(args: argparse.Namespace) -> int:
 
         result = run_host(opts["cmd"], cluster=opts["cluster"], task=args.task, timeout=opts["timeout"],
                           max_restarts=opts["max_restarts"], grace=opts["grace"],
-                          connect_timeout=opts["connect_timeout"], capture_lines=CAPTURE_LINES)
+                          connect_timeout=opts["connect_timeout"], capture_lines=CAPTURE_LINES, job_id=opts["job_id"])
     else:
         from tfaccel.launch.local import run_local
 
@@ -291,7 +164,7 @@ def run_cli(args: argparse.Namespace) -> int:
             "workers": opts["workers"], "ps": opts["ps"], "chief": opts["chief"], "evaluator": opts["evaluator"]}
         result = run_local(opts["cmd"], timeout=opts["timeout"], max_restarts=opts["max_restarts"],
                            grace=opts["grace"], connect_timeout=opts["connect_timeout"], capture_lines=CAPTURE_LINES,
-                           network=opts["network"], **local)
+                           network=opts["network"], job_id=opts["job_id"], **local)
     return result.returncode
 
 
@@ -304,7 +177,8 @@ def _dry_run(args: argparse.Namespace, opts: dict) -> int:
     if opts["per_host"]:
         from tfaccel.launch.host import host_plan
 
-        spec, task, peers, notes = host_plan(opts["cmd"], cluster=opts["cluster"], task=args.task)
+        spec, task, peers, notes = host_plan(opts["cmd"], cluster=opts["cluster"], task=args.task,
+                                             job_id=opts["job_id"])
         tasks = [task]
     else:
         if args.cluster is not None:
@@ -325,6 +199,8 @@ def _dry_run(args: argparse.Namespace, opts: dict) -> int:
         role = "server" if task.server else "command"
         out.append(f"{task.name}  {task.address or '-'}  {role}: {shlex.join(task.cmd)}")
         out.append(f"    TF_CONFIG={task.tf_config}")
+        if JOB_ID_ENV in task.env:
+            out.append(f"    {JOB_ID_ENV}={task.env[JOB_ID_ENV]}")
     if peers:
         out.append(f"would wait up to {opts['connect_timeout']:g} s for: "
                    + ", ".join(f"{name} ({address})" for name, address in peers))
@@ -351,24 +227,9 @@ def _horovod(opts: dict, *, dry_run: bool) -> int:
         return 0
     result = run_horovod(opts["np"], opts["cmd"], hosts=opts["hosts"], timeout=opts["timeout"], grace=opts["grace"],
                          gloo_timeout=opts["gloo_timeout"], max_restarts=opts["max_restarts"],
-                         capture_lines=CAPTURE_LINES, network=opts["network"], forward=opts["env_names"])
+                         capture_lines=CAPTURE_LINES, network=opts["network"], forward=opts["env_names"],
+                         job_id=opts["job_id"])
     return result.returncode
-
-
-def _check_ray_options(args: argparse.Namespace, counts: dict, horovod_only: dict) -> None:
-    """--backend ray takes --workers (Ray Train workers), not the tf.distribute layout or Horovod's options."""
-    other = dict(counts, **horovod_only, **{"--cluster": args.cluster, "--task": args.task,
-                                            "--connect-timeout": args.connect_timeout})
-    other.pop("--workers")
-    given = [name for name, value in other.items() if value is not None]
-    if given:
-        raise ConfigError(f"--backend ray: {', '.join(given)} are not Ray options; Ray Train places the workers "
-                          "(worker 0 is the chief): use --workers N, and --address HOST:PORT to join a cluster")
-    if args.workers is not None and args.workers < 1:
-        raise ConfigError(f"--workers: must be >= 1; received {args.workers}")
-    if args.address is not None and not args.address.strip():
-        raise ConfigError("--address: received an empty address; give the head's host:port (e.g. 10.0.0.1:6379), "
-                          "`auto`, or leave it out for a private local Ray instance")
 
 
 def _ray(opts: dict, *, dry_run: bool) -> int:
@@ -391,5 +252,5 @@ def _ray(opts: dict, *, dry_run: bool) -> int:
     result = run_ray(opts["cmd"], workers=opts["workers"], address=opts["address"],
                      max_restarts=opts["max_restarts"], timeout=opts["timeout"], grace=opts["grace"],
                      storage_path=opts["storage_path"], capture_lines=CAPTURE_LINES, network=opts["network"],
-                     forward=opts["env_names"])
+                     forward=opts["env_names"], job_id=opts["job_id"])
     return result.returncode

@@ -71,7 +71,7 @@ def run_elastic_job(opts: dict, *, capture_lines: int) -> int:
 
     common = dict(workers=opts["elastic"], backend=opts["backend"], capacity_file=opts["capacity_file"],
                   max_restarts=opts["max_restarts"], timeout=opts["timeout"], grace=opts["grace"],
-                  capture_lines=capture_lines, network=opts["network"])
+                  capture_lines=capture_lines, network=opts["network"], job_id=opts["job_id"])
     if opts["backend"] == "ray":
         result = run_elastic(opts["cmd"], address=opts["address"], storage_path=opts["storage_path"],
                              forward=opts["env_names"], **common)

@@ -12,6 +12,7 @@ from tfaccel.cluster.errors import ClusterConfigError
 from tfaccel.cluster.limits import shorten
 from tfaccel.cluster.address import split_address
 from tfaccel.cluster.spec import ClusterSpec
+from tfaccel.job_id import JOB_ID_ENV
 
 __all__ = ["tfjob_manifest", "tfjob_yaml", "REPLICA_TYPES"]
 
@@ -22,7 +23,7 @@ _DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 def tfjob_manifest(spec: ClusterSpec, *, name: str, image: str, command: Optional[Sequence[str]] = None,
                    namespace: Optional[str] = None, restart_policy: str = "OnFailure") -> Dict[str, Any]:
-    """Builds a ``kubeflow.org/v1`` TFJob for ``spec``: one replica spec per role.
+    """Builds a ``kubeflow.org/v1`` TFJob for ``spec``: one replica spec per role, ``TFACCEL_JOB_ID`` the TFJob's name.
 
     Args:
         name: the TFJob name (a DNS-1123 label: lowercase letters, digits, '-', at most 63 characters).
@@ -60,6 +61,8 @@ def tfjob_manifest(spec: ClusterSpec, *, name: str, image: str, command: Optiona
         if command:
             container["command"] = [str(part) for part in command]
         container["ports"] = [{"containerPort": port, "name": "tfjob-port"}]
+        # One job id for every replica and every pod restart: backups and the evaluator tell jobs apart by it.
+        container["env"] = [{"name": JOB_ID_ENV, "value": name}]
         replicas[REPLICA_TYPES[role]] = {
             "replicas": len(addresses),
             "restartPolicy": restart_policy,

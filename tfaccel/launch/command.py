@@ -5,12 +5,14 @@ import os
 import shlex
 import shutil
 import sys
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from tfaccel.errors import ConfigError
+from tfaccel.job_id import JOB_ID_ENV, launch_job_id
 from tfaccel.log import get_logger
 
-__all__ = ["CHILD_DEFAULT_ENV", "server_command", "normalize_command", "child_base_env", "warn_inherited_tf_config"]
+__all__ = ["CHILD_DEFAULT_ENV", "server_command", "normalize_command", "child_base_env", "warn_inherited_tf_config",
+           "export_job_id"]
 
 
 # Set in every child unless the caller's environment already has them.
@@ -84,3 +86,28 @@ def warn_inherited_tf_config() -> None:
         get_logger().warning("launch: TF_CONFIG is set in the launcher's environment (%s); it is not passed on: "
                              "every task gets its own from the cluster. To launch the cluster it describes, save "
                              "its \"cluster\" part to a file and pass --cluster FILE", inherited[:120])
+
+
+def export_job_id(env: Dict[str, str], job_id: Optional[str], default: Callable[[], str], *,
+                  source: Optional[Mapping[str, str]] = None, announce: bool = True) -> str:
+    """Sets the launch's job id in ``env`` as ``TFACCEL_JOB_ID``: every task started from ``env`` gets it, every
+    restart too (see :mod:`tfaccel.job_id` for where it comes from).
+
+    Args:
+        env: the environment the tasks start from (changed in place).
+        job_id: the launch's own (``--job-id``), or None.
+        default: makes the launcher's own id when neither ``job_id`` nor the environment gives one.
+        source: the environment whose ``TFACCEL_JOB_ID`` / ``SLURM_JOB_ID`` count. Defaults to ``env``.
+        announce: log the id. Defaults to True.
+
+    Returns:
+        The id.
+
+    Raises:
+        ConfigError: ``job_id`` or the environment's id is malformed.
+    """
+    env[JOB_ID_ENV] = launch_job_id(job_id, env if source is None else source, default)
+    if announce:
+        get_logger().info("launch: job id %s (%s of every task, kept across restarts: backups and the evaluator "
+                          "tell jobs apart by it)", env[JOB_ID_ENV], JOB_ID_ENV)
+    return env[JOB_ID_ENV]

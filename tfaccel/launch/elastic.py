@@ -25,6 +25,7 @@ import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from tfaccel.errors import ConfigError
+from tfaccel.job_id import launch_job_id, new_job_id
 from tfaccel.launch.outcome import LaunchResult
 from tfaccel.log import get_logger
 from tfaccel.train.elastic import ELASTIC_ENV, RESIZE_FROM_ENV, RESIZE_REASON_ENV, parse_workers_range
@@ -134,6 +135,9 @@ def run_elastic(cmd: Any, *, workers: Tuple[int, int], max_restarts: int = 0, ca
     low, high = parse_workers_range(f"{workers[0]}:{workers[1]}")
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ConfigError(f"max_restarts: must be an integer >= 0; received {max_restarts!r}")
+    # One job id for every attempt (the backup's owner stays the same job), as run_local keeps it across restarts.
+    options["job_id"] = launch_job_id(options.get("job_id"), {**os.environ, **(env or {})},
+                                      lambda: new_job_id(f"elastic-{backend}"))
     launch = _launcher(cmd, backend, options)
     state = ElasticState(low, high, max_restarts, capacity_file)
     if state.size < low:

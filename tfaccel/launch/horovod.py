@@ -28,7 +28,8 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 from tfaccel.cluster.limits import shorten
 from tfaccel.errors import BackendUnavailableError, ConfigError
 from tfaccel.launch.envpolicy import check_env_names, runtime_env
-from tfaccel.launch.command import CHILD_DEFAULT_ENV, child_base_env, normalize_command
+from tfaccel.job_id import new_job_id
+from tfaccel.launch.command import CHILD_DEFAULT_ENV, child_base_env, export_job_id, normalize_command
 from tfaccel.launch.netns import check_network_mode
 from tfaccel.launch.outcome import LaunchResult, LaunchTask
 from tfaccel.launch.supervisor import RESTART_ENV, run_job
@@ -193,7 +194,8 @@ def run_horovod(np: int, cmd: Union[str, Sequence[str]], *, hosts: Union[None, s
                 capture_lines: Optional[int] = None, horovodrun: Optional[str] = None,
                 start_timeout: Optional[int] = None, gloo_timeout: Optional[int] = None,
                 network_interfaces: Optional[str] = None, verbose: bool = False,
-                max_restarts: int = 0, network: str = "auto", forward: Sequence[str] = ()) -> LaunchResult:
+                max_restarts: int = 0, network: str = "auto", forward: Sequence[str] = (),
+                job_id: Optional[str] = None) -> LaunchResult:
     """Runs ``cmd`` as ``np`` Horovod ranks through ``horovodrun --gloo`` and waits for it.
 
     The ``horovodrun`` process is supervised like any tfaccel task (output prefixed ``[horovodrun 0]``, bounded by
@@ -218,10 +220,11 @@ def run_horovod(np: int, cmd: Union[str, Sequence[str]], *, hosts: Union[None, s
             ``"host"`` on this machine's network, ``"auto"`` private where possible. With other hosts ``"auto"``
             uses the real network and ``"private"`` is an error. Defaults to "auto".
         forward: names of variables of this environment the ranks get too (``--env NAME``); each must be set.
+        job_id: ``TFACCEL_JOB_ID`` of every rank, kept across restarts (:mod:`tfaccel.job_id`). Defaults to the
+            environment's (``TFACCEL_JOB_ID``, ``SLURM_JOB_ID``), else a new one.
 
     Returns:
-        A ``LaunchResult`` with one task, ``horovodrun:0`` (returncode 124 on timeout); ``restarts`` and
-        ``attempts`` say how many times the job was started again and how each attempt ended.
+        A ``LaunchResult`` with one task, ``horovodrun:0`` (returncode 124 on timeout), ``restarts``, ``attempts``.
 
     Raises:
         ConfigError: bad arguments (see :func:`build_horovodrun_command`), a bad ``max_restarts`` or ``network``.
@@ -235,7 +238,7 @@ def run_horovod(np: int, cmd: Union[str, Sequence[str]], *, hosts: Union[None, s
                                           start_timeout=start_timeout, gloo_timeout=gloo_timeout,
                                           network_interfaces=network_interfaces, verbose=verbose))
     network = _network_mode(network, hosts, np)
-    base = _horovodrun_env(env, forward)
+    base = _horovodrun_env(env, forward, job_id)
     get_logger().info("launch: %d Horovod rank(s) (Gloo) on %s: %s", np, argv[argv.index("-H") + 1],
                       " ".join(argv))
 
@@ -258,9 +261,11 @@ def _network_mode(network: str, hosts: Union[None, str, Sequence[str]], np: int)
     return network
 
 
-def _horovodrun_env(env: Optional[Mapping[str, str]], forward: Sequence[str]) -> Dict[str, str]:
-    """horovodrun's environment (:func:`horovod_env`), this Python environment's ``bin`` first on PATH (horovodrun
-    finds itself and the ranks' python through it)."""
-    base = horovod_env(child_base_env(env), tuple(check_env_names(forward)) + tuple(env or {}))
+def _horovodrun_env(env: Optional[Mapping[str, str]], forward: Sequence[str], job_id: Optional[str]) -> Dict[str, str]:
+    """horovodrun's environment (:func:`horovod_env`) with the job's id, this Python environment's ``bin`` first on
+    PATH (horovodrun finds itself and the ranks' python through it)."""
+    full = child_base_env(env)
+    base = horovod_env(full, tuple(check_env_names(forward)) + tuple(env or {}))
+    export_job_id(base, job_id, lambda: new_job_id("horovod"), source=full)
     base["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), base.get("PATH", "")])
     return base

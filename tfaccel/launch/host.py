@@ -10,7 +10,8 @@ stops with an error naming the tasks that never came up.
 from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
 
 from tfaccel.errors import ConfigError
-from tfaccel.launch.command import child_base_env, normalize_command, warn_inherited_tf_config
+from tfaccel.job_id import JOB_ID_ENV, cluster_job_id
+from tfaccel.launch.command import child_base_env, export_job_id, normalize_command, warn_inherited_tf_config
 from tfaccel.launch.outcome import LaunchResult, LaunchTask
 from tfaccel.launch.supervisor import run_job
 from tfaccel.launch.tasks import build_tasks, check_ps_has_chief, load_spec
@@ -20,7 +21,8 @@ __all__ = ["run_host", "host_plan"]
 
 
 def host_plan(cmd: Union[str, Sequence[str]], *, cluster: Any, task: str, env: Optional[Mapping[str, str]] = None,
-              attempt: int = 0) -> Tuple[Any, LaunchTask, List[Tuple[str, str]], List[str]]:
+              attempt: int = 0, job_id: Optional[str] = None
+              ) -> Tuple[Any, LaunchTask, List[Tuple[str, str]], List[str]]:
     """What per-host mode would start.
 
     Args:
@@ -29,6 +31,8 @@ def host_plan(cmd: Union[str, Sequence[str]], *, cluster: Any, task: str, env: O
         task: this host's task, e.g. ``"worker:1"``.
         env: extra environment for the task. Defaults to None.
         attempt: the restart count. Defaults to 0.
+        job_id: the job's id. Defaults to the environment's, else one derived from the cluster: every host of the
+            cluster computes the same (:func:`tfaccel.job_id.cluster_job_id`).
 
     Returns:
         ``(spec, launch_task, peers, notes)``: peers are ``(name, "host:port")`` of the other tasks that must
@@ -41,6 +45,7 @@ def host_plan(cmd: Union[str, Sequence[str]], *, cluster: Any, task: str, env: O
     role, index = spec.check_task(task, field="--task")
     name = f"{role}:{index}"
     base_env = child_base_env(env)
+    export_job_id(base_env, job_id, lambda: cluster_job_id(spec), announce=False)
     argv, notes = normalize_command(cmd, check_exists=True, env=base_env)
     check_ps_has_chief(spec, source)
     tasks = build_tasks(spec, lambda _name: argv, env=base_env, attempt=attempt, only=name)
@@ -51,8 +56,8 @@ def host_plan(cmd: Union[str, Sequence[str]], *, cluster: Any, task: str, env: O
 
 def run_host(cmd: Union[str, Sequence[str]], *, cluster: Any, task: str, timeout: Optional[float] = None,
              max_restarts: int = 0, env: Optional[Mapping[str, str]] = None, grace: float = 10.0,
-             connect_timeout: float = 300.0, echo: bool = True,
-             capture_lines: Optional[int] = None) -> LaunchResult:
+             connect_timeout: float = 300.0, echo: bool = True, capture_lines: Optional[int] = None,
+             job_id: Optional[str] = None) -> LaunchResult:
     """Runs this host's task of a cluster and waits for the other tasks to come up.
 
     Args:
@@ -66,6 +71,9 @@ def run_host(cmd: Union[str, Sequence[str]], *, cluster: Any, task: str, timeout
         connect_timeout: seconds the other tasks get to accept connections. Defaults to 300.
         echo: stream the task's output with a ``[worker 1]`` prefix. Defaults to True.
         capture_lines: keep only the last N lines of output; None keeps all. Defaults to None.
+        job_id: ``TFACCEL_JOB_ID`` of the task, kept across restarts. Defaults to the environment's
+            (``TFACCEL_JOB_ID``, ``SLURM_JOB_ID``), else one derived from the cluster, the same on every host (and
+            for every run of that cluster: give one to tell runs apart).
 
     Returns:
         A ``LaunchResult``; ``reason == "unreachable"`` (exit code 1) when some task never came up.
@@ -76,15 +84,17 @@ def run_host(cmd: Union[str, Sequence[str]], *, cluster: Any, task: str, timeout
     Example:
         >>> run_host(["python", "train.py"], cluster="tf_config/two_workers.yaml", task="worker:1")  # doctest: +SKIP
     """
-    _spec, _task, peers, notes = host_plan(cmd, cluster=cluster, task=task, env=env)
+    _spec, first, peers, notes = host_plan(cmd, cluster=cluster, task=task, env=env, job_id=job_id)
     warn_inherited_tf_config()
     for note in notes:
         get_logger().info("launch: %s", note)
+    get_logger().info("launch: job id %s (%s of this task, kept across restarts; every host of the cluster derives the "
+                      "same unless --job-id or the environment names one)", first.env[JOB_ID_ENV], JOB_ID_ENV)
     if connect_timeout <= 0:
         raise ConfigError(f"connect_timeout: must be a positive number of seconds; received {connect_timeout!r}")
 
     def make_tasks(attempt: int) -> List[LaunchTask]:
-        return [host_plan(cmd, cluster=cluster, task=task, env=env, attempt=attempt)[1]]
+        return [host_plan(cmd, cluster=cluster, task=task, env=env, attempt=attempt, job_id=job_id)[1]]
 
     return run_job(make_tasks, max_restarts=max_restarts, timeout=timeout, grace=grace,
                    connect_timeout=connect_timeout, peers=peers, echo=echo, capture_lines=capture_lines)

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from tfaccel.errors import ConfigError
-from tfaccel.launch.command import child_base_env, normalize_command, warn_inherited_tf_config
+from tfaccel.job_id import new_job_id
+from tfaccel.launch.command import child_base_env, export_job_id, normalize_command, warn_inherited_tf_config
 from tfaccel.launch.netns import check_network_mode
 from tfaccel.launch.outcome import LaunchResult, TaskOutcome
 from tfaccel.launch.supervisor import run_job
@@ -71,12 +72,12 @@ def run_local(cmd_or_callable: Command, *, workers: int = 2, ps: int = 0, chief:
               evaluator: bool = False, timeout: Optional[float] = None, max_restarts: int = 0,
               env: Optional[Mapping[str, str]] = None, cluster: Any = None, args: Sequence[Any] = (),
               kwargs: Optional[Mapping[str, Any]] = None, grace: float = 10.0, connect_timeout: float = 60.0,
-              echo: bool = True, capture_lines: Optional[int] = None, network: str = "auto") -> LaunchResult:
+              echo: bool = True, capture_lines: Optional[int] = None, network: str = "auto",
+              job_id: Optional[str] = None) -> LaunchResult:
     """Runs a command (or a Python callable) in every task of a cluster on this machine.
 
-    TensorFlow's servers bind 0.0.0.0 whatever address they are given, so by default the tasks run in a private
-    network namespace whose only interface is loopback (see :mod:`tfaccel.launch.netns`): nothing of the
-    cluster can be reached from outside it, and the tasks cannot reach other machines either.
+    TensorFlow's servers bind 0.0.0.0, so by default the tasks run in a private network namespace with only loopback
+    (:mod:`tfaccel.launch.netns`): nothing of the cluster is reachable from outside, nor are other machines from it.
 
     Args:
         cmd_or_callable: an argv list, a command string (split, never run by a shell), or a picklable
@@ -98,6 +99,8 @@ def run_local(cmd_or_callable: Command, *, workers: int = 2, ps: int = 0, chief:
         network: ``"private"`` (a loopback-only network namespace; an error where the system cannot make
             one), ``"host"`` (this machine's network: the ports are reachable from other machines) or
             ``"auto"`` (private where possible, else host with a warning). Defaults to "auto".
+        job_id: ``TFACCEL_JOB_ID`` of every task, kept across restarts (:mod:`tfaccel.job_id`). Defaults to the
+            environment's (``TFACCEL_JOB_ID``, ``SLURM_JOB_ID``), else a new one.
 
     Returns:
         A ``LaunchResult`` (``returncode``, every task's ``TaskOutcome``, ``restarts``, ``reason``, ...).
@@ -108,14 +111,13 @@ def run_local(cmd_or_callable: Command, *, workers: int = 2, ps: int = 0, chief:
         NetworkIsolationError: ``network="private"`` where no private network namespace can be made.
 
     Example:
-        >>> from tfaccel.launch import run_local
         >>> result = run_local(["python", "-c", "import os; print(os.environ['TF_CONFIG'])"])  # doctest: +SKIP
         >>> result.returncode, [t.name for t in result.tasks]  # doctest: +SKIP
         (0, ['worker:0', 'worker:1'])
     """
-    make_spec, network = _plan(workers=workers, ps=ps, chief=chief, evaluator=evaluator, cluster=cluster,
-                               max_restarts=max_restarts, timeout=timeout, network=network)
-    base_env = child_base_env(env)
+    make_spec, network, base_env = _plan(workers=workers, ps=ps, chief=chief, evaluator=evaluator, cluster=cluster,
+                                         max_restarts=max_restarts, timeout=timeout, network=network, env=env,
+                                         job_id=job_id)
     payload, command_for = _commands(cmd_or_callable, args, kwargs, base_env)
     try:
         return run_job(lambda attempt: build_tasks(make_spec(attempt), command_for(attempt), env=base_env,
@@ -129,8 +131,10 @@ def run_local(cmd_or_callable: Command, *, workers: int = 2, ps: int = 0, chief:
 
 
 def _plan(*, workers: int, ps: int, chief: bool, evaluator: bool, cluster: Any, max_restarts: int,
-          timeout: Optional[float], network: str) -> Tuple[Callable[[int], Any], str]:
-    """Checks a local launch's options: ``(make_spec, network mode)`` (see :func:`tfaccel.launch.tasks.local_specs`)."""
+          timeout: Optional[float], network: str, env: Optional[Mapping[str, str]],
+          job_id: Optional[str]) -> Tuple[Callable[[int], Any], str, Dict[str, str]]:
+    """Checks a local launch's options: ``(make_spec, network mode, the tasks' base environment)`` (see
+    :func:`tfaccel.launch.tasks.local_specs`); the environment carries the launch's job id."""
     log = get_logger()
     check_count("max_restarts", max_restarts, minimum=0)
     if timeout is not None and timeout <= 0:
@@ -145,7 +149,9 @@ def _plan(*, workers: int, ps: int, chief: bool, evaluator: bool, cluster: Any, 
         log.info("launch: %s", note)
     network = network_for(make_spec(0), network, "cluster" if cluster is not None else "local cluster")
     warn_inherited_tf_config()
-    return make_spec, network
+    base_env = child_base_env(env)
+    export_job_id(base_env, job_id, lambda: new_job_id("local"))
+    return make_spec, network, base_env
 
 
 def _commands(cmd_or_callable: Command, args: Sequence[Any], kwargs: Optional[Mapping[str, Any]],

@@ -40,7 +40,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 from tfaccel.errors import BackendUnavailableError, ConfigError
 from tfaccel.integrations.ray_train import (REPORT_ENV, RUN_DIR_ENV, WORKER_ENV, ray_backup_dir, ray_context,
                                            report_callbacks)
-from tfaccel.launch.command import CHILD_DEFAULT_ENV, child_base_env, normalize_command
+from tfaccel.job_id import new_job_id
+from tfaccel.launch.command import CHILD_DEFAULT_ENV, child_base_env, export_job_id, normalize_command
 from tfaccel.launch.envpolicy import check_env_names, job_env, left_out, runtime_env
 from tfaccel.launch.netns import check_network_mode
 from tfaccel.launch.outcome import LaunchResult, LaunchTask
@@ -135,7 +136,7 @@ def run_ray(cmd: Union[str, Sequence[str]], *, workers: int = 2, address: Option
             max_restarts: int = 0, timeout: Optional[float] = None, env: Optional[Mapping[str, str]] = None,
             storage_path: Optional[str] = None, name: Optional[str] = None, grace: float = 10.0,
             echo: bool = True, capture_lines: Optional[int] = None, network: str = "auto",
-            forward: Sequence[str] = ()) -> LaunchResult:
+            forward: Sequence[str] = (), job_id: Optional[str] = None) -> LaunchResult:
     """Runs ``cmd`` on ``workers`` Ray Train workers (``TensorflowTrainer``) and waits for it.
 
     Every worker runs the command with the TF_CONFIG Ray Train gives it (workers only; worker 0 is the chief),
@@ -153,6 +154,8 @@ def run_ray(cmd: Union[str, Sequence[str]], *, workers: int = 2, address: Option
         timeout: bound on the whole run in seconds; None for no bound. Defaults to None.
         env: extra environment for the command on every worker. Defaults to None.
         forward: names of variables of this environment the workers get too (``--env NAME``); each must be set.
+        job_id: ``TFACCEL_JOB_ID`` of every worker, kept across Ray's restarts (:mod:`tfaccel.job_id`). Defaults to
+            the environment's (``TFACCEL_JOB_ID``, ``SLURM_JOB_ID``), else a new one.
         storage_path: Ray Train's run storage (shared by every node of a cluster). Defaults to ``~/ray_results``.
         name: the run's name in the storage. Defaults to ``tfaccel-<time>-<pid>``.
         grace, echo, capture_lines: as for :func:`tfaccel.launch.supervisor.run_job`.
@@ -180,7 +183,7 @@ def run_ray(cmd: Union[str, Sequence[str]], *, workers: int = 2, address: Option
         spec = DriverSpec(argv=list(argv), workers=workers, address=address, max_restarts=max_restarts,
                           storage_path=os.path.abspath(storage_path) if storage_path else None,
                           name=name or f"tfaccel-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}",
-                          env={**forwarded_env(names=forward), **CHILD_DEFAULT_ENV, **dict(env or {})}, grace=grace,
+                          env=_job_env(env, forward, job_id), grace=grace,
                           capture_lines=capture_lines, result_path=os.path.join(tmp.name, "result.json"),
                           cwd=os.getcwd())
         task = _driver_task(spec, Path(tmp.name, "spec.json"), forward)
@@ -189,6 +192,14 @@ def run_ray(cmd: Union[str, Sequence[str]], *, workers: int = 2, address: Option
         return _merge_driver_result(result, Path(spec.result_path))
     finally:
         tmp.cleanup()
+
+
+def _job_env(env: Optional[Mapping[str, str]], forward: Sequence[str], job_id: Optional[str]) -> Dict[str, str]:
+    """What the workers' commands get on top of their node's environment: :func:`forwarded_env`, the launch's
+    defaults, ``env`` and the job's id (``TFACCEL_JOB_ID``, the same for every worker and every restart)."""
+    job = {**forwarded_env(names=forward), **CHILD_DEFAULT_ENV, **dict(env or {})}
+    export_job_id(job, job_id, lambda: new_job_id("ray"), source={**os.environ, **dict(env or {})})
+    return job
 
 
 def _driver_task(spec: DriverSpec, spec_path: Path, forward: Sequence[str]) -> LaunchTask:

@@ -5,26 +5,24 @@
   leading out. Anything else is refused with a ConfigError and nothing is opened or removed.
 * **Durability**: data files and the directory that holds them are fsynced before the pointer that names them
   is replaced, and the pointer's directory after, so a host crash leaves the old backup or the new one.
-* **Job identity**: every pointer and progress file carries the job that wrote it: ``TFACCEL_JOB_ID`` when the
-  environment gives one (the same for every task and every restart of one job), else this process (host, pid,
-  pid start time). A directory whose pointer names another job that is still running on this host is refused,
-  naming both jobs; a job that ended (a restart) is taken over.
+* **Job identity**: every pointer and progress file carries the job that wrote it: the id the environment gives
+  (``TFACCEL_JOB_ID``, exported by every tfaccel launcher to every task and kept across restarts, else
+  ``slurm-<SLURM_JOB_ID>``; see :mod:`tfaccel.job_id`), else this process (host, pid, pid start time). A
+  directory whose pointer names another job that is still running on this host is refused, naming both jobs; a
+  job that ended (a restart) is taken over.
 """
 
 import os
-import re
 import socket
 import time
 import uuid
 from typing import Any, Dict, Optional
 
 from tfaccel.errors import ConfigError
+from tfaccel.job_id import environment_job_id
 
-__all__ = ["JOB_ID_ENV", "confined", "fsync_path", "job_identity", "job_alive", "describe_job", "same_job",
-           "pid_start"]
+__all__ = ["confined", "fsync_path", "job_identity", "job_alive", "describe_job", "same_job", "pid_start"]
 
-JOB_ID_ENV = "TFACCEL_JOB_ID"
-_JOB_ID_RE = re.compile(r"^[A-Za-z0-9._:@+-]{1,128}$")
 _PROCESS_TOKEN = uuid.uuid4().hex[:12]  # this process's part of its job id when the environment names none
 
 
@@ -100,12 +98,10 @@ def job_identity() -> Dict[str, Any]:
     """The job this process belongs to: ``{"id", "host", "pid", "pid_start"}``.
 
     Raises:
-        ConfigError: ``TFACCEL_JOB_ID`` is set but is not 1-128 characters of letters, digits and ``._:@+-``.
+        ConfigError: ``TFACCEL_JOB_ID`` (or ``SLURM_JOB_ID``) is set but is not 1-128 characters of letters, digits
+            and ``._:@+-``.
     """
-    given = os.environ.get(JOB_ID_ENV)
-    if given is not None and not _JOB_ID_RE.match(given):
-        raise ConfigError(f"{JOB_ID_ENV} must be 1-128 characters of letters, digits and ._:@+-; received "
-                          f"{_show(given)}. Set it to one name per job (the same on every task and restart)")
+    given = environment_job_id()
     host, pid = socket.gethostname(), os.getpid()
     return {"id": given or f"{host}-{pid}-{_PROCESS_TOKEN}", "host": host, "pid": pid, "pid_start": pid_start(pid),
             "written_at": round(time.time(), 3)}
@@ -119,8 +115,8 @@ def same_job(a: Any, b: Any) -> bool:
 def job_alive(job: Any) -> bool:
     """Whether the job of a record written by another process is known to still run (same host, same process).
 
-    A record from another host cannot be checked from here and counts as ended: only a shared ``TFACCEL_JOB_ID``
-    or this host's process table can tell jobs apart.
+    A record from another host cannot be checked from here and counts as ended: only a shared job id (what
+    every tfaccel launcher exports) or this host's process table can tell jobs apart.
     """
     if not isinstance(job, dict) or job.get("host") != socket.gethostname():
         return False

@@ -15,7 +15,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
-from tfaccel.train.backup_guard import JOB_ID_ENV, confined, describe_job, fsync_path, job_alive, job_identity, same_job
+from tfaccel.job_id import JOB_ID_ENV
+from tfaccel.train.backup_guard import confined, describe_job, fsync_path, job_alive, job_identity, same_job
 
 __all__ = ["BackupState", "read_backup", "load_backup_weights", "StepBackup", "ChiefCheckpoint", "Throughput",
            "atomic_write_text", "PS_BACKUP_FORMAT", "write_checkpoint_backup", "restore_checkpoint_backup"]

@@ -9,7 +9,8 @@ member of the training cluster), runs ``model.evaluate`` on ``validation_data``,
 
 How the two sides meet: when the cluster has an evaluator task, the chief's ``fit`` adds :func:`progress_callback`,
 which keeps ``checkpoint_dir/tfaccel-progress.json`` up to date: the chief's address and job (so a file of an
-earlier job is never followed: the same ``TFACCEL_JOB_ID`` where the environment gives one, else a file written
+earlier job is never followed: the same job id where the environment gives one (``TFACCEL_JOB_ID``, which
+every tfaccel launcher exports, or SLURM's; :mod:`tfaccel.job_id`), else a file written
 after the evaluator started, less a minute), the checkpoints written so far (each must lie in ``checkpoint_dir``),
 and ``done`` once training ended (``on_train_end``). The file is replaced atomically. Waits are bounded:
 ``TFACCEL_EVALUATOR_TIMEOUT`` seconds (default 1800) for the first progress and between two updates.
@@ -22,7 +23,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from tfaccel.errors import ConfigError, TfaccelError
 from tfaccel.log import get_logger
-from tfaccel.train.backup_guard import JOB_ID_ENV, confined, job_identity
+from tfaccel.job_id import environment_job_id
+from tfaccel.train.backup_guard import confined, job_identity
 
 __all__ = ["PROGRESS_FILE", "TIMEOUT_ENV", "DEFAULT_TIMEOUT_S", "EvaluatorTimeout", "is_evaluator_task",
            "chief_address", "progress_callback", "evaluator_callbacks", "run_evaluator"]
@@ -114,8 +116,8 @@ def _timeout_s() -> float:
 def _read_progress(path: str, chief: Optional[str], since: float) -> Optional[Dict[str, Any]]:
     """The chief's progress of this job, or None (not written yet, or left by another job).
 
-    A file is this job's when it names this job's chief and job: the same ``TFACCEL_JOB_ID`` when the environment
-    gives one, else written no earlier than ``since`` (the evaluator's start less a minute of slack).
+    A file is this job's when it names this job's chief and job: the same job id when the environment gives one,
+    else written no earlier than ``since`` (the evaluator's start less a minute of slack).
 
     Raises:
         ConfigError: this job's progress names a checkpoint outside ``checkpoint_dir``.
@@ -130,7 +132,7 @@ def _read_progress(path: str, chief: Optional[str], since: float) -> Optional[Di
     job = progress.get("job") if isinstance(progress, dict) else None
     if not isinstance(job, dict) or progress.get("chief") != chief:
         return None
-    given = os.environ.get(JOB_ID_ENV)
+    given = environment_job_id()
     written = job.get("written_at")
     if (job.get("id") != given) if given else not (isinstance(written, (int, float)) and written >= since):
         return None

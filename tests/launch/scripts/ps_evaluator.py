@@ -43,7 +43,8 @@ def main() -> int:
     task = json.loads(os.environ["TF_CONFIG"])["task"]["type"]
     print("RESULT " + json.dumps({"task": task, "strategy": plan.strategy, "notes": list(plan.notes),
                                   "history": result.history, "evaluations": result.details.get("evaluations"),
-                                  "checkpoints": result.details.get("checkpoints")}))
+                                  "checkpoints": result.details.get("checkpoints"),
+                                  "job_id": os.environ.get("TFACCEL_JOB_ID")}))
     return 0
 
 
