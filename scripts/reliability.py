@@ -7,12 +7,14 @@
     python scripts/reliability.py --r1 0 --r2 0 --r3 0 --kills 50       # SIGKILLs during backup saves (issue 24)
     python scripts/reliability.py --r1 0 --r2 0 --r3 0 --preempt 10     # SIGTERM to a worker (issue 25)
     python scripts/reliability.py --r1 0 --r2 0 --r3 0 --preempt_horovod 10 --preempt_ps 5 --preempt_ray 10
+    python scripts/reliability.py --r1 0 --r2 0 --r3 0 --elastic 10 --elastic_growth 5   # elastic 3 -> 2, 2 -> 3
 
 Prints one line per promise, e.g. ``R1 resume-equals-uninterrupted: 10/10``, then the measurements of every
 trial (kill point, restart, resumed-from backup, max weight difference; exit time after a peer was lost).
 The scenarios live in tests/reliability/rel_scenarios.py, shared with the test suite (which runs 1 trial).
 """
 
+import functools
 import json
 import random
 import sys
@@ -49,6 +51,16 @@ def define_flags() -> None:
     flags.DEFINE_integer("preempt_ps", 0, "the same with a parameter-server job (--ps 1 --workers 2): SIGTERM to "
                          "the chief")
     flags.DEFINE_integer("preempt_ray", 0, "the same on 2 Ray Train workers (--backend ray, a private local Ray)")
+    flags.DEFINE_integer("elastic", 0, "elastic shrink trials (issue 25): tfaccel launch --workers 2:3 --max-restarts "
+                         "0, one of 3 workers SIGKILLed at a random step; the job must end on 2 workers with the "
+                         "uninterrupted 3-worker run's weights (1e-5), optimizer steps and history")
+    flags.DEFINE_integer("elastic_growth", 0, "elastic growth trials (issue 25): 2 workers offered by a capacity file, "
+                         "which offers 3 right before one of them is SIGKILLed; the job must go on with 3 and end "
+                         "like the uninterrupted 3-worker run")
+    flags.DEFINE_integer("elastic_ray", 0, "elastic shrink trials on Ray Train (issue 25): tfaccel launch --backend "
+                         "ray --workers 2:3 --max-restarts 0 on a private local Ray instance, one of 3 Ray workers "
+                         "SIGKILLed at a random step; the run is restarted with 2 Ray workers and must end like 3 "
+                         "uninterrupted local workers")
     flags.DEFINE_integer("r2", 3, "trials of every R2 scenario (lost peer: local, per-host, Horovod)")
     flags.DEFINE_integer("r3", 1, "trials of each R3 scenario (parameter server: worker lost, ps lost)")
     flags.DEFINE_integer("seed", 9, "seed of the random kill points")
@@ -125,6 +137,32 @@ def _preempt(work: Path, rng: random.Random) -> dict:
     return tallies
 
 
+def _elastic(work: Path, rng: random.Random) -> dict:
+    """Elastic restarts (issue 25): one uninterrupted 3-worker reference, then the shrink and growth trials."""
+    import rel_elastic
+
+    ref = rel_elastic.reference(work / "elastic-reference")
+    if not ref["ok"]:
+        sys.exit(f"elastic reference run failed: {ref['why']}")
+    print(f"  elastic reference (3 workers): {ref['seconds']} s", flush=True)
+    tallies = {}
+    ray_shrink = functools.partial(rel_elastic.shrink_trial, ray=True, timeout=600)
+    for slug, name, trial, count in (("shrink", "shrink 3 -> 2", rel_elastic.shrink_trial, FLAGS.elastic),
+                                     ("grow", "grow 2 -> 3", rel_elastic.grow_trial, FLAGS.elastic_growth),
+                                     ("ray", "ray shrink 3 -> 2", ray_shrink, FLAGS.elastic_ray)):
+        results = []
+        for i in range(count):
+            result = trial(work / f"elastic-{slug}-{i}", ref, rng=rng)
+            results.append(result)
+            print(f"  elastic {name} trial {i + 1}: {'ok' if result['ok'] else 'FAILED'} "
+                  + json.dumps({k: v for k, v in result.items() if k not in ("ok", "why")})
+                  + (f"\n    {result['why'][:2000]}" if not result["ok"] else ""), flush=True)
+        if results:
+            tallies[f"elastic {name}: same weights (1e-5), optimizer steps and history as 3 uninterrupted workers"] = \
+                results
+    return tallies
+
+
 def main(argv: list) -> None:
     del argv
     import rel_horovod as rh
@@ -168,6 +206,8 @@ def main(argv: list) -> None:
             tallies.update(_kills(work, rng))
         if FLAGS.preempt or FLAGS.preempt_horovod or FLAGS.preempt_ps or FLAGS.preempt_ray:
             tallies.update(_preempt(work, rng))
+        if FLAGS.elastic or FLAGS.elastic_growth or FLAGS.elastic_ray:
+            tallies.update(_elastic(work, rng))
         for name, scenario in rs.R2_SCENARIOS.items():
             results = []
             for i in range(FLAGS.r2):

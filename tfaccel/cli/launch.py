@@ -31,6 +31,7 @@ import shlex
 import sys
 from typing import List
 
+from tfaccel.cli.launch_elastic import WORKERS_HELP, add_elastic_options, run_elastic_job
 from tfaccel.cli.launch_options import (DEFAULT_BACKEND, DEFAULT_CONNECT_TIMEOUT_HOST_S,
                                         DEFAULT_CONNECT_TIMEOUT_LOCAL_S, DEFAULT_GRACE_S, DEFAULT_RANKS,
                                         DEFAULT_WORKERS, LAUNCH_BACKENDS, launch_options)
@@ -63,9 +64,9 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
 
 def _add_cluster_options(parser: argparse.ArgumentParser) -> None:
     layout = parser.add_argument_group("cluster (local mode unless --task is given)")
-    layout.add_argument("--workers", type=int, default=None, metavar="N",
+    layout.add_argument("--workers", default=None, metavar="N|MIN:MAX",
                         help=f"number of worker tasks on 127.0.0.1, or of Ray Train workers with --backend ray "
-                             f"(default: {DEFAULT_WORKERS})")
+                             f"(default: {DEFAULT_WORKERS}){WORKERS_HELP}")
     layout.add_argument("--ps", type=int, default=None, metavar="M",
                         help="number of parameter-server tasks; the command then runs on the chief only (a chief "
                              "is added), ps and worker tasks run tf.distribute servers (default: 0)")
@@ -89,6 +90,7 @@ def _add_supervision_options(parser: argparse.ArgumentParser) -> None:
                           "a preemption then ends the launch with exit 75)")
     run.add_argument("--timeout", type=float, default=None, metavar="S",
                      help="stop everything after S seconds, restarts included; exit 124 (default: none)")
+    add_elastic_options(run)
     run.add_argument("--grace", type=float, default=None, metavar="S",
                      help=f"seconds between SIGTERM and SIGKILL when tasks are stopped (default: {DEFAULT_GRACE_S:g})")
     run.add_argument("--connect-timeout", type=float, default=None, metavar="S",
@@ -145,6 +147,8 @@ def run_cli(args: argparse.Namespace) -> int:
     log = get_logger()
     if opts["filled"]:
         log.info("launch: defaults filled in (pass the options to set them): %s", ", ".join(opts["filled"]))
+    if opts["elastic"] and not args.dry_run:
+        return run_elastic_job(opts, capture_lines=CAPTURE_LINES)
     if opts["backend"] == "horovod":
         return _horovod(opts, dry_run=args.dry_run)
     if opts["backend"] == "ray":

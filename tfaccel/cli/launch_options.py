@@ -5,6 +5,7 @@ import argparse
 import math
 from typing import List, Optional
 
+from tfaccel.cli.launch_elastic import check_elastic, worker_range
 from tfaccel.errors import ConfigError
 from tfaccel.job_id import check_job_id
 
@@ -34,8 +35,9 @@ def launch_options(args: argparse.Namespace) -> dict:
     if not cmd:
         raise ConfigError("command: none given; put it after `--`, e.g. `tfaccel launch --workers 2 -- python "
                           "train.py`")
-    backend = args.backend or DEFAULT_BACKEND
+    backend, (args, elastic) = args.backend or DEFAULT_BACKEND, worker_range(args)
     _check_combinations(args, backend)
+    check_elastic(args, elastic, backend)
     env_names = _env_names(args, backend)
     if args.max_restarts is not None and args.max_restarts < 0:
         raise ConfigError(f"--max-restarts: must be >= 0; received {args.max_restarts}")
@@ -56,6 +58,7 @@ def launch_options(args: argparse.Namespace) -> dict:
         "count_preemptions": bool(args.count_preemptions),
         "grace": DEFAULT_GRACE_S if args.grace is None else args.grace,
         "connect_timeout": connect_default if args.connect_timeout is None else args.connect_timeout,
+        "elastic": elastic, "capacity_file": args.capacity_file,
     }
 
 

@@ -11,7 +11,7 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
@@ -130,11 +130,13 @@ class StepBackup:
 
     Only the chief writes (Keras 3 reads mirrored variables locally, so saving needs no collective and the
     other workers have nothing to contribute). ``epoch_offset``/``step_offset`` let a resumed partial epoch
-    report its true position.
+    report its true position; ``record(epoch, step)`` returns more fields for the backup's pointer (the world size, the
+    finished epochs' logs: ``tfaccel.train.elastic.journal_callback``).
     """
 
     def __new__(cls, backup_dir: str, *, save_freq: Optional[int], is_chief: bool, step_offset: int = 0,
-                steps_per_epoch: int) -> Any:
+                steps_per_epoch: int, record: Optional[Callable[[int, int], Dict[str, Any]]] = None
+                ) -> Any:
         import keras
 
         class _StepBackup(keras.callbacks.Callback):
@@ -165,7 +167,8 @@ class StepBackup:
                 global_step = epoch * steps_per_epoch + step
                 name = f"backup-{global_step}.weights.h5"
                 save_weights_atomically(self.model, os.path.join(backup_dir, name))
-                commit_backup(backup_dir, {"epoch": epoch, "step": step, "global_step": global_step, "weights": name,
+                commit_backup(backup_dir, {**(record(epoch, step) if record else {}), "epoch": epoch, "step": step,
+                                           "global_step": global_step, "weights": name,
                                            "steps_per_epoch": steps_per_epoch})
                 self.last_saved = (epoch, step)
                 self.saves += 1

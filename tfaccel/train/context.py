@@ -110,6 +110,7 @@ def prepare(model: Any, request: FitRequest) -> Tuple[FitContext, "Loop"]:
         from tfaccel.memory import enable_recompute
 
         changes["recompute"] = "blocks " + ", ".join(enable_recompute(model, request.recompute))
+    _check_elastic(ctx)
     state, (start_epoch, ctx.start_step) = _resume(ctx)
     start_epoch = max(start_epoch, keras_resume_epoch(ctx.user_callbacks, model=model, backend=backend))
     ctx.start_epoch, ctx.resumed = max(start_epoch, request.initial_epoch), state is not None
@@ -117,7 +118,7 @@ def prepare(model: Any, request: FitRequest) -> Tuple[FitContext, "Loop"]:
                                 if ctx.resumed else None, backup=state, steps_per_epoch=ctx.data.steps_per_epoch or 0,
                                 is_chief=backend.is_chief)
     ctx.user_callbacks = worker_callbacks(ctx.user_callbacks, backend=backend)  # the chief alone writes user paths
-    _add_callbacks(ctx)
+    _add_callbacks(ctx, state)
     spe = loop.steps_per_execution(ctx)
     if spe is not None:
         if spe[0] != model.steps_per_execution:
@@ -126,7 +127,27 @@ def prepare(model: Any, request: FitRequest) -> Tuple[FitContext, "Loop"]:
     _announce(ctx, loop_reason=loop_reason, changes=changes)
     ctx.details = {"loop": loop_reason, "loops_rejected": rejected, "data": ctx.data.note, "seed": ctx.data.seed,
                    **changes, "restarts": restarts}
+    if "journal" in ctx.named:
+        ctx.details["world_size"] = ctx.named["journal"].record(ctx.start_epoch, ctx.start_step)["world_size_changes"]
     return ctx, loop
+
+
+def _check_elastic(ctx: FitContext) -> None:
+    """An elastic job (``tfaccel launch --workers MIN:MAX``): its batches must split evenly over every size."""
+    from tfaccel.train.elastic import check_elastic_batch, elastic_range, per_replica_statistics
+
+    workers = elastic_range()
+    if workers is not None:
+        backend, data = ctx.backend, ctx.data
+        check_elastic_batch(batch_size=data.batch_size, num_examples=data.num_examples, what=data.what,
+                            workers=workers,
+                            replicas_per_worker=max(1, backend.num_replicas_in_sync // max(1, backend.num_workers)))
+        per_replica = per_replica_statistics(ctx.model)
+        if per_replica and backend.is_chief:
+            get_logger().warning("elastic: %s normalize(s) with each replica's own batch statistics, so the "
+                                 "training changes when the world size (and the per-replica batch) does; "
+                                 "BatchNormalization(synchronized=True) uses the whole global batch",
+                                 ", ".join(per_replica[:5]))
 
 
 def _resume(ctx: FitContext) -> tuple:
@@ -200,7 +221,7 @@ def _refined_jit(plan: Any, model: Any, requested_jit: Any) -> Tuple[bool, str]:
     return bool(jit), reason
 
 
-def _add_callbacks(ctx: FitContext) -> None:
+def _add_callbacks(ctx: FitContext, state: Optional[Dict[str, Any]] = None) -> None:
     """tfaccel's callbacks around the user's: the backend's first, then the user's, then tfaccel's own."""
     import keras
 
@@ -212,8 +233,10 @@ def _add_callbacks(ctx: FitContext) -> None:
     chief = backend.is_chief
     named: Dict[str, Any] = {"timer": Throughput(examples_per_step=data.batch_size or 0)}
     if backups.backup_dir and backend.uses_keras_fit:  # parameter_server: the coordinator loop writes its own
+        named["journal"] = _journal(ctx, state)  # before the backup: an epoch's backup holds that epoch's logs
         named["backup"] = StepBackup(backups.backup_dir, save_freq=backups.backup_freq, is_chief=chief,
-                                     step_offset=ctx.start_step, steps_per_epoch=data.steps_per_epoch or 0)
+                                     step_offset=ctx.start_step, steps_per_epoch=data.steps_per_epoch or 0,
+                                     record=named["journal"].record)
     if backups.checkpoint_dir:
         named["checkpoint"] = ChiefCheckpoint(backups.checkpoint_dir, is_chief=chief,
                                               every_worker_saves=backend.traits.every_worker_saves)
@@ -244,6 +267,25 @@ def _add_preemption(ctx: FitContext) -> None:
         ctx.named["preemption"] = preemption_callback(ctx.preemption, steps_per_epoch=ctx.data.steps_per_epoch or 0,
                                                       step_offset=ctx.start_step)
         ctx.callbacks.append(ctx.named["preemption"])
+
+
+def _journal(ctx: FitContext, state: Optional[Dict[str, Any]]) -> Any:
+    """The world size and finished epochs a backup records; logs each change of world size on the chief."""
+    import os
+
+    from tfaccel.train.elastic import RESIZE_FROM_ENV, RESIZE_REASON_ENV, journal_callback, world_size_changes
+
+    backend, previous = ctx.backend, os.environ.get(RESIZE_FROM_ENV, "")
+    changes = world_size_changes(state, workers=backend.num_workers, reason=os.environ.get(RESIZE_REASON_ENV),
+                                 previous=int(previous) if previous.isdigit() else None)
+    if len(changes) > len((state or {}).get("world_size_changes", [])) and backend.is_chief:
+        get_logger().warning("elastic: world size %(from)d -> %(to)d workers at epoch %(epoch)d step %(step)d "
+                             "(%(reason)s); same global batch, per-replica batch recomputed", changes[-1])
+    backups = ctx.request.backups
+    return journal_callback(state, workers=backend.num_workers, replicas=backend.num_replicas_in_sync,
+                            changes=changes, save_freq=backups.backup_freq,
+                            steps_per_epoch=ctx.data.steps_per_epoch or 0,
+                            metric_state=not backend.traits.shards_by_rank)
 
 
 def _announce(ctx: FitContext, *, loop_reason: str, changes: Dict[str, Any]) -> None:
@@ -293,7 +335,12 @@ def _result(ctx: FitContext, outcome: Optional["LoopResult"], seconds: float) ->
     if "checkpoint" in ctx.named:
         details["checkpoints"] = list(ctx.named["checkpoint"].saved)
     details["preemption"] = ctx.preemption.details()
-    return FitResult(model=ctx.model, history=outcome.history if outcome else {}, plan=ctx.plan,
+    history = outcome.history if outcome else {}
+    if "journal" in ctx.named:  # a resumed job: the finished epochs its backup recorded come first
+        from tfaccel.train.elastic import merged_history
+
+        history = merged_history(ctx.named["journal"].before, history)
+    return FitResult(model=ctx.model, history=history, plan=ctx.plan,
                      examples_per_sec=examples_per_sec, seconds=seconds, global_batch_size=data.batch_size,
                      steps_per_epoch=data.steps_per_epoch, steps=outcome.steps if outcome else 0,
                      resumed_from=(ctx.start_epoch, ctx.start_step) if ctx.resumed else None, details=details)

@@ -1,0 +1,40 @@
+"""Issue 25: elastic restarts with real processes on 127.0.0.1 (`tfaccel launch --workers 2:3`).
+
+The scenarios live in rel_elastic.py (scripts/reliability.py --elastic N --elastic_growth M runs them N and M times
+with random victims and kill steps, and prints tallies); here one of each, at fixed points.
+"""
+
+import random
+
+import pytest
+
+import rel_elastic as re_
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted 3-worker job, run once for the module."""
+    result = re_.reference(tmp_path_factory.mktemp("elastic-reference"))
+    assert result["ok"], result["why"]
+    assert result["iterations"] == re_.EPOCHS * re_.STEPS_PER_EPOCH and len(result["history"]["loss"]) == re_.EPOCHS
+    return result
+
+
+def _check(result):
+    assert result["ok"], f"{result['why']}\nmeasured: { {k: v for k, v in result.items() if k != 'why'} }"
+    assert result["max_abs_diff"] <= 1e-5
+
+
+@pytest.mark.slow
+def test_a_lost_chief_leaves_the_job_on_two_workers_with_the_same_training(reference, tmp_path):
+    """3 workers, worker:0 (the chief, which writes the backups) SIGKILLed after epoch 1 step 5 with
+    --max-restarts 0: the job resumes on 2 workers from (1, 4) and ends with the 3-worker run's weights, optimizer
+    steps and history (every epoch once), the change recorded as {from 3, to 2, epoch 1, step 4}."""
+    _check(re_.shrink_trial(tmp_path, reference, rng=random.Random(0), victim="worker:0", kill=[1, 5]))
+
+
+@pytest.mark.slow
+def test_capacity_returns_and_the_job_grows_back_to_three_workers(reference, tmp_path):
+    """2 workers (the capacity file offers 2), worker:1 SIGKILLed after epoch 2 step 3 right after the file offers
+    3: the job restarts on 3 workers from (2, 2) and ends like the uninterrupted 3-worker run."""
+    _check(re_.grow_trial(tmp_path, reference, rng=random.Random(0), victim="worker:1", kill=[2, 3]))
