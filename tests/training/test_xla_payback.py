@@ -133,3 +133,18 @@ def test_a_model_with_dropout_never_switches(cache, monkeypatch, clean_tf_config
         model = _build(0.5)
     result = tfaccel.fit(model, x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, seed=0, verbose=0)
     assert result.details["xla_auto"]["events"] == [] and "draw random numbers" in result.details["jit_compile"]
+
+
+def test_cli_cache_path_and_clear(cache):
+    import subprocess
+    import sys
+
+    cache.mkdir(parents=True)
+    (cache / "0123.json").write_text("{}")
+    run = [sys.executable, "-m", "tfaccel", "cache"]
+    proc = subprocess.run(run + ["path"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == str(cache), proc.stderr
+    proc = subprocess.run(run + ["clear"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and f"removed 1 decision record(s) from {cache}" in proc.stdout, proc.stderr
+    proc = subprocess.run(run + ["wipe"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "invalid choice: 'wipe'" in proc.stderr, proc.stderr
