@@ -44,8 +44,13 @@ def test_page_has_every_row_with_its_figures_and_what_auto_chose():
     assert "| multi_worker (2 processes) | cannot run: Keras 3 model.fit under MultiWorkerMirroredStrategy" in page
 
 
-def test_auto_choice_without_details():
+def test_auto_choice_without_details_and_with_the_xla_figures():
     assert auto_choice({}) == "?; XLA off"
+    auto = {"measured": {"jit_off": {"overhead_s": 1.709, "step_s": 0.006081}}, "expected_steps": 72,
+            "events": ["epoch 3: XLA tried (...)"]}
+    assert auto_choice({"xla_auto": auto}).endswith(
+        "measured without XLA: 1.7 s overhead + 6.08 ms/step; XLA tried only with ≥ 5,059 steps left (this job: "
+        "72); epoch 3: XLA tried (...)")
 
 
 def test_script_writes_the_page_and_rejects_a_file_without_real(tmp_path):
@@ -66,3 +71,17 @@ def test_chart_is_written(tmp_path):
     path = tmp_path / "img" / "real.png"
     plot_real(_report(), str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_runs_of_some_models_each_merge_into_one_page():
+    from tfaccel.bench.real_report import merge_reports
+
+    first, second = _report(), _report()
+    second["real"]["jobs"] = {"recommender": {"examples": 4096, "batch_size": 64, "epochs": 3}}
+    second["real"]["rows"] = {"recommender": {"default": first["real"]["rows"]["bert_classifier"]["default"]}}
+    second["machine"].update(date="2026-11-25 17:30 UTC", loadavg_before=[5.0, 4.0, 3.0])
+    merged = merge_reports([first, second])
+    assert list(merged["real"]["rows"]) == ["bert_classifier", "recommender"]
+    page = render_page(merged, command="x")
+    assert "2026-11-25 17:00 UTC to 2026-11-25 17:30 UTC" in page and "recommender: [5.0, 4.0, 3.0] / " in page
+    assert "| recommender (4096 ex., batch 64, 3 epochs) | default (one CPU device) |" in page

@@ -44,6 +44,8 @@ def test_figures_and_the_payback_rules():
     assert try_choice(off, 100)[0] is False  # a short job never tries XLA
     go, test = try_choice(off, 100_000)
     assert go and test["compile_estimate_s"] == pytest.approx(xla_payback.PRIOR_COMPILE_PER_OVERHEAD * 2.0)
+    threshold = xla_payback.steps_to_try(off)
+    assert try_choice(off, threshold)[0] and not try_choice(off, threshold - 1)[0]
     assert start_choice(None, 72)[0] is False
     record = {"jit_off": {"overhead_s": 3.7, "step_s": 0.005}, "jit_on": {"overhead_s": 5.9, "step_s": 0.003}}
     on, why = start_choice(record, 72)  # 72 steps: 4.06 s without XLA against 6.12 s with it

@@ -5,10 +5,11 @@ Both read only the JSON that :func:`tfaccel.bench.run_bench` wrote (key ``"real"
 rendered again from a committed JSON without running anything.
 """
 
+import json
 import os
 from typing import Any, Dict, List, Tuple
 
-__all__ = ["auto_choice", "render_page", "plot_real"]
+__all__ = ["auto_choice", "merge_reports", "render_page", "plot_real"]
 
 _PATH_TITLES = {"default": "default (one CPU device)", "mirrored": "mirrored (2 virtual CPUs)",
                 "multi_worker": "multi_worker (2 processes)"}
@@ -31,13 +32,44 @@ def auto_choice(details: Dict[str, Any]) -> str:
     why = f"XLA {'on' if details.get('jit_compile') else 'off'}"
     if xla:
         why += ": " + str(xla).split("(", 1)[-1].rstrip(")").split(";")[0]
-    return f"{chose}; {why}".replace("|", "/")
+    return f"{chose}; {why}{_xla_figures(details.get('xla_auto'))}".replace("|", "/")
+
+
+def _xla_figures(auto: Any) -> str:
+    """The figures ``auto``'s XLA decision used: what it measured, and from how many steps it would try XLA."""
+    from tfaccel.train.xla_payback import Figures, steps_to_try
+
+    if not isinstance(auto, dict) or not isinstance(auto.get("measured", {}).get("jit_off"), dict):
+        return ""
+    off = Figures(**auto["measured"]["jit_off"])
+    text = (f"; measured without XLA: {off.overhead_s:.1f} s overhead + {off.step_s * 1e3:.2f} ms/step; XLA tried "
+            f"only with ≥ {steps_to_try(off):,} steps left (this job: {auto.get('expected_steps')})")
+    return text + "".join(f"; {event}" for event in auto.get("events", []))
 
 
 def _rows(report: Dict[str, Any]) -> List[Tuple[str, str, Dict[str, Any], Dict[str, Any]]]:
     real = report["real"]
     return [(model, path, real["jobs"][model], row) for model, paths in real["rows"].items()
             for path, row in paths.items()]
+
+
+def merge_reports(reports: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """One report from several runs of ``tfaccel bench --suite real`` (e.g. one per model), their models in order:
+    the first run's date and load before, the last run's load after, and every run's load in
+    ``machine["loadavg_per_run"]``."""
+    merged = json.loads(json.dumps(reports[0]))
+    for report in reports[1:]:
+        for key in ("jobs", "rows"):
+            merged["real"][key].update(report["real"][key])
+        merged["seconds"] = merged.get("seconds", 0) + report.get("seconds", 0)
+    if len(reports) > 1:
+        machine = merged["machine"]
+        machine["loadavg_after"] = reports[-1]["machine"].get("loadavg_after")
+        machine["date"] = f"{reports[0]['machine'].get('date')} to {reports[-1]['machine'].get('date')}"
+        machine["loadavg_per_run"] = {", ".join(r["real"]["rows"]): [r["machine"].get("loadavg_before"),
+                                                                      r["machine"].get("loadavg_after")]
+                                      for r in reports}
+    return merged
 
 
 def render_page(report: Dict[str, Any], *, command: str) -> str:
@@ -57,9 +89,12 @@ def render_page(report: Dict[str, Any], *, command: str) -> str:
              f"({machine.get('platform', machine.get('cpu', ''))}), TensorFlow {versions['tensorflow']}, Keras "
              f"{versions['keras']}, tfaccel {versions['tfaccel']}; load average before / after: "
              f"{machine.get('loadavg_before')} / {machine.get('loadavg_after')}.", "",
+             *([f"Load average before / after each run: " + "; ".join(
+                 f"{models}: {loads[0]} / {loads[1]}" for models, loads in machine["loadavg_per_run"].items()) + ".",
+                 ""] if machine.get("loadavg_per_run") else []),
              f"Command: `{command}`", "",
-             f"Each contender trains the job in a fresh process, {report['config']['repeats']} rounds in a seeded random "
-             "order; figures are medians (min–max). **time_to_train** is the whole `fit` call (tracing and "
+             f"Each contender trains the job in a fresh process, {report['config']['repeats']} rounds in a seeded "
+             "random order; figures are medians (min–max). **time_to_train** is the whole `fit` call (tracing and "
              "compilation included); its ratio is plain / tfaccel (above 1: tfaccel is faster). **steady** is "
              "examples/s over epochs 2..N, tfaccel / plain. tfaccel runs with every option at `auto`.", "",
              "| model (job) | path | time_to_train plain | time_to_train tfaccel | ratio plain / tfaccel | steady "
@@ -69,7 +104,8 @@ def render_page(report: Dict[str, Any], *, command: str) -> str:
         tf_time = _range(row["time_to_train"]["tfaccel"], " s", 1)
         choice = auto_choice(row.get("details", {}).get("tfaccel", {}))
         if "keras" in row:
-            lines.append(f"| {name} | {_PATH_TITLES.get(path, path)} | {row['keras']} | {tf_time} | — | — | {choice} |")
+            lines.append(f"| {name} | {_PATH_TITLES.get(path, path)} | {row['keras']} | {tf_time} | — | — "
+                         f"| {choice} |")
             continue
         lines.append(f"| {name} | {_PATH_TITLES.get(path, path)} | {_range(row['time_to_train']['keras'], ' s', 1)} "
                      f"| {tf_time} | {_range(row['time_to_train_ratio'])} | {_range(row['steady_ratio'])} "

@@ -27,7 +27,7 @@ import dataclasses
 from typing import Any, Dict, List, Optional, Tuple
 
 __all__ = ["Figures", "XlaAuto", "PRIOR_COMPILE_PER_OVERHEAD", "PRIOR_SPEEDUP", "PAYBACK_MARGIN", "random_layers",
-           "figures_from_epochs", "start_choice", "try_choice", "job_decision"]
+           "figures_from_epochs", "start_choice", "try_choice", "steps_to_try", "job_decision"]
 
 # Measured here (bench jobs, one CPU device, 2-core machine): XLA's extra start-up over the no-XLA compiled loop
 # was 0.6-1.3x the no-XLA overhead (BertTextClassifier, GPT2CausalLM); 3x leaves room for larger graphs.
@@ -88,6 +88,13 @@ def try_choice(off: Figures, remaining_steps: int) -> Tuple[bool, Dict[str, floa
     return saving >= PAYBACK_MARGIN * compile_estimate, {
         "remaining_steps": remaining_steps, "compile_estimate_s": round(compile_estimate, 3),
         "saving_estimate_s": round(saving, 3)}
+
+
+def steps_to_try(off: Figures) -> int:
+    """The fewest remaining steps for which a job measured at ``off`` tries XLA (``try_choice``'s threshold)."""
+    per_step = off.step_s * (1 - 1 / PRIOR_SPEEDUP)
+    need = PAYBACK_MARGIN * PRIOR_COMPILE_PER_OVERHEAD * off.overhead_s
+    return int(-(-need // per_step)) if per_step > 0 else 0
 
 
 def random_layers(model: Any) -> List[str]:
