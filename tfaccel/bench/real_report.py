@@ -31,7 +31,7 @@ def auto_choice(details: Dict[str, Any]) -> str:
     xla = details.get("xla")
     why = f"XLA {'on' if details.get('jit_compile') else 'off'}"
     if xla:
-        why += ": " + str(xla).split("(", 1)[-1].rstrip(")").split(";")[0]
+        why += ": " + str(xla).split("(", 1)[-1].removesuffix(")").split(";")[0]
     return f"{chose}; {why}{_xla_figures(details.get('xla_auto'))}".replace("|", "/")
 
 
