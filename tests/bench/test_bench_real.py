@@ -43,7 +43,6 @@ def test_real_report_says_plain_keras_cannot_run_multi_worker():
     (["--real-models", "bert"], "--real-models: unknown value 'bert'; valid values are: 'bert_classifier'"),
     (["--real-paths", "default,horovod"], "--real-paths: unknown value 'horovod'; valid values are: 'default'"),
     (["--real-size", "huge"], "--real-size: unknown value 'huge'; valid values are: 'test', 'bench'"),
-    (["--png", "x.png"], "--png: the chart is drawn for --suite reference only"),
 ])
 def test_cli_rejects_bad_real_options(args, message):
     proc = subprocess.run([sys.executable, "-m", "tfaccel", "bench", "--suite", "real", *args], capture_output=True,

@@ -144,7 +144,7 @@ def test_auto_steps_per_execution_on_keras_fit(n, kwargs, expected, clean_tf_con
     assert result.model.steps_per_execution == int(expected.split()[0])
 
 
-@pytest.mark.parametrize("conv,requested,expected", [(True, "auto", False), (False, "auto", True),
+@pytest.mark.parametrize("conv,requested,expected", [(True, "auto", False), (False, "auto", False),
                                                      (True, True, True), (True, False, False)])
 def test_auto_xla_is_off_for_convolutions_on_cpu(conv, requested, expected, clean_tf_config):
     import keras

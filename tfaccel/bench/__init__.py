@@ -49,7 +49,8 @@ def _loadavg() -> Optional[str]:
 def _machine() -> Dict[str, Any]:
     import tensorflow as tf
 
-    return {"platform": platform.platform(), "cpus": os.cpu_count(), "python": sys.version.split()[0],
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "platform": platform.platform(),
+            "cpus": os.cpu_count(), "python": sys.version.split()[0],
             "gpus": [d.name for d in tf.config.list_physical_devices("GPU")], "loadavg_before": _loadavg()}
 
 

@@ -39,7 +39,9 @@ def _train(spec: Any, size: str, path: str, contender: str, data: tuple, timer: 
         model = spec.build(size)
     result = tfaccel.fit(model, seed=0, **fit)
     return {"jit_compile": bool(model.jit_compile), "loop": result.details.get("loop"),
-            "steps_per_execution": result.details.get("steps_per_execution")}
+            "steps_per_execution": result.details.get("steps_per_execution"), "xla": result.details.get("jit_compile")
+            or f"{result.plan.jit_compile} ({result.plan.jit_reason})",
+            "xla_auto": result.details.get("xla_auto")}
 
 
 def main(argv: List[str]) -> int:

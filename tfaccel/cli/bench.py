@@ -35,10 +35,7 @@ def _real(config: Any, args: argparse.Namespace) -> Any:
     import dataclasses
 
     from tfaccel.bench.real import check_real_config
-    from tfaccel.errors import ConfigError
 
-    if args.png_path:
-        raise ConfigError("--png: the chart is drawn for --suite reference only; for --suite real use --json")
     config = dataclasses.replace(config, suite="real", real_size=args.real_size)
     for option in ("real_models", "real_paths"):
         value = getattr(args, option)
@@ -71,6 +68,10 @@ def run(args: argparse.Namespace) -> int:
 
         config = _real(config, args)
         report = run_bench(config, json_path=args.json_path)
+        if args.png_path:
+            from tfaccel.bench.real_report import plot_real
+
+            plot_real(report, args.png_path)
         sys.stdout.write(format_real(report) + "\n")
         return 0
     report = run_bench(config, json_path=args.json_path, png_path=args.png_path)

@@ -40,6 +40,8 @@ class FitContext:
         named: tfaccel's own callbacks by role (``timer``, ``backup``, ``checkpoint``, ``preemption``).
         details: what goes into ``FitResult.details``.
         preemption: what stops the job at an agreed step on SIGTERM (``tfaccel.train.preemption``).
+        xla_auto: ``jit_compile="auto"``'s per-job XLA decision on one CPU device (``tfaccel.train.xla_payback``),
+            where the loop makes it; None elsewhere.
     """
 
     model: Any
@@ -57,6 +59,7 @@ class FitContext:
     named: Dict[str, Any] = dataclasses.field(default_factory=dict)
     details: Dict[str, Any] = dataclasses.field(default_factory=dict)
     preemption: Any = None
+    xla_auto: Any = None
 
     @property
     def per_batch(self) -> bool:
@@ -105,7 +108,7 @@ def prepare(model: Any, request: FitRequest) -> Tuple[FitContext, "Loop"]:
     loop, loop_reason, rejected = choose(ctx)
     if loop.orders_examples(ctx):
         ctx.data = dataclasses.replace(data, seed=agree_on_seed(data.seed, backend=backend))
-    changes = _adapt(ctx)
+    changes = _adapt(ctx, loop.name)
     if request.recompute is not None:
         from tfaccel.memory import enable_recompute
 
@@ -178,7 +181,7 @@ def _resume(ctx: FitContext) -> tuple:
     return state, (state.epoch, state.step)
 
 
-def _adapt(ctx: FitContext) -> Dict[str, Any]:
+def _adapt(ctx: FitContext, loop_name: str) -> Dict[str, Any]:
     """Everything tfaccel changes on the user's model before training, each change named for the plan."""
     from tfaccel.train.optim import adapt_optimizer, scale_learning_rate as scale_lr
 
@@ -204,11 +207,23 @@ def _adapt(ctx: FitContext) -> Dict[str, Any]:
     if backend.optimizer_change:
         changes[backend.optimizer_change[0]] = backend.optimizer_change[1]
     jit, jit_reason = _refined_jit(ctx.plan, model, ctx.requested_jit)
+    if jit and ctx.requested_jit == "auto" and _on_cpus_only():
+        from tfaccel.train.xla_payback import job_decision
+
+        jit, jit_reason, ctx.xla_auto = job_decision(model, backend=backend, data=data, epochs=request.epochs,
+                                                     loop_name=loop_name)
     if bool(model.jit_compile) != jit or jit_reason != ctx.plan.jit_reason:  # the model's own reason, e.g. convs
         changes["jit_compile"] = f"{model.jit_compile} -> {jit} ({jit_reason})"
         model.jit_compile = jit
         model.train_function = model.test_function = model.predict_function = None
     return changes
+
+
+def _on_cpus_only() -> bool:
+    from tfaccel.devices import detect_devices
+
+    devices = detect_devices()
+    return not devices.num_gpus and not devices.tpu_address
 
 
 def _refined_jit(plan: Any, model: Any, requested_jit: Any) -> Tuple[bool, str]:

@@ -6,16 +6,19 @@ runs every whole batch, and the partial last batch runs as its own step (no padd
 ``fit``/``evaluate`` (keras/src/backend/tensorflow/trainer.py). What it cannot mirror: :func:`compiled_blockers`.
 """
 
+import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from tfaccel.compat import keras_internals
 from tfaccel.errors import ConfigError
 from tfaccel.train.data import example_order
 from tfaccel.train.loops.base import Loop, LoopResult, evaluation_pass, run_epochs, step_data
 
 if TYPE_CHECKING:
     from tfaccel.train.context import FitContext
+    from tfaccel.train.xla_payback import XlaAuto
 
 __all__ = ["CompiledLoop", "compiled_blockers", "run_compiled"]
 
@@ -96,10 +99,34 @@ class _Pass:
         # while loop, as Keras' fit does on its first trace. With a partial last batch, that trace is the
         # partial step's own and the loop returns nothing; else the loop carries the last step's outputs.
         self._partial = self.num_examples % batch_size
+        self._zeros = None
         with self._strategy.scope():
+            if not self._partial and self._trace_loop_only(model, step, jit_compile):
+                return
             first = self._step.get_concrete_function(self._gather(tf.range(self._partial or batch_size)))
         self._zeros = None if self._partial else tf.nest.map_structure(lambda t: tf.zeros(t.shape, t.dtype),
                                                                        first.structured_outputs)
+
+    def _trace_loop_only(self, model: Any, step: Callable[[Any], Any], jit_compile: bool) -> bool:
+        """Keras' own ``train_step``/``test_step`` and whole batches only: builds the model's state as Keras ``fit``
+        does (its symbolic build) and traces the epoch loop alone, its carried outputs shaped like the model's
+        metrics (the step is traced once, as in ``fit``; tracing one step first as well cost MobileNetV3Small
+        ~10 s here). False where that does not apply or the trace fails (then the step is traced first)."""
+        import keras
+        import tensorflow as tf
+
+        name = getattr(step, "__name__", "")
+        if name not in ("train_step", "test_step") or getattr(type(model), name) is not getattr(keras.Model, name):
+            return False
+        keras_internals.symbolic_build(model, self._gather(tf.range(self.batch_size)))
+        self._zeros = tf.nest.map_structure(lambda t: tf.zeros_like(tf.convert_to_tensor(t)),
+                                            model.get_metrics_result())
+        try:
+            self._loop.get_concrete_function(tf.TensorSpec([self.whole * self.batch_size], tf.int32))
+        except (TypeError, ValueError):  # the step's outputs are not shaped like the metrics: trace a step first
+            self._zeros, self._loop = None, tf.function(self._whole_batches, jit_compile=jit_compile)
+            return False
+        return True
 
     def _gather(self, idx: Any) -> Any:
         import tensorflow as tf
@@ -137,10 +164,32 @@ def _evaluate(model: Any, val_pass: _Pass, cb_list: Any) -> Dict[str, Any]:
     return evaluation_pass(model, cb_list, lambda: val_pass.run(np.arange(val_pass.num_examples, dtype=np.int32)))
 
 
+class _Settings:
+    """The train and validation passes of each XLA setting, built on first use (a switch builds the other's)."""
+
+    def __init__(self, model: Any, data: Any, val_data: Any, *, batch_size: int,
+                 validation_batch_size: Optional[int]) -> None:
+        self._model, self._data, self._val_data = model, data, val_data
+        self._batch_size, self._val_batch_size = batch_size, validation_batch_size or batch_size
+        self._built: Dict[bool, Tuple[_Pass, Optional[_Pass]]] = {}
+
+    def get(self, jit: bool) -> Tuple[_Pass, Optional[_Pass], float]:
+        """(train pass, validation pass or None, seconds spent building them now: 0 where built before)."""
+        if jit in self._built:
+            return self._built[jit] + (0.0,)
+        start = time.perf_counter()
+        model = self._model
+        train = _Pass(model, model.train_step, self._data, batch_size=self._batch_size, jit_compile=jit)
+        val = None if self._val_data is None else _Pass(model, model.test_step, self._val_data,
+                                                        batch_size=self._val_batch_size, jit_compile=jit)
+        self._built[jit] = (train, val)
+        return train, val, time.perf_counter() - start
+
+
 def run_compiled(model: Any, *, x: Any, y: Any, sample_weight: Any, batch_size: int, epochs: int,
                  initial_epoch: int, shuffle: Any, seed: Optional[int], validation: Any,
                  validation_batch_size: Optional[int], validation_freq: Union[int, List[int]], jit_compile: bool,
-                 callbacks: List[Any], verbose: Any) -> LoopResult:
+                 callbacks: List[Any], verbose: Any, xla_auto: Optional["XlaAuto"] = None) -> LoopResult:
     """Trains ``model`` as Keras ``fit`` would, each epoch's whole batches in one compiled call.
 
     Args:
@@ -148,8 +197,10 @@ def run_compiled(model: Any, *, x: Any, y: Any, sample_weight: Any, batch_size: 
             or None; sample_weight: None or an array (class weights folded in). validation: None or
             (x, y, sample_weight). batch_size, epochs, initial_epoch, validation_batch_size, validation_freq,
             verbose: as in Keras ``fit``. shuffle: Keras' ``shuffle``; each epoch's order is ``example_order``'s.
-        jit_compile: compile the steps and the epoch loop with XLA.
+        jit_compile: compile the steps and the epoch loop with XLA (the first epoch's setting under ``xla_auto``).
         callbacks: epoch-level callbacks (:func:`compiled_blockers` returned [] for them).
+        xla_auto: ``jit_compile="auto"``'s decision between epochs (``tfaccel.train.xla_payback``); None: the
+            setting stays ``jit_compile``. ``model.jit_compile`` follows the setting each epoch runs with.
 
     Returns:
         Keras' history, the training seconds of each epoch (validation and callbacks excluded), the steps run.
@@ -160,17 +211,29 @@ def run_compiled(model: Any, *, x: Any, y: Any, sample_weight: Any, batch_size: 
     if not getattr(model, "compiled", False):
         raise ValueError("compiled loop: the model is not compiled; call model.compile(optimizer=..., loss=...) "
                          "before training it")
-    train = _Pass(model, model.train_step, step_data(x, y, sample_weight, constants=True), batch_size=batch_size,
-                  jit_compile=jit_compile)
-    val = None if validation is None else _Pass(
-        model, model.test_step, step_data(*(tuple(validation) + (None,))[:3], constants=True),  # (x, y) or (x, y, sw)
-        batch_size=validation_batch_size or batch_size, jit_compile=jit_compile)
+    settings = _Settings(model, step_data(x, y, sample_weight, constants=True),
+                         None if validation is None else  # (x, y) or (x, y, sw)
+                         step_data(*(tuple(validation) + (None,))[:3], constants=True),
+                         batch_size=batch_size, validation_batch_size=validation_batch_size)
+    train, _, setup = settings.get(bool(jit_compile))
+    pending = {bool(jit_compile): setup}  # building a setting's passes counts as that setting's overhead
+
+    def train_epoch(epoch: int, _: Any) -> Tuple[Any, int]:
+        jit = xla_auto.setting_for(epoch) if xla_auto is not None else bool(jit_compile)
+        model.jit_compile = jit  # what Keras would compile with from this epoch on
+        start = time.perf_counter()
+        train, _, built = settings.get(jit)
+        out = train.run(example_order(train.num_examples, seed, epoch, shuffle))
+        if xla_auto is not None:
+            xla_auto.record(jit, time.perf_counter() - start - built, pending.pop(jit, 0.0) + built)
+        return out, train.num_batches
+
+    def validate(cb_list: Any) -> Dict[str, Any]:
+        return _evaluate(model, settings.get(bool(model.jit_compile))[1], cb_list)
+
     return run_epochs(model, callbacks=callbacks, verbose=verbose, epochs=epochs, initial_epoch=initial_epoch,
-                      steps_per_epoch=train.num_batches,
-                      train_epoch=lambda epoch, _: (train.run(example_order(train.num_examples, seed, epoch, shuffle)),
-                                                    train.num_batches),
-                      validate=None if val is None else lambda cb_list: _evaluate(model, val, cb_list),
-                      validation_freq=validation_freq)
+                      steps_per_epoch=train.num_batches, train_epoch=train_epoch,
+                      validate=None if validation is None else validate, validation_freq=validation_freq)
 
 
 class CompiledLoop(Loop):
@@ -203,10 +266,17 @@ class CompiledLoop(Loop):
         return "compiled whole-epoch loop running the model's train_step (one replica, array data)"
 
     def run(self, ctx: "FitContext") -> LoopResult:
-        data, validation = ctx.data, ctx.request.validation
-        return run_compiled(ctx.model, x=data.x, y=data.y, sample_weight=data.sample_weight,
-                            batch_size=data.batch_size, epochs=ctx.request.epochs, initial_epoch=ctx.start_epoch,
-                            shuffle=data.shuffle, seed=data.seed, validation=data.validation,
-                            validation_batch_size=validation.batch_size, validation_freq=validation.freq,
-                            jit_compile=bool(ctx.model.jit_compile), callbacks=ctx.loop_callbacks(),
-                            verbose=ctx.verbose)
+        data, validation, auto = ctx.data, ctx.request.validation, ctx.xla_auto
+        result = run_compiled(ctx.model, x=data.x, y=data.y, sample_weight=data.sample_weight,
+                              batch_size=data.batch_size, epochs=ctx.request.epochs, initial_epoch=ctx.start_epoch,
+                              shuffle=data.shuffle, seed=data.seed, validation=data.validation,
+                              validation_batch_size=validation.batch_size, validation_freq=validation.freq,
+                              jit_compile=bool(ctx.model.jit_compile), callbacks=ctx.loop_callbacks(),
+                              verbose=ctx.verbose, xla_auto=auto)
+        if auto is not None:
+            from tfaccel.train.decisions import write_record
+
+            record = auto.cache_record()
+            result.details["xla_auto"] = {**auto.details(), "cache": write_record(auto.key, record) if record else
+                                          "nothing written (both settings were not measured in this job)"}
+        return result

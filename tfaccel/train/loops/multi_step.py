@@ -130,6 +130,17 @@ class _ReplicatedPass:
 
         self._replica_step = tf.function(replica_step, jit_compile=True) if jit_compile else replica_step
         self._steps = tf.function(self._run_steps)
+        # Keras' own step returns the model's metrics: under MirroredStrategy (one process) the loop carries them,
+        # so the step is traced once per replica, as in Keras fit, not once more for a last step outside the loop.
+        # Reading the metrics' shapes
+        # under MultiWorkerMirroredStrategy would be a collective, so there the last step stays outside the loop.
+        # None: decided at the first call; False: the last step runs outside the loop.
+        import keras
+
+        name = getattr(step, "__name__", "")
+        own_step = name in ("train_step", "test_step") and getattr(type(model), name) is getattr(keras.Model, name)
+        mirrored = isinstance(self.strategy, tf.distribute.MirroredStrategy)
+        self._model, self._zeros = model, (None if own_step and mirrored else False)
         self._partial_step = tf.function(self._run_partial)
 
     def _reduce(self, outputs: Any) -> Any:
@@ -147,9 +158,28 @@ class _ReplicatedPass:
     def _run_steps(self, values: Any, indices: Any, start: Any, count: Any) -> Any:
         import tensorflow as tf
 
+        if self._zeros is not False:
+            last = self._zeros
+            for i in tf.range(start, start + count):
+                last = self._reduce(self._one(values, indices, i))
+            return last
         for i in tf.range(start, start + count - 1):  # the outputs of all but the last step are not needed
             self._one(values, indices, i)
         return self._reduce(self._one(values, indices, start + count - 1))
+
+    def _call_steps(self, whole_idx: Any, begin: int, stop: int) -> Any:
+        """Runs whole batches ``begin..stop-1``; the first call decides whether the loop carries the outputs."""
+        import tensorflow as tf
+
+        args = (self._data, whole_idx, tf.constant(begin), tf.constant(stop - begin))
+        if self._zeros is None:  # the model's metrics exist now (Keras' symbolic build ran before the first call)
+            self._zeros = tf.nest.map_structure(lambda t: tf.zeros_like(tf.convert_to_tensor(t)),
+                                                self._model.get_metrics_result())
+            try:
+                return self._steps(*args)
+            except (TypeError, ValueError):  # the step's outputs are not shaped like the metrics
+                self._zeros, self._steps = False, tf.function(self._run_steps)
+        return self._steps(*args)
 
     def _run_partial(self, values: Any, indices: Any) -> Any:
         return self._reduce(self.strategy.run(self._replica_step, args=(values, indices)))
@@ -180,7 +210,7 @@ class _ReplicatedPass:
         with self.strategy.scope():
             stop = min(end + 1, self.whole)
             if begin < stop:
-                last = self._steps(self._data, whole_idx, tf.constant(begin), tf.constant(stop - begin))
+                last = self._call_steps(whole_idx, begin, stop)
             if end >= self.whole and self._partial:
                 last = self._partial_step(self._data, partial_idx)
         return last

@@ -1,0 +1,87 @@
+"""The real suite's page (scripts/real_models_page.py -> docs/real_models.md) and chart (``--png``), rendered from
+a small bench JSON: every model and path with its figures, what auto chose, the date, machine and command."""
+
+import json
+import subprocess
+import sys
+
+import harness
+from tfaccel.bench.real import KERAS_MULTI_WORKER
+from tfaccel.bench.real_report import auto_choice, plot_real, render_page
+
+
+def _fig(median: float, low: float, high: float) -> dict:
+    return {"median": median, "min": low, "max": high, "values": [low, median, high]}
+
+
+def _report() -> dict:
+    compiled = {"jit_compile": False, "loop": "compiled whole-epoch loop running the model's train_step",
+                "xla": "True -> False (auto: XLA off to start (no figures measured for this model yet); the ...)"}
+    multi = {"jit_compile": False, "loop": "tfaccel's multi-step loop: 24 steps of the model's train_step per call "
+                                           "under 'mirrored'"}
+    row = {"time_to_train": {"keras": _fig(8.8, 8.1, 9.9), "tfaccel": _fig(4.4, 4.0, 5.1)},
+           "time_to_train_ratio": _fig(2.0, 1.59, 2.2), "steady_ratio": _fig(1.31, 1.2, 1.4),
+           "details": {"tfaccel": compiled, "keras": {"loop": "keras model.fit"}}}
+    return {"config": {"repeats": 3}, "seconds": 10.0, "versions": {"tensorflow": "2.21.0", "keras": "3.15.1",
+                                                                     "tfaccel": "0.1"},
+            "machine": {"date": "2026-11-25 17:00 UTC", "cpus": 2, "platform": "Linux-x86_64",
+                        "loadavg_before": [3.1, 3.0, 2.9], "loadavg_after": [3.3, 3.0, 2.9]},
+            "real": {"size": "bench", "jobs": {"bert_classifier": {"examples": 768, "batch_size": 32, "epochs": 3}},
+                     "rows": {"bert_classifier": {
+                         "default": row, "mirrored": {**row, "details": {"tfaccel": multi}},
+                         "multi_worker": {"time_to_train": {"tfaccel": _fig(9.0, 8.0, 10.0)},
+                                          "keras": KERAS_MULTI_WORKER, "details": {"tfaccel": multi}}}}}}
+
+
+def test_page_has_every_row_with_its_figures_and_what_auto_chose():
+    page = render_page(_report(), command="tfaccel bench --suite real --repeats 3")
+    assert "2026-11-25 17:00 UTC" in page and "2 CPUs" in page and "`tfaccel bench --suite real --repeats 3`" in page
+    assert "[3.1, 3.0, 2.9] / [3.3, 3.0, 2.9]" in page
+    assert ("| bert_classifier (768 ex., batch 32, 3 epochs) | default (one CPU device) | 8.8 s (8.1–9.9) | "
+            "4.4 s (4.0–5.1) | 2.00 (1.59–2.20) | 1.31 (1.20–1.40) | compiled whole-epoch loop; XLA off: auto: "
+            "XLA off to start") in page
+    assert "| mirrored (2 virtual CPUs) |" in page and "multi-step loop, 24 steps per call; XLA off |" in page
+    assert "| multi_worker (2 processes) | cannot run: Keras 3 model.fit under MultiWorkerMirroredStrategy" in page
+
+
+def test_auto_choice_without_details_and_with_the_xla_figures():
+    assert auto_choice({}) == "?; XLA off"
+    auto = {"measured": {"jit_off": {"overhead_s": 1.709, "step_s": 0.006081}}, "expected_steps": 72,
+            "events": ["epoch 3: XLA tried (...)"]}
+    assert auto_choice({"xla_auto": auto}).endswith(
+        "measured without XLA: 1.7 s overhead + 6.08 ms/step; XLA tried only with ≥ 5,059 steps left (this job: "
+        "72); epoch 3: XLA tried (...)")
+
+
+def test_script_writes_the_page_and_rejects_a_file_without_real(tmp_path):
+    source, out = tmp_path / "bench.json", tmp_path / "docs" / "real_models.md"
+    source.write_text(json.dumps(_report()))
+    script = str(harness.REPO_ROOT / "scripts" / "real_models_page.py")
+    proc = subprocess.run([sys.executable, script, "--from", str(source), "--out", str(out)], capture_output=True,
+                          text=True, timeout=120, cwd=str(harness.REPO_ROOT))
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_text().startswith("# Real models") and "tfaccel bench --suite real --real-paths" in out.read_text()
+    source.write_text(json.dumps({"config": {}}))
+    proc = subprocess.run([sys.executable, script, "--from", str(source), "--out", str(out)], capture_output=True,
+                          text=True, timeout=120, cwd=str(harness.REPO_ROOT))
+    assert proc.returncode == 2 and "has no 'real' key" in proc.stderr, proc.stderr
+
+
+def test_chart_is_written(tmp_path):
+    path = tmp_path / "img" / "real.png"
+    plot_real(_report(), str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_runs_of_some_models_each_merge_into_one_page():
+    from tfaccel.bench.real_report import merge_reports
+
+    first, second = _report(), _report()
+    second["real"]["jobs"] = {"recommender": {"examples": 4096, "batch_size": 64, "epochs": 3}}
+    second["real"]["rows"] = {"recommender": {"default": first["real"]["rows"]["bert_classifier"]["default"]}}
+    second["machine"].update(date="2026-11-25 17:30 UTC", loadavg_before=[5.0, 4.0, 3.0])
+    merged = merge_reports([first, second])
+    assert list(merged["real"]["rows"]) == ["bert_classifier", "recommender"]
+    page = render_page(merged, command="x")
+    assert "2026-11-25 17:00 UTC to 2026-11-25 17:30 UTC" in page and "recommender: [5.0, 4.0, 3.0] / " in page
+    assert "| recommender (4096 ex., batch 64, 3 epochs) | default (one CPU device) |" in page
