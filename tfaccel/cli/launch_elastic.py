@@ -38,9 +38,12 @@ def worker_range(args: argparse.Namespace) -> Tuple[argparse.Namespace, Optional
     if ":" in text:
         low, high = parse_workers_range(text)
         return argparse.Namespace(**{**vars(args), "workers": high}), (low, high)
-    if not text.lstrip("-").isdigit():
+    try:
+        workers = int(text)
+    except ValueError:  # not a whole number, or one of more digits than Python converts
         parse_workers_range(text)  # raises: names --workers, what was received and the two forms
-    return argparse.Namespace(**{**vars(args), "workers": int(text)}), None
+        raise
+    return argparse.Namespace(**{**vars(args), "workers": workers}), None
 
 
 def check_elastic(args: argparse.Namespace, elastic: Optional[Tuple[int, int]], backend: str) -> None:
