@@ -27,6 +27,19 @@ def pytest_configure(config: pytest.Config) -> None:
     tfaccel.configure_devices(virtual_cpus=NUM_VIRTUAL_CPUS)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_decision_cache(tmp_path_factory: pytest.TempPathFactory):
+    """tfaccel's XLA decision cache in a directory of this test session, not the user's ~/.cache: a decision one
+    test measured must not change what "auto" does in another (tests that check the cache set their own)."""
+    previous = os.environ.get("TFACCEL_CACHE_DIR")
+    os.environ["TFACCEL_CACHE_DIR"] = str(tmp_path_factory.mktemp("tfaccel-cache"))
+    yield
+    if previous is None:
+        os.environ.pop("TFACCEL_CACHE_DIR", None)
+    else:
+        os.environ["TFACCEL_CACHE_DIR"] = previous
+
+
 @pytest.fixture
 def cpu_replicas() -> list:
     """Names of the logical CPU devices of this test process (2 virtual CPUs)."""

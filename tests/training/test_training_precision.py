@@ -84,8 +84,9 @@ def test_precision_on_each_training_path(precision, strategy, loop, replicas, cl
     result, warnings = _fit(_build_float32_out, epochs=3, strategy=strategy, precision=precision, loop=loop)
     model, opt = result.model, result.model.optimizer
     assert result.plan.precision == precision and result.plan.num_replicas == replicas
-    assert result.plan.jit_compile is (replicas == 1)  # "auto": XLA on one CPU device, off under mirrored
-    assert model.jit_compile is result.plan.jit_compile  # what Keras fit (and the compiled loop) got
+    # "auto": a short job on one CPU device starts without XLA (nothing measured for it yet: tfaccel's
+    # xla_payback), off under mirrored; the plan says what the job ran with
+    assert result.plan.jit_compile is False and model.jit_compile is False
     expected_loop = {("auto", "default"): "compiled", ("auto", "mirrored"): "tfaccel's multi-step"}
     assert result.details["loop"].startswith(expected_loop.get((loop, strategy), "Keras fit"))
     assert model.dtype_policy.name == precision and model.layers[0].compute_dtype == precision[6:]
@@ -158,15 +159,13 @@ def test_jit_compile_reaches_the_compiled_loop(clean_tf_config):
     result, _ = _fit(_build_not_xla_compilable, epochs=1, n=32, strategy="default", jit_compile=False)
     assert result.details["loop"].startswith("compiled") and result.plan.jit_compile is False
     assert result.plan.jit_reason == "requested off"
-    # "auto" on one CPU device turns XLA on (plan), and the compiled loop really is compiled by XLA:
-    # the py_function op makes XLA compilation fail.
-    plan, _ = tfaccel.plan.resolve_plan(strategy="default", jit_compile="auto")
-    assert plan.jit_compile is True
+    # jit_compile=True reaches the compiled loop, and it really is compiled by XLA: the py_function op makes XLA
+    # compilation fail.
     import tensorflow as tf
 
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"Detected unsupported operations when trying to "
                        r"compile graph \S+ on XLA_CPU_JIT: EagerPyFunc") as failure:
-        _fit(_build_not_xla_compilable, epochs=1, n=32, strategy="default", jit_compile="auto")
+        _fit(_build_not_xla_compilable, epochs=1, n=32, strategy="default", jit_compile=True)
     assert "tfaccel/train/loops/compiled.py" in str(failure.value)  # the op was traced by the compiled loop
 
 

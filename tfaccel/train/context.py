@@ -214,6 +214,7 @@ def _adapt(ctx: FitContext, loop_name: str) -> Dict[str, Any]:
                                                      loop_name=loop_name)
     if bool(model.jit_compile) != jit or jit_reason != ctx.plan.jit_reason:  # the model's own reason, e.g. convs
         changes["jit_compile"] = f"{model.jit_compile} -> {jit} ({jit_reason})"
+        ctx.plan = dataclasses.replace(ctx.plan, jit_compile=jit, jit_reason=jit_reason)  # what this job starts with
         model.jit_compile = jit
         model.train_function = model.test_function = model.predict_function = None
     return changes
