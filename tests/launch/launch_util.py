@@ -1,5 +1,7 @@
 """Helpers for the launcher tests: run `tfaccel launch` as a real process and track every PID it starts."""
 
+import contextlib
+import logging
 import os
 import re
 import subprocess
@@ -7,7 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import harness
 from tfaccel.launch.procs import pid_alive, start_process, terminate
@@ -123,3 +125,23 @@ def wait_gone(pids: Sequence[int], timeout: float = 10.0) -> List[int]:
         time.sleep(0.1)
         alive = [p for p in alive if pid_alive(p)]
     return alive
+
+
+@contextlib.contextmanager
+def kept_log(keep: Callable[[logging.LogRecord], Any] = logging.LogRecord.getMessage) -> Iterator[list]:
+    """What the tfaccel logger emits (INFO and up) while the block runs, each record passed through ``keep``."""
+    kept: list = []
+
+    class _Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            kept.append(keep(record))
+
+    logger, handler = logging.getLogger("tfaccel"), _Keep(level=logging.DEBUG)
+    old = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield kept
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old)

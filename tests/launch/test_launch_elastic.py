@@ -1,11 +1,10 @@
 """Elastic local jobs (issue 25): which workers each restart gets, with real (TensorFlow-free) processes."""
 
-import logging
 import sys
 
 import pytest
 
-from launch_util import Launcher, track, wait_gone
+from launch_util import kept_log, Launcher, track, wait_gone
 from tfaccel.errors import ConfigError
 from tfaccel.launch.elastic import ElasticState, read_capacity, run_elastic
 
@@ -19,19 +18,8 @@ FAIL_THIRD = ("import json, os, sys; c = json.loads(os.environ['TF_CONFIG']); n 
 
 @pytest.fixture
 def launch_log():
-    records = []
-
-    class _Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(record.getMessage())
-
-    logger, handler = logging.getLogger("tfaccel"), _Keep(level=logging.DEBUG)
-    logger.addHandler(handler)
-    old = logger.level
-    logger.setLevel(logging.INFO)
-    yield records
-    logger.removeHandler(handler)
-    logger.setLevel(old)
+    with kept_log() as kept:
+        yield kept
 
 
 def _run(*args, **kwargs):

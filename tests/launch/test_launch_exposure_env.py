@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from launch_util import Launcher, wait_gone
+from launch_util import kept_log, Launcher, wait_gone
 from tfaccel.errors import ConfigError
 from tfaccel.launch import netns
 from tfaccel.launch.envpolicy import check_env_names, job_env, left_out, runtime_env
@@ -25,20 +25,8 @@ PRINT_PORT = "import json, os; print('PORT', json.loads(os.environ['TF_CONFIG'])
 
 @pytest.fixture
 def tfaccel_log():
-    records = []
-
-    class _Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(record)
-
-    logger = logging.getLogger("tfaccel")
-    handler = _Keep(level=logging.DEBUG)
-    logger.addHandler(handler)
-    old = logger.level
-    logger.setLevel(logging.INFO)
-    yield records
-    logger.removeHandler(handler)
-    logger.setLevel(old)
+    with kept_log(lambda record: record) as kept:
+        yield kept
 
 
 def _exposure_lines(text: str) -> list:

@@ -22,6 +22,7 @@ import harness
 import tfaccel
 from tfaccel.errors import ConfigError
 from tfaccel.launch.procs import start_process, terminate
+from tfaccel.train.restarts import PROGRESS_FILE, RECORD_FILE
 
 JOB = harness.REPO_ROOT / "tests" / "training" / "scripts" / "ps_backup_job.py"
 STEPS_PER_EPOCH = -(-1437 // 64)  # digits train split, global batch 64: 22 whole batches + a partial one, as fit
@@ -128,8 +129,10 @@ def test_killed_chief_restarts_and_resumes_from_the_last_backup(tmp_path):
         assert (epoch, step) >= (2, BACKUP_FREQ) and step % BACKUP_FREQ == 0 and step < STEPS_PER_EPOCH, state
         saved_at = epoch * STEPS_PER_EPOCH + step
         assert state["global_step"] == saved_at
-        # The pointer names one complete checkpoint directory; the previous ones were removed.
-        assert sorted(p.name for p in backup.iterdir() if p.name != "tfaccel_backup.json") == [state["weights"]]
+        # The pointer names one complete checkpoint directory; the previous ones were removed (beside it: the
+        # pointer, and the chief's progress and restarts records).
+        bookkeeping = {"tfaccel_backup.json", PROGRESS_FILE, RECORD_FILE}
+        assert sorted(p.name for p in backup.iterdir() if p.name not in bookkeeping) == [state["weights"]]
         snapshot = tmp_path / "snapshot"
         shutil.copytree(backup / state["weights"], snapshot)
 
@@ -209,7 +212,7 @@ def test_launcher_restarts_a_ps_job_whose_chief_died_and_it_resumes(tmp_path):
     text = "\n".join(lines)
     assert killed is not None, f"the chief never backed up step {BACKUP_FREQ} of epoch 2:\n{text[-3000:]}"
     assert launcher.returncode == 0, f"rc={launcher.returncode}:\n{text[-3000:]}"
-    assert "restarting the whole job (restart 1 of 1)" in text
+    assert "restarting the whole job (restart 1 (a failure, counted: 1 of 1 restarts used)" in text
     report = harness.last_json_line("\n".join(line[line.find("{"):] for line in lines if '{"steps"' in line))
     epoch, step = report["resumed_from"]
     saved_at = epoch * STEPS_PER_EPOCH + step
