@@ -6,8 +6,9 @@ rendered again from a committed JSON without running anything.
 """
 
 import json
-import os
 from typing import Any, Dict, List, Tuple
+
+from tfaccel.bench.report import save_figure
 
 __all__ = ["auto_choice", "merge_reports", "render_page", "plot_real"]
 
@@ -137,7 +138,4 @@ def plot_real(report: Dict[str, Any], path: str) -> None:
     machine = report["machine"]
     fig.suptitle(f"tfaccel bench --suite real ({report['real']['size']} jobs, {report['config']['repeats']} rounds) "
                  f"on {machine.get('cpus')} CPUs, load {machine.get('loadavg_before')}", fontsize=10)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)

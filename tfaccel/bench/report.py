@@ -5,7 +5,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from tfaccel.bench.config import TARGET_MODELS, TARGETS
 
-__all__ = ["FIGURE_NAMES", "format_report", "plot", "target_for"]
+__all__ = ["FIGURE_NAMES", "format_report", "plot", "save_figure", "target_for"]
 
 FIGURE_NAMES: Dict[str, str] = {
     "p1": "P1 compile_and_fit / naive fit",
@@ -136,6 +136,13 @@ def plot(report: Dict[str, Any], path: str) -> None:
     load = report["machine"].get("loadavg_before")
     fig.suptitle(f"tfaccel bench on {report['machine']['cpus']} CPUs, TF {report['versions']['tensorflow']} "
                  f"(green: meets target, orange: below, red dashes: target; load {load})", fontsize=10)
+    save_figure(fig, path)
+
+
+def save_figure(fig: Any, path: str) -> None:
+    """Lays out and writes a bench figure (PNG at 100 dpi, the folder made), then closes it."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=100)
