@@ -43,7 +43,9 @@ def _extras(case: str, model: object, out: str) -> dict:
         extra["checkpoint_max_diff"] = max(float(np.max(np.abs(a - b)))
                                            for a, b in zip(loaded.get_weights(), model.get_weights()))
         extra["checkpoint_optimizer"] = type(loaded.optimizer).__name__
-    if case == "CSVLogger":
+    if case == "CSVLogger" and _task() not in ("main", "worker0", "rank0", "chief0"):
+        extra["csv_written_here"] = os.path.exists(os.path.join(out, "log.csv"))  # the same rule as ModelCheckpoint
+    elif case == "CSVLogger":
         with open(os.path.join(out, "log.csv")) as fh:
             extra["csv"] = fh.read().strip().splitlines()
     if case == "LambdaCallback batch hooks":

@@ -116,7 +116,8 @@ def multi_worker_dir(parity_dir: Path) -> Path:
 def test_multi_worker_two_processes(case: str, multi_worker_dir: Path, reference: dict) -> None:
     _check("tfaccel:multi_worker:auto", multi_worker_dir, reference, case, task="worker0", kind="tf_distribute")
     _same_weights_everywhere(*(pc.load(str(multi_worker_dir), t, case) for t in ("worker0", "worker1")))
-    assert not pc.load(str(multi_worker_dir), "worker1", case).get("checkpoint_written_here")  # the chief's path only
+    other = pc.load(str(multi_worker_dir), "worker1", case)
+    assert not other.get("checkpoint_written_here") and not other.get("csv_written_here")  # the chief's paths only
 
 
 @pytest.fixture(scope="session")
@@ -143,7 +144,8 @@ def horovod_dir(parity_dir: Path) -> Path:
 def test_horovod_two_ranks(case: str, horovod_dir: Path, reference: dict) -> None:
     _check("tfaccel:horovod:auto", horovod_dir, reference, case, task="rank0", kind="horovod")
     _same_weights_everywhere(*(pc.load(str(horovod_dir), t, case) for t in ("rank0", "rank1")))
-    assert not pc.load(str(horovod_dir), "rank1", case).get("checkpoint_written_here")  # the chief's path only
+    other = pc.load(str(horovod_dir), "rank1", case)
+    assert not other.get("checkpoint_written_here") and not other.get("csv_written_here")  # the chief's paths only
 
 
 @pytest.mark.parametrize("case", [c for c, spec in parity_cases.CASES.items() if spec.multi_replica_reference

@@ -33,6 +33,10 @@ from tfaccel.log import get_logger
 __all__ = ["SIGNAL_ENV", "TIMEOUT_ENV", "CHECK_EVERY_ENV", "preemption_signals", "SignalWatch", "Preemption",
            "strategy_sum", "preemption_callback", "make_preemption", "DEFAULT_TIMEOUT_S"]
 
+# Said however the process learns of the signal first (its watcher thread or the agreed-step check).
+NOTHING_SAVED = ("NOTHING WAS SAVED: this job has no backup_dir, so a restart starts from the beginning (give fit "
+                 "backup_dir=... to resume where it stopped)")
+
 SIGNAL_ENV = "TFACCEL_PREEMPTION_SIGNAL"
 TIMEOUT_ENV = "TFACCEL_PREEMPTION_TIMEOUT"
 CHECK_EVERY_ENV = "TFACCEL_PREEMPTION_CHECK_EVERY"
@@ -168,9 +172,7 @@ class SignalWatch:
         the process if training does not reach an agreed step in time."""
         name, log = signal.Signals(self.received or signal.SIGTERM).name, get_logger()
         if not self.can_save:
-            log.warning("preemption: %s got %s; NOTHING WAS SAVED: this job has no backup_dir, so a restart starts "
-                        "from the beginning (give fit backup_dir=... to resume where it stopped). Exiting with %d",
-                        self.task, name, EXIT_PREEMPTED)
+            log.warning("preemption: %s got %s; %s. Exiting with %d", self.task, name, NOTHING_SAVED, EXIT_PREEMPTED)
             _flush_and_exit(EXIT_PREEMPTED)
         log.warning("preemption: %s got %s (a preemption, or the launcher stopping the job); stopping at the next "
                     "step every worker agrees on, where the chief writes a backup (at most %g s)", self.task, name,
@@ -288,10 +290,10 @@ class Preemption:
         self.watch.done.set()
         since = self.watch.seconds_since()
         get_logger().warning(
-            "preemption: %s stops at epoch %d, step %d (%s); %s in %.2f s; exiting with %d%s", self.watch.task, epoch,
+            "preemption: %s stops at epoch %d, step %d (%s); %s (%.2f s); exiting with %d%s", self.watch.task, epoch,
             step, "its own signal" if since is not None else "another process was signalled",
-            "backup written" if self.save is not None else "nothing saved (no backup_dir)",
-            time.perf_counter() - began, EXIT_PREEMPTED, f", {since:.2f} s after the signal" if since is not None else "")
+            "backup written" if self.save is not None else NOTHING_SAVED, time.perf_counter() - began,
+            EXIT_PREEMPTED, f", {since:.2f} s after the signal" if since is not None else "")
         # The process ends with EXIT_PREEMPTED once Python's exit handlers ran, without TensorFlow's teardown (3.3 s
         # measured between two idle MultiWorkerMirrored workers, 6.7 s under load), so it fits a grace period.
         atexit.register(_flush_and_exit, EXIT_PREEMPTED)
