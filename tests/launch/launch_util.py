@@ -145,3 +145,14 @@ def kept_log(keep: Callable[[logging.LogRecord], Any] = logging.LogRecord.getMes
     finally:
         logger.removeHandler(handler)
         logger.setLevel(old)
+
+
+def run_tracked(launch: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``launch(*args, **kwargs)`` (run_local, run_elastic, ...) bounded at 60 s with a 2 s grace, every PID it
+    started handed to the no-leftover fixture, and none of them alive 5 s after it returned."""
+    kwargs.setdefault("timeout", 60)
+    kwargs.setdefault("grace", 2)
+    result = launch(*args, **kwargs)
+    track(result.pids)
+    assert not wait_gone(result.pids, timeout=5), f"a task outlived {launch.__name__}"
+    return result

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from launch_util import kept_log, SCRIPTS, track, wait_gone
+from launch_util import SCRIPTS, run_tracked, track, wait_gone
 from tfaccel.errors import ConfigError
 from tfaccel.launch import run_host, run_local
 from tfaccel.launch.procs import LOOPBACK, free_ports, pid_alive
@@ -20,21 +20,8 @@ PY = sys.executable
 TASK_NAME = "import json, os; t = json.loads(os.environ['TF_CONFIG'])['task']; name = f\"{t['type']}:{t['index']}\"\n"
 
 
-@pytest.fixture
-def launch_log():
-    """The messages the tfaccel logger emits during the test."""
-    with kept_log() as kept:
-        yield kept
-
-
 def _run(*args, **kwargs):
-    """run_local, with every PID it started handed to the no-leftover fixture and checked here too."""
-    kwargs.setdefault("timeout", 60)
-    kwargs.setdefault("grace", 2)
-    result = run_local(*args, **kwargs)
-    track(result.pids)
-    assert not wait_gone(result.pids, timeout=5), "a task outlived run_local"
-    return result
+    return run_tracked(run_local, *args, **kwargs)
 
 
 def test_every_worker_gets_its_own_tf_config_and_prefixed_streams(clean_tf_config, capsys):

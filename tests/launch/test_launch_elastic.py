@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from launch_util import kept_log, Launcher, track, wait_gone
+from launch_util import Launcher, run_tracked, wait_gone
 from tfaccel.errors import ConfigError
 from tfaccel.launch.elastic import ElasticState, read_capacity, run_elastic
 
@@ -16,20 +16,9 @@ FAIL_THIRD = ("import json, os, sys; c = json.loads(os.environ['TF_CONFIG']); n 
               "'JOB', os.environ.get('TFACCEL_JOB_ID'))")
 
 
-@pytest.fixture
-def launch_log():
-    with kept_log() as kept:
-        yield kept
-
-
 def _run(*args, **kwargs):
-    kwargs.setdefault("timeout", 60)
-    kwargs.setdefault("grace", 2)
     kwargs.setdefault("capture_lines", 50)
-    result = run_elastic(*args, **kwargs)
-    track(result.pids)
-    assert not wait_gone(result.pids, timeout=5), "a task outlived run_elastic"
-    return result
+    return run_tracked(run_elastic, *args, **kwargs)
 
 
 def test_a_worker_whose_restarts_are_spent_is_left_out():
