@@ -206,8 +206,11 @@ def _adapt(ctx: FitContext, loop_name: str) -> Dict[str, Any]:
     backend.wrap_optimizer(model.optimizer)  # in place (Horovod): the user keeps their object
     if backend.optimizer_change:
         changes[backend.optimizer_change[0]] = backend.optimizer_change[1]
-    jit, jit_reason = _refined_jit(ctx.plan, model, ctx.requested_jit)
-    if jit and ctx.requested_jit == "auto" and _on_cpus_only():
+    from tfaccel.devices import detect_devices
+
+    devices = detect_devices()
+    jit, jit_reason = _refined_jit(ctx.plan, model, ctx.requested_jit, devices)
+    if jit and ctx.requested_jit == "auto" and not devices.num_gpus and not devices.tpu_address:
         from tfaccel.train.xla_payback import job_decision
 
         jit, jit_reason, ctx.xla_auto = job_decision(model, backend=backend, data=data, epochs=request.epochs,
@@ -220,20 +223,12 @@ def _adapt(ctx: FitContext, loop_name: str) -> Dict[str, Any]:
     return changes
 
 
-def _on_cpus_only() -> bool:
-    from tfaccel.devices import detect_devices
-
-    devices = detect_devices()
-    return not devices.num_gpus and not devices.tpu_address
-
-
-def _refined_jit(plan: Any, model: Any, requested_jit: Any) -> Tuple[bool, str]:
+def _refined_jit(plan: Any, model: Any, requested_jit: Any, devices: Any) -> Tuple[bool, str]:
     """The plan's "auto" XLA decision, revisited now that the model exists (convolutions on CPU: off)."""
-    from tfaccel.devices import detect_devices
     from tfaccel.xla import refine_jit_for_model
 
     jit, reason = refine_jit_for_model(plan.jit_compile, plan.jit_reason, requested=requested_jit, model=model,
-                                       devices=detect_devices())
+                                       devices=devices)
     return bool(jit), reason
 
 
