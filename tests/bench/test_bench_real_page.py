@@ -42,6 +42,13 @@ def test_page_has_every_row_with_its_figures_and_what_auto_chose():
             "XLA off to start") in page
     assert "| mirrored (2 virtual CPUs) |" in page and "multi-step loop, 24 steps per call; XLA off |" in page
     assert "| multi_worker (2 processes) | cannot run: Keras 3 model.fit under MultiWorkerMirroredStrategy" in page
+    assert "No GPU took part: every figure here is a CPU figure" in page  # the machine recorded no GPU
+
+
+def test_page_with_a_gpu_does_not_say_none_took_part():
+    report = _report()
+    report["machine"]["gpus"] = ["NVIDIA H100 80GB HBM3"]
+    assert "No GPU took part" not in render_page(report, command="x")
 
 
 def test_auto_choice_without_details_and_with_the_xla_figures():

@@ -68,6 +68,13 @@ class FakeHvd:
         self.calls.append(("allreduce", op, name))
         return tensor + 1.0
 
+    def allgather(self, tensor: Any, name: Any = None) -> Any:
+        """Every rank's tensor, concatenated: here ``size`` copies of this rank's."""
+        import tensorflow as tf
+
+        self.calls.append(("allgather", tuple(tensor.shape)))
+        return tf.concat([tensor] * self._size, axis=0)
+
     def broadcast_variables(self, variables: List[Any], root_rank: int) -> None:
         self.calls.append(("broadcast_variables", list(variables), root_rank))
 

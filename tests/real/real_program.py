@@ -6,7 +6,7 @@
 PATH: ``keras_one`` (plain model.fit on one device, at the XLA setting tfaccel's plan chose: read from
 ``$REAL_JIT_FROM/main/<model>.json``), ``keras_mirrored`` (plain model.fit under TF's MirroredStrategy over 2 virtual
 CPUs), or ``tfaccel:<strategy>`` (``tfaccel.scope(strategy=...)`` + ``tfaccel.fit`` with every option at "auto";
-``tfaccel:multi_worker`` runs under TF_CONFIG). MUTANTs (``model:what``, see real_cases.MUTANTS) are trained after
+``tfaccel:multi_worker`` runs under TF_CONFIG, ``tfaccel:horovod`` as Horovod ranks). MUTANTs (``model:what``, see real_cases.MUTANTS) are trained after
 the models by the same path, each a model that differs from the suite's in one way. Every process writes
 ``OUT_DIR/<task>/<name>.json`` and ``<name>.npz`` (the weights after the first step, then the final ones).
 """
@@ -26,6 +26,8 @@ import real_cases  # noqa: E402
 
 
 def _task() -> str:
+    if os.environ.get("HOROVOD_RANK"):  # a Horovod rank (run_horovod): rank0, rank1
+        return f"rank{os.environ['HOROVOD_RANK']}"
     config = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task")
     return f"{config['type']}{config['index']}" if config else "main"
 

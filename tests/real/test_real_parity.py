@@ -1,13 +1,14 @@
 """Keras parity on the real models (tfaccel.real_suite): plain ``model.fit`` against ``tfaccel.fit`` at "auto".
 
 Paths: one device (against plain Keras on one device at the XLA setting tfaccel's plan chose), mirrored over 2
-virtual CPUs and multi_worker with 2 real worker processes on loopback (both against plain Keras under TF's own
+virtual CPUs, multi_worker with 2 real worker processes on loopback and horovod with 2 real ranks over Gloo (all
+three against plain Keras under TF's own
 MirroredStrategy over 2 virtual CPUs). Every case starts from the same initial weights (checked by digest) and
 keeps the rule stated in real_cases: weights after the first step and the first epoch at rel 1e-5 / abs 1e-5, the
 last epoch within the model's stated tolerance. The mutants prove the rule would catch tfaccel training another
 model (a learning rate 5% off, a dropped L2 regulariser). The paths run in three phases of two processes each
 (both cores busy): tfaccel one device + Keras mirrored; Keras one device (at tfaccel's XLA choice) + tfaccel
-mirrored; the two multi_worker processes.
+mirrored; the two multi_worker processes; the two Horovod ranks.
 """
 
 import os
@@ -69,6 +70,24 @@ def multi_worker_dir(phase_one: Path) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def horovod_dir(phase_one: Path) -> Path:
+    sys.path.insert(0, str(harness.REPO_ROOT / "tests" / "horovod"))
+    from hvd_testing import require_horovod
+
+    from tfaccel.launch.horovod import run_horovod
+
+    require_horovod()
+    out = phase_one / "tfaccel_horovod"
+    env = {**{k: v for k, v in os.environ.items() if k != "TF_CONFIG"}, **harness.CHILD_ENV,
+           "PYTHONPATH": str(harness.REPO_ROOT)}
+    result = run_horovod(2, [sys.executable, str(PROGRAM), "tfaccel:horovod", str(out), ",".join(EVERY_PATH)],
+                         env=env, timeout=900, echo=False, capture_lines=200)
+    harness.STARTED_PIDS.extend(result.pids)  # the no_leftover_processes fixture checks they are gone
+    assert result.ok, f"{result.message}\n" + "\n".join(t.stdout[-3000:] + t.stderr[-3000:] for t in result.tasks)
+    return out
+
+
 def _check(got_dir: Path, task: str, ref_dir: Path, name: str) -> dict:
     got = rc.load(str(got_dir), task, name)
     ref = rc.load(str(ref_dir), "main", name)
@@ -97,6 +116,15 @@ def test_multi_worker_two_processes_match_keras_mirrored(name: str, multi_worker
     _check(multi_worker_dir, "worker0", phase_one / "keras_mirrored", name)
     workers = [rc.load(str(multi_worker_dir), t, name) for t in ("worker0", "worker1")]
     assert not rc.same_weights_everywhere(*workers)
+
+
+@pytest.mark.horovod
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("name", EVERY_PATH)
+def test_horovod_two_ranks_match_keras_mirrored(name: str, horovod_dir: Path, phase_one: Path) -> None:
+    _check(horovod_dir, "rank0", phase_one / "keras_mirrored", name)
+    ranks = [rc.load(str(horovod_dir), t, name) for t in ("rank0", "rank1")]
+    assert not rc.same_weights_everywhere(*ranks)
 
 
 @pytest.mark.timeout(1800)

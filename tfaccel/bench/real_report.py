@@ -93,6 +93,9 @@ def render_page(report: Dict[str, Any], *, command: str) -> str:
              *([f"Load average before / after each run: " + "; ".join(
                  f"{models}: {loads[0]} / {loads[1]}" for models, loads in machine["loadavg_per_run"].items()) + ".",
                  ""] if machine.get("loadavg_per_run") else []),
+             *([] if machine.get("gpus") else [
+                 "No GPU took part: every figure here is a CPU figure (why no GPU run was possible yet: "
+                 "[Benchmarking](guides/benchmarking.md)).", ""]),
              f"Command: `{command}`", "",
              f"Each contender trains the job in a fresh process, {report['config']['repeats']} rounds in a seeded "
              "random order; figures are medians (min–max). **time_to_train** is the whole `fit` call (tracing and "

@@ -79,16 +79,25 @@ def _compression(name: str, hvd: Any) -> Any:
 
 
 def _allreduce_gradients(hvd: Any, grads: Sequence[Any], *, compression: Any) -> List[Any]:
-    """Averages the non-None gradients over all ranks with one grouped all-reduce; keeps the order."""
+    """Averages the non-None gradients over all ranks; keeps the order, and keeps sparse gradients sparse.
+
+    Dense gradients go through one grouped all-reduce. A sparse gradient (``tf.IndexedSlices``: an embedding's)
+    is all-gathered, every rank's slices in rank order with their values divided by the number of ranks, as
+    ``MirroredStrategy`` concatenates the replicas' slices: Keras' optimizers apply duplicate indices slice by slice
+    (Adam's update for two slices of one row differs from its update for their sum), so densifying would train
+    another model than Keras' own fit.
+    """
     grads = list(grads)
-    # Sparse gradients (embeddings) are densified: one grouped all-reduce, identical on every rank.
-    index = [i for i, g in enumerate(grads) if g is not None]
-    if not index:
-        return grads
-    dense = [tf.convert_to_tensor(grads[i]) for i in index]
-    reduced = hvd.grouped_allreduce(dense, op=hvd.Average, compression=compression)
-    for i, g in zip(index, reduced):
-        grads[i] = g
+    dense = [i for i, g in enumerate(grads) if g is not None and not isinstance(g, tf.IndexedSlices)]
+    if dense:
+        reduced = hvd.grouped_allreduce([tf.convert_to_tensor(grads[i]) for i in dense], op=hvd.Average,
+                                        compression=compression)
+        for i, g in zip(dense, reduced):
+            grads[i] = g
+    for i, g in enumerate(grads):
+        if isinstance(g, tf.IndexedSlices):
+            values = hvd.allgather(g.values) / tf.cast(hvd.size(), g.values.dtype)
+            grads[i] = tf.IndexedSlices(values, hvd.allgather(g.indices), dense_shape=g.dense_shape)
     return grads
 
 
