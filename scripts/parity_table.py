@@ -1,6 +1,6 @@
 """Runs the Keras-parity suite and prints the "Keras parity" table (docs/guides/keras-parity.md) from its results.
 
-    python scripts/parity_table.py [--json parity.json]      # runs tests/parity, then prints the table
+    python scripts/parity_table.py [--json parity.json]      # runs tests/parity and tests/real, prints the table
     python scripts/parity_table.py --from parity.json         # only renders an earlier run's results
     python scripts/parity_table.py --json docs/data/parity.json   # refresh the results the docs page shows
 
@@ -42,7 +42,8 @@ def main() -> int:
     path = args.source or args.json or os.path.join(tempfile.mkdtemp(), "parity.json")
     if not args.source:
         env = {**os.environ, "TFACCEL_PARITY_JSON": path}
-        rc = subprocess.call([sys.executable, "-m", "pytest", "-q", "tests/parity"], env=env)
+        rc = subprocess.call([sys.executable, "-m", "pytest", "-q", "tests/parity", "tests/real/test_real_parity.py"],
+                             env=env)
         if not os.path.exists(path):
             sys.stderr.write(f"parity_table: the suite wrote no results (pytest exit {rc})\n")
             return 1

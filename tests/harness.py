@@ -185,3 +185,23 @@ def run_small_ps_cluster(program: Union[str, Path], tmp_path: Path, *, timeout: 
     assert_all_ok(results)
     chief = [r for r in results if r.task_type == "chief"][0]
     return last_json_line(chief.stdout)
+
+
+def record_parity_outcomes(outcomes: Mapping[str, Mapping[str, str]]) -> None:
+    """Merges ``{path: {case: outcome}}`` into the file ``TFACCEL_PARITY_JSON`` names (no variable: nothing), so
+    that tests/parity and tests/real fill one table (scripts/parity_table.py)."""
+    import json
+    import os
+
+    target = os.environ.get("TFACCEL_PARITY_JSON")
+    if not target or not outcomes:
+        return
+    merged: Dict[str, Dict[str, str]] = {}
+    if os.path.exists(target):
+        with open(target, encoding="utf-8") as fh:
+            merged = json.load(fh)
+    for path, cases in outcomes.items():
+        merged.setdefault(path, {}).update(cases)
+    with open(target + ".tmp", "w", encoding="utf-8") as fh:
+        json.dump(merged, fh, indent=1)
+    os.replace(target + ".tmp", target)

@@ -90,5 +90,19 @@ def test_runs_of_some_models_each_merge_into_one_page():
     merged = merge_reports([first, second])
     assert list(merged["real"]["rows"]) == ["bert_classifier", "recommender"]
     page = render_page(merged, command="x")
-    assert "2026-11-25 17:00 UTC to 2026-11-25 17:30 UTC" in page and "recommender: [5.0, 4.0, 3.0] / " in page
+    assert "2026-11-25 17:00 UTC to 2026-11-25 17:30 UTC" in page
+    assert "recommender (default) on 2026-11-25 17:30 UTC: [5.0, 4.0, 3.0] / " in page
     assert "| recommender (4096 ex., batch 64, 3 epochs) | default (one CPU device) |" in page
+
+
+def test_a_later_run_of_one_path_replaces_that_path_only():
+    from tfaccel.bench.real_report import merge_reports
+
+    first, second = _report(), _report()
+    rows = second["real"]["rows"]["bert_classifier"]
+    second["real"]["rows"] = {"bert_classifier": {"multi_worker": {**rows["multi_worker"],
+                                                                   "time_to_train": {"tfaccel": _fig(7.0, 6.0, 8.0)}}}}
+    merged = merge_reports([first, second])["real"]["rows"]["bert_classifier"]
+    assert list(merged) == ["default", "mirrored", "multi_worker"]
+    assert merged["multi_worker"]["time_to_train"]["tfaccel"]["median"] == 7.0
+    assert merged["default"] == first["real"]["rows"]["bert_classifier"]["default"]

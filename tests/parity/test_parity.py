@@ -15,7 +15,6 @@ Dropout masks from another RNG kernel than TF's CPU kernels, in Keras' own fit a
 ``TFACCEL_PARITY_JSON=path`` also writes the outcome table (scripts/parity_table.py renders it for docs/guides/keras-parity.md).
 """
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -177,7 +176,4 @@ def test_parameter_server_chief_worker_ps(case: str, parameter_server_dir: Path,
 
 
 def teardown_module() -> None:
-    target = os.environ.get("TFACCEL_PARITY_JSON")
-    if target and OUTCOMES:
-        with open(target, "w") as fh:
-            json.dump(OUTCOMES, fh, indent=1)
+    harness.record_parity_outcomes(OUTCOMES)

@@ -29,6 +29,11 @@ PROGRAM = Path(__file__).resolve().parent / "real_program.py"
 MODELS = list(real_cases.CASES)
 EVERY_PATH = [name for name, case in real_cases.CASES.items() if case.every_path]
 MUTANTS = list(real_cases.MUTANTS)
+OUTCOMES: dict = {}  # {parity-table column: {"real: <model>": outcome}} (TFACCEL_PARITY_JSON)
+
+
+def teardown_module() -> None:
+    harness.record_parity_outcomes(OUTCOMES)
 
 
 def _side_by_side(out: Path, runs: Dict[str, str], *, timeout: float) -> None:
@@ -88,12 +93,22 @@ def horovod_dir(phase_one: Path) -> Path:
     return out
 
 
+def _column(got_dir: Path, got: dict) -> str:
+    """The parity table's column of a real-model record (scripts/parity_table.py)."""
+    path = got_dir.name.replace("tfaccel_", "")
+    if path == "default":
+        return "tfaccel:default:compiled" if str(got.get("loop", "")).startswith("compiled") else "tfaccel:default:keras"
+    return f"tfaccel:{path}:auto"
+
+
 def _check(got_dir: Path, task: str, ref_dir: Path, name: str) -> dict:
     got = rc.load(str(got_dir), task, name)
     ref = rc.load(str(ref_dir), "main", name)
     assert got["status"] == "ok", got.get("message")
     assert got["jit"] == ref["jit"], f"{name}: XLA {got['jit']} in tfaccel, {ref['jit']} in the reference"
     problems = rc.differences(ref, got, last_epoch_rel=real_cases.CASES[name].last_epoch_rel)
+    OUTCOMES.setdefault(_column(got_dir, got), {})[f"real: {name}"] = (
+        "equal" if not problems else "DIFFERENT: " + "; ".join(problems))
     assert not problems, f"{name} ({got.get('loop')}):\n" + "\n".join(problems)
     return got
 

@@ -60,17 +60,24 @@ def merge_reports(reports: List[Dict[str, Any]]) -> Dict[str, Any]:
     ``machine["loadavg_per_run"]``."""
     merged = json.loads(json.dumps(reports[0]))
     for report in reports[1:]:
-        for key in ("jobs", "rows"):
-            merged["real"][key].update(report["real"][key])
+        merged["real"]["jobs"].update(report["real"]["jobs"])
+        for model, paths in report["real"]["rows"].items():  # a later run's path replaces an earlier one's
+            merged["real"]["rows"].setdefault(model, {}).update(paths)
         merged["seconds"] = merged.get("seconds", 0) + report.get("seconds", 0)
     if len(reports) > 1:
         machine = merged["machine"]
         machine["loadavg_after"] = reports[-1]["machine"].get("loadavg_after")
         machine["date"] = f"{reports[0]['machine'].get('date')} to {reports[-1]['machine'].get('date')}"
-        machine["loadavg_per_run"] = {", ".join(r["real"]["rows"]): [r["machine"].get("loadavg_before"),
-                                                                      r["machine"].get("loadavg_after")]
-                                      for r in reports}
+        machine["loadavg_per_run"] = {_run_name(r): [r["machine"].get("loadavg_before"),
+                                                     r["machine"].get("loadavg_after")] for r in reports}
     return merged
+
+
+def _run_name(report: Dict[str, Any]) -> str:
+    """``"bert_classifier, gpt2_causal_lm (default, mirrored) on 2026-11-26 18:00 UTC"``: what one run measured."""
+    rows = report["real"]["rows"]
+    paths = ", ".join(dict.fromkeys(p for model_rows in rows.values() for p in model_rows))
+    return f"{', '.join(rows)} ({paths}) on {report['machine'].get('date', '?')}"
 
 
 def render_page(report: Dict[str, Any], *, command: str) -> str:
