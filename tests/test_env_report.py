@@ -2,8 +2,6 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 import tfaccel
 from tfaccel.report import format_report
 

@@ -142,7 +142,6 @@ def tfrecord_dataset(pattern: str, *, feature_shape: Sequence[int], dtype: str =
     Example:
         >>> ds = tfrecord_dataset("/tmp/digits/data-*.tfrecord", feature_shape=(8, 8, 1))  # doctest: +SKIP
     """
-    import tensorflow as tf
 
     if dtype not in ("float32", "int32"):
         raise invalid_choice("tfrecord_dataset dtype", dtype, ("float32", "int32"))

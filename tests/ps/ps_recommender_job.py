@@ -75,7 +75,6 @@ def placement(model):
 
 
 def main() -> int:
-    import numpy as np
 
     import tfaccel
 

@@ -72,7 +72,7 @@ def test_switched_off_by_env(fix_removed, monkeypatch, log_records) -> None:
     monkeypatch.setenv("TFACCEL_DISABLE_COMPAT", "something, keras_mwms")
     assert is_disabled("keras_mwms") and not is_disabled("other")
     assert not keras_mwms.apply()
-    assert any("compat fix keras_mwms (keras-team/keras#20585) is switched off by TFACCEL_DISABLE_COMPAT"
+    assert any("compat fix keras_mwms: switched off by TFACCEL_DISABLE_COMPAT (keras_mwms)"
                in r.getMessage() and r.levelno == logging.WARNING for r in log_records)
     assert keras_mwms.apply(force=True)
     monkeypatch.setenv("TFACCEL_DISABLE_COMPAT", "all")

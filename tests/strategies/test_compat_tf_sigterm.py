@@ -294,7 +294,7 @@ def test_switched_off_and_kept_say_why(saved_sigterm, monkeypatch, log_records) 
     with tf_sigterm.around_strategy_creation():
         _install_tensorflows_handler()
     assert not tf_sigterm.is_applied() and "libtensorflow_cc" in tf_sigterm.handler_owner()
-    assert any("compat fix tf_sigterm is switched off by TFACCEL_DISABLE_COMPAT" in r.getMessage()
+    assert any("compat fix tf_sigterm: switched off by TFACCEL_DISABLE_COMPAT (tf_sigterm)" in r.getMessage()
                and r.levelno == logging.WARNING for r in log_records)
     monkeypatch.delenv("TFACCEL_DISABLE_COMPAT")
     monkeypatch.setenv(tf_sigterm.KEEP_ENV, "1")

@@ -97,7 +97,7 @@ def render_page(report: Dict[str, Any], *, command: str) -> str:
              f"({machine.get('platform', machine.get('cpu', ''))}), TensorFlow {versions['tensorflow']}, Keras "
              f"{versions['keras']}, tfaccel {versions['tfaccel']}; load average before / after: "
              f"{machine.get('loadavg_before')} / {machine.get('loadavg_after')}.", "",
-             *([f"Load average before / after each run: " + "; ".join(
+             *(["Load average before / after each run: " + "; ".join(
                  f"{models}: {loads[0]} / {loads[1]}" for models, loads in machine["loadavg_per_run"].items()) + ".",
                  ""] if machine.get("loadavg_per_run") else []),
              *([] if machine.get("gpus") else [

@@ -15,7 +15,7 @@ from typing import Mapping, Optional, Tuple
 
 VersionWindow = Tuple[Tuple[int, int], Tuple[int, int]]  # [low, high) of (major, minor)
 
-__all__ = ["DISABLE_ENV", "VersionWindow", "is_disabled", "major_minor", "outside_versions"]
+__all__ = ["DISABLE_ENV", "VersionWindow", "is_disabled", "switched_off", "major_minor", "outside_versions"]
 
 DISABLE_ENV = "TFACCEL_DISABLE_COMPAT"
 
@@ -33,6 +33,12 @@ def is_disabled(name: str, environ: Optional[Mapping[str, str]] = None) -> bool:
     env = os.environ if environ is None else environ
     names = {part.strip() for part in env.get(DISABLE_ENV, "").split(",") if part.strip()}
     return name in names or "all" in names
+
+
+def switched_off(name: str) -> str:
+    """The one phrase every fix uses to say the user switched it off: ``"switched off by TFACCEL_DISABLE_COMPAT
+    (keras_mwms)"``."""
+    return f"switched off by {DISABLE_ENV} ({name})"
 
 
 def major_minor(version: str) -> Tuple[int, int]:

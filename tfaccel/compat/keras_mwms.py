@@ -29,7 +29,7 @@ tfaccel runs several steps per call with its own loop instead (``tfaccel.train.l
 import threading
 from typing import Any, Callable, Dict, Optional
 
-from tfaccel.compat import VersionWindow, is_disabled, outside_versions
+from tfaccel.compat import VersionWindow, is_disabled, outside_versions, switched_off
 from tfaccel.log import get_logger
 
 __all__ = ["NAME", "UPSTREAM_ISSUES", "AFFECTED_VERSIONS", "is_needed", "why_not_needed", "apply", "remove",
@@ -145,8 +145,8 @@ def apply(*, force: bool = False) -> bool:
         if _originals:
             return True
         if not force and is_disabled(NAME):
-            logger.warning("compat fix %s (%s) is switched off by TFACCEL_DISABLE_COMPAT; Keras model.fit under "
-                           "MultiWorkerMirroredStrategy is expected to fail", NAME, UPSTREAM_ISSUES[0])
+            logger.warning("compat fix %s: %s; Keras model.fit under MultiWorkerMirroredStrategy is expected to "
+                           "fail (%s)", NAME, switched_off(NAME), UPSTREAM_ISSUES[0])
             return False
         reason = why_not_needed()
         if reason is not None:

@@ -16,7 +16,7 @@ strategy (Keras then uses the strategy of the current scope: the default one out
 
 from typing import Any, Optional
 
-from tfaccel.compat import VersionWindow, is_disabled, outside_versions
+from tfaccel.compat import VersionWindow, is_disabled, outside_versions, switched_off
 
 __all__ = ["NAME", "UPSTREAM_ISSUES", "AFFECTED_VERSIONS", "why_not_needed", "release_from_strategy"]
 
@@ -32,7 +32,7 @@ def why_not_needed(model: Any) -> Optional[str]:
     import tensorflow as tf
 
     if is_disabled(NAME):
-        return f"switched off by TFACCEL_DISABLE_COMPAT ({NAME})"
+        return switched_off(NAME)
     outside = outside_versions("Keras", keras.__version__, AFFECTED_VERSIONS,
                                f"evaluate fails after parameter-server training, see {UPSTREAM_ISSUES[0]}")
     if outside is not None:

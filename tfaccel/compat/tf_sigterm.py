@@ -54,7 +54,7 @@ import sys
 import threading
 from typing import Any, Iterator, Optional, Tuple
 
-from tfaccel.compat import VersionWindow, is_disabled, outside_versions
+from tfaccel.compat import VersionWindow, is_disabled, outside_versions, switched_off
 from tfaccel.log import get_logger
 
 __all__ = ["NAME", "UPSTREAM_ISSUES", "UPSTREAM_CODE", "AFFECTED_VERSIONS", "KEEP_ENV", "NOTE", "is_needed",
@@ -170,9 +170,9 @@ def _declined(*, force: bool, quiet: bool = False) -> Optional[str]:
     logger = get_logger()
     if not force and is_disabled(NAME):
         if not quiet:
-            logger.warning("compat fix %s is switched off by TFACCEL_DISABLE_COMPAT: TensorFlow's preemption notifier "
-                           "catches SIGTERM, so SIGTERM does not end this MultiWorkerMirrored worker (only SIGKILL "
-                           "does); see %s", NAME, UPSTREAM_CODE[0])
+            logger.warning("compat fix %s: %s; TensorFlow's preemption notifier catches SIGTERM, so SIGTERM "
+                           "does not end this MultiWorkerMirrored worker (only SIGKILL does); see %s", NAME,
+                           switched_off(NAME), UPSTREAM_CODE[0])
         return "disabled"
     if not force and os.environ.get(KEEP_ENV, "").strip().lower() in ("1", "true", "yes"):
         if not quiet:

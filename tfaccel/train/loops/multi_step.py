@@ -203,7 +203,6 @@ class _ReplicatedPass:
 
     def run(self, indices: Tuple[Any, Any], begin: int, end: int) -> Any:
         """Runs batches ``begin..end`` (inclusive) of the epoch; returns the last step's reduced outputs."""
-        import tensorflow as tf
 
         whole_idx, partial_idx = indices
         last = None
