@@ -6,7 +6,8 @@ Two sources, each saying what it knows:
   so far, with why (``"preemption"`` or ``"failure"``), the task whose exit decided it, and when the attempt ended;
 * the chief keeps two small files in ``backup_dir``: ``tfaccel_progress.json`` (the position training reached,
   written at most once a second) and ``tfaccel_restarts.json`` (each attempt's resume position, time, and the
-  progress the attempt before it had reached). Both are removed with the backup when training completes.
+  progress the attempt before it had reached), each written atomically (:mod:`tfaccel.train.atomic_io`). Both are
+  removed with the backup when training completes.
 
 Steps lost: the position the previous attempt had reached minus the one this attempt resumed from. After a
 preemption both are the agreed step (0 lost); after a failure the progress may lag the real position by up to a
@@ -22,6 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
+from tfaccel.train.atomic_io import atomic_write_json
 
 __all__ = ["RESTARTS_ENV", "PROGRESS_FILE", "RECORD_FILE", "launcher_restarts", "Progress", "restarts_details"]
 
@@ -60,13 +62,6 @@ def _read_json(path: str) -> Any:
         return None
 
 
-def _write_json(path: str, value: Any) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(value, fh)
-    os.replace(tmp, path)
-
-
 class Progress:
     """The chief's note of how far training got, in ``backup_dir`` (at most once a second)."""
 
@@ -82,8 +77,8 @@ class Progress:
             return
         self._last = now
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        _write_json(self.path, {"epoch": epoch, "step": step, "global_step": epoch * self.steps_per_epoch + step,
-                                "at": round(time.time(), 3)})
+        atomic_write_json(self.path, {"epoch": epoch, "step": step, "at": round(time.time(), 3),
+                                      "global_step": epoch * self.steps_per_epoch + step})
 
 
 def _global(position: Optional[Tuple[int, int]], steps_per_epoch: int) -> int:
@@ -116,7 +111,7 @@ def restarts_details(backup_dir: Optional[str], *, resumed_from: Optional[Tuple[
                    "reached": reached if isinstance(reached, dict) else None, "backup_written_at": written_at})
     if backup_dir and is_chief:
         os.makedirs(backup_dir, exist_ok=True)
-        _write_json(os.path.join(backup_dir, RECORD_FILE), record)
+        atomic_write_json(os.path.join(backup_dir, RECORD_FILE), record)
     mine = {r["restart"]: r for r in record}
     return [_join(entry, mine.get(entry["restart"])) for entry in entries]
 
