@@ -20,7 +20,7 @@ DEFAULT_COMMAND = ("tfaccel bench --suite real --real-paths default,mirrored --r
 
 def main(argv: list) -> int:
     from tfaccel.bench.real_report import merge_reports, plot_real, render_page
-    from tfaccel.train.backups import atomic_write_text
+    from tfaccel.train.atomic_io import atomic_write_text
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--from", dest="sources", action="append", default=None,

@@ -109,7 +109,7 @@ def run_job(options: JobOptions) -> Dict[str, Any]:
         "learning_rate": result.details.get("learning_rate"), "loop": result.details.get("loop"),
     }
     if options.json_out and result.plan.is_chief:
-        from tfaccel.train.backups import atomic_write_text
+        from tfaccel.train.atomic_io import atomic_write_text
 
         os.makedirs(os.path.dirname(os.path.abspath(options.json_out)), exist_ok=True)
         atomic_write_text(options.json_out, json.dumps(summary, indent=2))

@@ -4,7 +4,8 @@ Real processes on 127.0.0.1 through ``python -m tfaccel launch --workers 2:3``, 
 - reference: an uninterrupted 3-worker run;
 - shrink: 3 workers, one SIGKILLed mid-epoch and not allowed back (``--max-restarts 0``): the job must end on 2
   workers with the reference's weights (max abs difference <= 1e-5), its number of optimizer steps, every epoch's
-  history once (equal to the reference's), the change of world size recorded at the step it resumed from;
+  history once (equal to the reference's), the change of world size recorded at the step it resumed from, and
+  ``details["restarts"]`` one restart: a resize after a failure, 3 -> 2 workers, from where it resumed;
 - grow: 2 workers offered by a capacity file; one dies (``--max-restarts 1``) right after the file offers 3: the
   job restarts on 3 workers, with the same checks.
 The job (tests/reliability/scripts/elastic_job.py) trains the reliability MLP on the first 1344 digits examples
@@ -75,6 +76,7 @@ def _verdict(run: "rs.Run", work: Path, ref: Dict[str, Any], *, sizes: List[int]
         problems.append(f"details['world_size'] {measured['world_size']}, expected {expected_change}")
     if f"elastic: world size {sizes[0]} -> {sizes[1]}" not in run.text:
         problems.append("the launcher did not log the change of world size")
+    problems += _restarts_problems(reports, sizes, list(resumed[0]) if resumed and resumed[0] else None)
     problems += _history_problems([r["history"] for r in reports], ref["history"])
     if problems:
         return rs._result(False, "; ".join(problems) + f"\n{run.tail()}", **measured)
@@ -84,6 +86,18 @@ def _verdict(run: "rs.Run", work: Path, ref: Dict[str, Any], *, sizes: List[int]
     if mismatch or (work / "backup").exists():
         return rs._result(False, mismatch or "the backup directory was not removed", **measured)
     return rs._result(True, **measured)
+
+
+def _restarts_problems(reports: List[Dict[str, Any]], sizes: List[int], resumed: Optional[List[int]]) -> List[str]:
+    """details["restarts"]: the one restart, a resize after a failure from sizes[0] to sizes[1] workers, resumed
+    where the job resumed."""
+    expected = {"restart": 1, "why": "resize", "cause": "failure", "from_workers": sizes[0], "to_workers": sizes[1],
+                "resumed_from": resumed}
+    for report in reports:
+        got = report.get("restarts") or []
+        if len(got) != 1 or {k: got[0].get(k) for k in expected} != expected or "steps_lost_at_least" not in got[0]:
+            return [f"details['restarts'] {got}, expected one entry with {expected}"]
+    return []
 
 
 def _history_problems(histories: List[Dict[str, List[float]]], expected: Dict[str, List[float]]) -> List[str]:

@@ -155,7 +155,7 @@ def test_checkpoint_that_fails_midway_keeps_the_previous_one_as_latest(tmp_path,
 
 
 def test_atomic_write_text_never_leaves_a_mix(tmp_path, monkeypatch):
-    from tfaccel.train.backups import atomic_write_text
+    from tfaccel.train.atomic_io import atomic_write_text
 
     target = tmp_path / "state.json"
     atomic_write_text(str(target), json.dumps({"step": 5}))
@@ -169,6 +169,35 @@ def test_atomic_write_text_never_leaves_a_mix(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert json.loads(target.read_text()) == {"step": 5}
     assert os.listdir(tmp_path) == ["state.json"]  # the temporary file was removed
+
+
+def test_the_progress_and_restart_records_use_the_one_atomic_writer_whose_swaps_remove_backup_knows(tmp_path,
+                                                                                                   monkeypatch):
+    from tfaccel.train import restarts as rst
+    from tfaccel.train.atomic_io import swap_prefix
+    from tfaccel.train.backups import remove_backup
+
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    progress = rst.Progress(str(tmp_path), is_chief=True, steps_per_epoch=10)
+    progress.note(0, 3, force=True)
+    assert synced and json.loads((tmp_path / rst.PROGRESS_FILE).read_text())["global_step"] == 3  # fsynced
+
+    def crash(*args, **kwargs):
+        raise OSError("crash before rename")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError):
+        progress.note(0, 5, force=True)
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == [rst.PROGRESS_FILE]  # the temporary file was removed, the old content kept
+    # What a SIGKILL inside each record's swap leaves behind is tfaccel's, removed with the backup.
+    for name in (rst.PROGRESS_FILE, rst.RECORD_FILE, "tfaccel_backup.json"):
+        (tmp_path / f"{swap_prefix(name)}k1ll3d").write_text("{")
+    (tmp_path / "notes.txt").write_text("the user's")
+    remove_backup(str(tmp_path))
+    assert os.listdir(tmp_path) == ["notes.txt"]
 
 
 # --------------------------------------------------------------------------------------------- R4 security

@@ -164,6 +164,27 @@ def test_restarts_joins_the_launchers_record_with_the_chiefs_positions(tmp_path,
     assert first["steps_lost"] == 0 and second["why"] == "failure" and second["steps_lost_at_least"] == 3
 
 
+def test_an_elastic_jobs_record_says_each_resize_with_its_cause_and_world_sizes(tmp_path, monkeypatch):
+    """run_elastic's one record: restart 1 a failure on 3 workers, restart 2 a resize 3 -> 2 after a preemption
+    (its steps lost exact, as for any preemption)."""
+    backup = tmp_path / "backup"
+    rst.Progress(str(backup), is_chief=True, steps_per_epoch=10).note(1, 4, force=True)
+    now = time.time()
+    monkeypatch.setenv(rst.RESTARTS_ENV, json.dumps([
+        {"restart": 1, "why": "failure", "task": "worker:2", "status": "exit code 3", "ended_at": now - 9,
+         "attempt_s": 3.0, "counted": True, "from_workers": 3, "to_workers": 3},
+        {"restart": 2, "why": "resize", "task": "worker:0", "status": "exit code 75", "ended_at": now - 1,
+         "attempt_s": 5.0, "counted": False, "cause": "preemption", "from_workers": 3, "to_workers": 2}]))
+    first, second = rst.restarts_details(str(backup), resumed_from=(1, 4), backup={"job": {"written_at": now - 2}},
+                                         steps_per_epoch=10, is_chief=True)
+    assert (first["why"], first["from_workers"], first["to_workers"], "cause" in first) == ("failure", 3, 3, False)
+    assert {k: second[k] for k in ("restart", "why", "cause", "from_workers", "to_workers", "resumed_from",
+                                   "steps_lost")} == {"restart": 2, "why": "resize", "cause": "preemption",
+                                                      "from_workers": 3, "to_workers": 2, "resumed_from": [1, 4],
+                                                      "steps_lost": 0}
+    assert 1.5 < second["seconds_lost"] < 60
+
+
 def test_no_launcher_record_means_no_restarts_and_a_bad_one_is_an_error(tmp_path, monkeypatch):
     monkeypatch.delenv(rst.RESTARTS_ENV, raising=False)
     assert rst.restarts_details(str(tmp_path), resumed_from=None, backup=None, steps_per_epoch=1, is_chief=True) == []

@@ -137,7 +137,7 @@ def run_bench(config: BenchConfig, *, json_path: Optional[str] = None, png_path:
     machine["loadavg_after"] = _loadavg()
     report["seconds"] = round(time.perf_counter() - start, 1)
     if json_path:
-        from tfaccel.train.backups import atomic_write_text
+        from tfaccel.train.atomic_io import atomic_write_text
 
         os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
         atomic_write_text(json_path, json.dumps(report, indent=2, default=str))

@@ -31,7 +31,7 @@ import shlex
 import sys
 from typing import List
 
-from tfaccel.cli.launch_elastic import WORKERS_HELP, add_elastic_options, run_elastic_job
+from tfaccel.cli.launch_elastic import WORKERS_HELP, add_elastic_options, elastic_dry_run, run_elastic_job
 from tfaccel.cli.launch_options import (DEFAULT_BACKEND, DEFAULT_CONNECT_TIMEOUT_HOST_S,
                                         DEFAULT_CONNECT_TIMEOUT_LOCAL_S, DEFAULT_GRACE_S, DEFAULT_RANKS,
                                         DEFAULT_WORKERS, LAUNCH_BACKENDS, launch_options)
@@ -87,7 +87,8 @@ def _add_supervision_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--count-preemptions", action="store_true",
                      help="count a restart after a preemption (a task exited 75: it stopped at an agreed step, "
                           "backup written) against --max-restarts; by default it is not counted (with --backend ray "
-                          "a preemption then ends the launch with exit 75)")
+                          "a preemption then ends the launch with exit 75; with --workers MIN:MAX it spends the "
+                          "preempted worker's own restarts)")
     run.add_argument("--timeout", type=float, default=None, metavar="S",
                      help="stop everything after S seconds, restarts included; exit 124 (default: none)")
     add_elastic_options(run)
@@ -149,6 +150,9 @@ def run_cli(args: argparse.Namespace) -> int:
         log.info("launch: defaults filled in (pass the options to set them): %s", ", ".join(opts["filled"]))
     if opts["elastic"] and not args.dry_run:
         return run_elastic_job(opts, capture_lines=CAPTURE_LINES)
+    if opts["elastic"]:
+        said, opts = elastic_dry_run(opts)
+        sys.stdout.write(said)
     if opts["backend"] == "horovod":
         return _horovod(opts, dry_run=args.dry_run)
     if opts["backend"] == "ray":

@@ -21,6 +21,7 @@ from tfaccel.job_id import new_job_id
 from tfaccel.launch.command import child_base_env, export_job_id, normalize_command, warn_inherited_tf_config
 from tfaccel.launch.netns import check_network_mode
 from tfaccel.launch.outcome import LaunchResult, TaskOutcome
+from tfaccel.launch.restarts import RestartBudget
 from tfaccel.launch.supervisor import run_job
 from tfaccel.launch.tasks import build_tasks, check_count, local_specs, network_for
 from tfaccel.log import get_logger
@@ -73,7 +74,8 @@ def run_local(cmd_or_callable: Command, *, workers: int = 2, ps: int = 0, chief:
               env: Optional[Mapping[str, str]] = None, cluster: Any = None, args: Sequence[Any] = (),
               kwargs: Optional[Mapping[str, Any]] = None, grace: float = 10.0, connect_timeout: float = 60.0,
               echo: bool = True, capture_lines: Optional[int] = None, network: str = "auto",
-              job_id: Optional[str] = None, count_preemptions: bool = False) -> LaunchResult:
+              job_id: Optional[str] = None, count_preemptions: bool = False,
+              record: Optional[RestartBudget] = None) -> LaunchResult:
     """Runs a command (or a Python callable) in every task of a cluster on this machine.
 
     TensorFlow's servers bind 0.0.0.0, so by default the tasks run in a private network namespace with only loopback
@@ -93,9 +95,9 @@ def run_local(cmd_or_callable: Command, *, workers: int = 2, ps: int = 0, chief:
         cluster: a cluster file, dict or ``ClusterSpec`` whose addresses are all on this machine, instead of
             ``workers``/``ps``/``chief``/``evaluator``. Defaults to None.
         args, kwargs: positional and keyword arguments for a callable. Defaults to none.
-        grace, connect_timeout, echo, capture_lines: as for :func:`tfaccel.launch.supervisor.run_job` (10 s
-            between SIGTERM and SIGKILL, 60 s for the servers to accept connections, output streamed with a
-            ``[worker 1]`` prefix, all of it kept).
+        grace, connect_timeout, echo, capture_lines, record: as for :func:`tfaccel.launch.supervisor.run_job` (10
+            s between SIGTERM and SIGKILL, 60 s for the servers to accept connections, output streamed with a
+            ``[worker 1]`` prefix, all of it kept; ``run_elastic``'s restart record: one attempt, never restarted).
         network: ``"private"`` (a loopback-only network namespace; an error where the system cannot make
             one), ``"host"`` (this machine's network: the ports are reachable from other machines) or
             ``"auto"`` (private where possible, else host with a warning). Defaults to "auto".
@@ -120,11 +122,10 @@ def run_local(cmd_or_callable: Command, *, workers: int = 2, ps: int = 0, chief:
                                          job_id=job_id)
     payload, command_for = _commands(cmd_or_callable, args, kwargs, base_env)
     try:
-        return run_job(lambda attempt: build_tasks(make_spec(attempt), command_for(attempt), env=base_env,
-                                                   attempt=attempt),
+        return run_job(lambda n: build_tasks(make_spec(n), command_for(n), env=base_env, attempt=n),
                        max_restarts=max_restarts, timeout=timeout, grace=grace, connect_timeout=connect_timeout,
                        echo=echo, capture_lines=capture_lines, count_preemptions=count_preemptions,
-                       on_attempt_end=payload.collect if payload is not None else None, network=network)
+                       on_attempt_end=payload.collect if payload is not None else None, network=network, record=record)
     finally:
         if payload is not None:
             payload.tmp.cleanup()

@@ -45,6 +45,7 @@ from tfaccel.launch.command import CHILD_DEFAULT_ENV, child_base_env, export_job
 from tfaccel.launch.envpolicy import check_env_names, job_env, left_out, runtime_env
 from tfaccel.launch.netns import check_network_mode
 from tfaccel.launch.outcome import LaunchResult, LaunchTask
+from tfaccel.launch.restarts import RestartBudget
 from tfaccel.launch.supervisor import run_job
 from tfaccel.log import get_logger
 
@@ -136,7 +137,8 @@ def run_ray(cmd: Union[str, Sequence[str]], *, workers: int = 2, address: Option
             max_restarts: int = 0, timeout: Optional[float] = None, env: Optional[Mapping[str, str]] = None,
             storage_path: Optional[str] = None, name: Optional[str] = None, grace: float = 10.0,
             echo: bool = True, capture_lines: Optional[int] = None, network: str = "auto",
-            forward: Sequence[str] = (), job_id: Optional[str] = None, count_preemptions: bool = False) -> LaunchResult:
+            forward: Sequence[str] = (), job_id: Optional[str] = None, count_preemptions: bool = False,
+            record: Optional[RestartBudget] = None) -> LaunchResult:
     """Runs ``cmd`` on ``workers`` Ray Train workers (``TensorflowTrainer``) and waits for it.
 
     Every worker runs the command with the TF_CONFIG Ray Train gives it (workers only; worker 0 is the chief),
@@ -159,7 +161,8 @@ def run_ray(cmd: Union[str, Sequence[str]], *, workers: int = 2, address: Option
             the environment's (``TFACCEL_JOB_ID``, ``SLURM_JOB_ID``), else a new one.
         storage_path: Ray Train's run storage (shared by every node of a cluster). Defaults to ``~/ray_results``.
         name: the run's name in the storage. Defaults to ``tfaccel-<time>-<pid>``.
-        grace, echo, capture_lines: as for :func:`tfaccel.launch.supervisor.run_job`.
+        grace, echo, capture_lines, record: as for :func:`tfaccel.launch.supervisor.run_job` (``record``:
+            ``run_elastic``'s restart record, handed to the workers; one Ray run, never restarted here).
         network: for a private local instance, ``"private"`` (driver, Ray and workers in a loopback-only network
             namespace), ``"host"`` or ``"auto"``; with an address the real network is used. Defaults to "auto".
 
@@ -176,9 +179,7 @@ def run_ray(cmd: Union[str, Sequence[str]], *, workers: int = 2, address: Option
     """
     address, forward, network = _check_options(workers, max_restarts, timeout, address, forward, network)
     check_ray_installed()
-    argv, notes = normalize_command(cmd, check_exists=address is None)
-    for note in notes:
-        get_logger().info("launch: %s", note)
+    argv = _argv(cmd, address)
     tmp = tempfile.TemporaryDirectory(prefix="tfaccel-ray-")
     try:
         spec = DriverSpec(argv=list(argv), workers=workers, address=address, max_restarts=max_restarts,
@@ -187,11 +188,19 @@ def run_ray(cmd: Union[str, Sequence[str]], *, workers: int = 2, address: Option
                           env=_job_env(env, forward, job_id), grace=grace, capture_lines=capture_lines,
                           result_path=os.path.join(tmp.name, "result.json"), cwd=os.getcwd())
         task = _driver_task(spec, Path(tmp.name, "spec.json"), forward)
-        result = run_job(lambda _attempt: [task], timeout=timeout, grace=grace, echo=echo,
-                         capture_lines=capture_lines, network=network, count_preemptions=count_preemptions)
+        result = run_job(lambda _attempt: [task], timeout=timeout, grace=grace, echo=echo, capture_lines=capture_lines,
+                         network=network, count_preemptions=count_preemptions, record=record)
         return _merge_driver_result(result, Path(spec.result_path))
     finally:
         tmp.cleanup()
+
+
+def _argv(cmd: Union[str, Sequence[str]], address: Optional[str]) -> Tuple[str, ...]:
+    """The command's argv (checked to exist for a private local instance); the notes on it logged."""
+    argv, notes = normalize_command(cmd, check_exists=address is None)
+    for note in notes:
+        get_logger().info("launch: %s", note)
+    return argv
 
 
 def _job_env(env: Optional[Mapping[str, str]], forward: Sequence[str], job_id: Optional[str]) -> Dict[str, str]:

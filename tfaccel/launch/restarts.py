@@ -7,9 +7,12 @@ after the chief wrote a backup there (``tfaccel.train.preemption``). The launche
 ``--max-restarts`` unless ``--count-preemptions`` asks it to. Any other early exit is a failure, as before.
 
 Every attempt after the first gets :data:`RESTARTS_ENV`: a JSON list with one entry per restart so far
-(``restart``, ``why`` = ``"preemption"`` or ``"failure"``, ``task``, ``status``, ``ended_at`` as Unix time,
-``attempt_s``). ``tfaccel.fit`` reads it and reports ``FitResult.details["restarts"]`` with the position each
-restart resumed from, the steps and the seconds it lost.
+(``restart``, ``why`` = ``"preemption"``, ``"failure"`` or, in an elastic job, ``"resize"``, ``task``, ``status``,
+``ended_at`` as Unix time, ``attempt_s``, ``counted``; an elastic job's entries add ``from_workers`` and
+``to_workers``, and a resize its ``cause``, the preemption or failure that ended the attempt). ``tfaccel.fit``
+reads it and reports ``FitResult.details["restarts"]`` with the position each restart resumed from, the steps and
+the seconds it lost. One :class:`RestartBudget` holds the record of a job: :func:`tfaccel.launch.supervisor.run_job`
+keeps its own, and :func:`tfaccel.launch.elastic.run_elastic` keeps one over all its attempts and hands it to each.
 """
 
 import dataclasses
@@ -43,12 +46,15 @@ class Restart:
 
     Attributes:
         restart: 1 for the first restart.
-        why: ``"preemption"`` or ``"failure"``.
+        why: ``"preemption"``, ``"failure"`` or (an elastic job that restarts on another number of workers)
+            ``"resize"``.
         task: the task whose exit decided it (``"worker:1"``).
         status: how it ended (``"exit code 75"``).
         ended_at: Unix time at which the attempt was over.
         attempt_s: how long the attempt ran.
-        counted: whether it was counted against ``--max-restarts``.
+        counted: whether it was counted against ``--max-restarts`` (an elastic job: the task's own budget).
+        cause: a resize's ``"preemption"`` or ``"failure"``; None otherwise.
+        from_workers, to_workers: an elastic job's workers before and after the restart; None otherwise.
     """
 
     restart: int
@@ -58,9 +64,13 @@ class Restart:
     ended_at: float
     attempt_s: float
     counted: bool
+    cause: Optional[str] = None
+    from_workers: Optional[int] = None
+    to_workers: Optional[int] = None
 
     def as_dict(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The entry of :data:`RESTARTS_ENV` (what is None left out)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
 class RestartBudget:
@@ -86,11 +96,21 @@ class RestartBudget:
             return True
         return self.counted < self.max_restarts
 
-    def record(self, why: str, *, task: str, status: str, attempt_s: float) -> Restart:
-        """Notes a restart about to happen; returns it."""
-        restart = Restart(restart=len(self.history) + 1, why=why, task=task, status=status,
+    def record(self, why: str, *, task: str, status: str, attempt_s: float,
+               workers: Optional[Tuple[int, int]] = None) -> Restart:
+        """Notes a restart about to happen; returns it.
+
+        Args:
+            why: ``"preemption"`` or ``"failure"``: how the attempt ended.
+            task, status, attempt_s: the task whose exit decided it, how it ended, how long the attempt ran.
+            workers: an elastic job's ``(workers before, workers after)``; when they differ the restart is a
+                ``"resize"`` caused by ``why``. Defaults to None.
+        """
+        resized = workers is not None and workers[0] != workers[1]
+        restart = Restart(restart=len(self.history) + 1, why="resize" if resized else why, task=task, status=status,
                           ended_at=round(time.time(), 3), attempt_s=round(attempt_s, 3),
-                          counted=why != "preemption" or self.count_preemptions)
+                          counted=why != "preemption" or self.count_preemptions, cause=why if resized else None,
+                          from_workers=workers[0] if workers else None, to_workers=workers[1] if workers else None)
         self.history.append(restart)
         return restart
 

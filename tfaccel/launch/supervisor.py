@@ -65,7 +65,8 @@ def run_job(make_tasks: Callable[[int], Sequence[LaunchTask]], *, max_restarts: 
             stderr: Optional[IO[str]] = None, echo: bool = True, capture_lines: Optional[int] = None,
             on_attempt_end: Optional[Callable[[int, List[TaskOutcome]], None]] = None,
             network: str = "host", count_preemptions: bool = False,
-            preempted: Optional[Callable[[List[TaskOutcome]], bool]] = None) -> LaunchResult:
+            preempted: Optional[Callable[[List[TaskOutcome]], bool]] = None,
+            record: Optional[RestartBudget] = None) -> LaunchResult:
     """Runs a job until it succeeds, fails more than ``max_restarts`` times, times out or is interrupted.
 
     A preempted attempt (a command task exited with ``tfaccel.EXIT_PREEMPTED``) is restarted without counting
@@ -80,8 +81,7 @@ def run_job(make_tasks: Callable[[int], Sequence[LaunchTask]], *, max_restarts: 
         grace: seconds between SIGTERM and SIGKILL when tasks are stopped. Defaults to 10.
         connect_timeout: seconds that server tasks and ``peers`` get to accept connections. Defaults to 60.
         peers: ``(name, "host:port")`` of tasks started elsewhere that must accept connections in time.
-        stdout: where prefixed task stdout goes. Defaults to ``sys.stdout`` (at call time).
-        stderr: where prefixed task stderr goes. Defaults to ``sys.stderr`` (at call time).
+        stdout, stderr: where prefixed task stdout, stderr go. Defaults to ``sys.stdout``, ``sys.stderr`` (then).
         echo: stream task output at all. Defaults to True.
         capture_lines: keep only the last N lines of each stream in the result; None keeps everything.
         on_attempt_end: called with (attempt, outcomes) after every attempt (e.g. to collect results).
@@ -91,17 +91,15 @@ def run_job(make_tasks: Callable[[int], Sequence[LaunchTask]], *, max_restarts: 
         count_preemptions: count restarts after a preemption against ``max_restarts``. Defaults to False.
         preempted: tells a preempted attempt from its outcomes where the exit status cannot (horovodrun exits 1
             when a rank exits 75). Defaults to None (the exit status alone).
+        record: the restart record of a job whose caller restarts it (``run_elastic``): every task gets it, and the
+            launch is one attempt, never restarted here (reason ``"preempted"`` if so). Defaults to None (its own).
 
     Returns:
         A :class:`LaunchResult`.
     """
-    if echo:
-        stdout = stdout if stdout is not None else sys.stdout
-        stderr = stderr if stderr is not None else sys.stderr
-    else:
-        stdout = stderr = None
-    log = get_logger()
-    begun = time.monotonic()
+    stdout, stderr = ((sys.stdout if stdout is None else stdout, sys.stderr if stderr is None else stderr) if echo
+                      else (None, None))
+    log, begun = get_logger(), time.monotonic()
     deadline = begun + timeout if timeout else None
     net = open_network(network, log=log)
 
@@ -111,8 +109,10 @@ def run_job(make_tasks: Callable[[int], Sequence[LaunchTask]], *, max_restarts: 
 
     with SignalWatch() as signals, net if net is not None else contextlib.nullcontext():
         verdict, attempts = _run_attempts(make_tasks, lambda tasks: attempt_of(tasks, signals), signals,
-                                          budget=RestartBudget(max_restarts, count_preemptions=count_preemptions),
-                                          on_attempt_end=on_attempt_end, warn_ports=net is None, preempted=preempted)
+                                          budget=record if record is not None else RestartBudget(
+                                              max_restarts, count_preemptions=count_preemptions),
+                                          once=record is not None, on_attempt_end=on_attempt_end,
+                                          warn_ports=net is None, preempted=preempted)
     elapsed = time.monotonic() - begun
     _log_end(verdict, len(attempts), elapsed, private=net is not None)
     return LaunchResult(returncode=verdict.returncode, tasks=attempts[-1], restarts=len(attempts) - 1,
@@ -123,11 +123,12 @@ def run_job(make_tasks: Callable[[int], Sequence[LaunchTask]], *, max_restarts: 
 def _run_attempts(make_tasks: Callable[[int], Sequence[LaunchTask]],
                   attempt_of: Callable[[Sequence[LaunchTask]], Attempt], signals: SignalWatch, *,
                   budget: RestartBudget, on_attempt_end: Optional[Callable[[int, List[TaskOutcome]], None]],
-                  warn_ports: bool, preempted: Optional[Callable[[List[TaskOutcome]], bool]] = None
-                  ) -> Tuple[Verdict, List[List[TaskOutcome]]]:
+                  warn_ports: bool, preempted: Optional[Callable[[List[TaskOutcome]], bool]] = None,
+                  once: bool = False) -> Tuple[Verdict, List[List[TaskOutcome]]]:
     """The restart policy: attempts until one succeeds, times out or is interrupted, or the budget allows no
     restart for why the last one ended (preemptions are not counted unless asked); an interrupt between two
-    attempts stops there. Every attempt after the first gets the restarts so far in its environment."""
+    attempts stops there. Every attempt gets the restarts so far in its environment. ``once``: one attempt, its
+    restart the caller's business."""
     log = get_logger()
     attempts: List[List[TaskOutcome]] = []
     verdict = Verdict("failed", 1, "not started")
@@ -139,7 +140,7 @@ def _run_attempts(make_tasks: Callable[[int], Sequence[LaunchTask]],
         tasks = [dataclasses.replace(t, env={**t.env, **budget.env()}) for t in make_tasks(attempt)]
         if warn_ports and attempt == 0:
             warn_exposed_ports(tasks, log, restarts=max_restarts > 0)
-        if max_restarts:
+        if max_restarts and not once:
             log.info("launch: attempt %d (%d of at most %d restarts used): %d task(s)", attempt + 1, budget.counted,
                      max_restarts, len(tasks))
         runner, began = attempt_of(tasks), time.monotonic()
@@ -150,7 +151,7 @@ def _run_attempts(make_tasks: Callable[[int], Sequence[LaunchTask]],
             on_attempt_end(attempt, outcomes)
         why = "preemption" if verdict.reason == "preempted" or (
             verdict.reason == "failed" and preempted is not None and preempted(outcomes)) else "failure"
-        if verdict.reason in ("ok", "timeout", "interrupted") or not budget.allows(why):
+        if verdict.reason in ("ok", "timeout", "interrupted") or once or not budget.allows(why):
             break
         restart = budget.record(why, task=verdict.failed_task or "?", status=verdict.message,
                                 attempt_s=time.monotonic() - began)

@@ -16,33 +16,19 @@ from typing import Any, Callable, Dict, List, Optional
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
 from tfaccel.job_id import JOB_ID_ENV
+from tfaccel.train.atomic_io import atomic_write_text, swap_prefix
 from tfaccel.train.backup_guard import confined, describe_job, fsync_path, job_alive, job_identity, same_job
 from tfaccel.train.restarts import PROGRESS_FILE, RECORD_FILE
 
 __all__ = ["BackupState", "read_backup", "load_backup_weights", "StepBackup", "ChiefCheckpoint", "Throughput",
-           "atomic_write_text", "PS_BACKUP_FORMAT", "write_checkpoint_backup", "restore_checkpoint_backup"]
+           "PS_BACKUP_FORMAT", "write_checkpoint_backup", "restore_checkpoint_backup"]
 
 _STATE_FILE = "tfaccel_backup.json"
+_OWN_FILES = (_STATE_FILE, PROGRESS_FILE, RECORD_FILE)  # each written by atomic_write_text
 _POINTER_MAX_BYTES = 1 << 20
 # backup_dir (real path) -> the id of the ended job whose backup this process resumed from (read_backup): the
 # only other job whose pointer this process may replace.
 _ADOPTED: Dict[str, Any] = {}
-
-
-def atomic_write_text(path: str, text: str) -> None:
-    """Writes ``text`` to ``path`` so readers see the old or the new content, never a mix."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{os.path.basename(path)}-", dir=directory)  # named: see remove_backup
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 class BackupState(dict):
@@ -222,8 +208,8 @@ def remove_backup(backup_dir: str) -> None:
     if not os.path.isdir(backup_dir):
         return
     for name in os.listdir(backup_dir):
-        ours = name in (_STATE_FILE, PROGRESS_FILE, RECORD_FILE) or is_backup_data(name) \
-            or name.startswith((f".tmp-{_STATE_FILE}-", f"{PROGRESS_FILE}.tmp-", f"{RECORD_FILE}.tmp-"))  # killed swaps
+        ours = name in _OWN_FILES or is_backup_data(name) \
+            or name.startswith(tuple(swap_prefix(own) for own in _OWN_FILES))  # killed swaps
         if ours and not os.path.islink(os.path.join(backup_dir, name)):
             _remove_data(os.path.join(backup_dir, name))
     with contextlib.suppress(OSError):

@@ -77,7 +77,7 @@ def read_record(key: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
 
 def write_record(key: Optional[Dict[str, Any]], figures: Dict[str, Any]) -> Optional[str]:
     """Writes ``figures`` for ``key`` atomically; returns the file's path (None: not written, with a warning)."""
-    from tfaccel.train.backups import atomic_write_text
+    from tfaccel.train.atomic_io import atomic_write_text
 
     if key is None:
         return None

@@ -61,7 +61,7 @@ def chief_address(task: Any) -> Optional[str]:
 
 
 def _write_json(path: str, payload: Dict[str, Any]) -> None:
-    from tfaccel.train.backups import atomic_write_text
+    from tfaccel.train.atomic_io import atomic_write_text
 
     atomic_write_text(path, json.dumps(payload))
 

@@ -3,14 +3,17 @@
 Two sources, each saying what it knows:
 
 * the launcher (``tfaccel launch``) passes every attempt after the first ``TFACCEL_RESTARTS``: one entry per restart
-  so far, with why (``"preemption"`` or ``"failure"``), the task whose exit decided it, and when the attempt ended;
+  so far, with why (``"preemption"``, ``"failure"``, or in an elastic job ``"resize"`` with its ``cause`` and the
+  ``from_workers`` / ``to_workers``), the task whose exit decided it, and when the attempt ended;
 * the chief keeps two small files in ``backup_dir``: ``tfaccel_progress.json`` (the position training reached,
   written at most once a second) and ``tfaccel_restarts.json`` (each attempt's resume position, time, and the
-  progress the attempt before it had reached). Both are removed with the backup when training completes.
+  progress the attempt before it had reached), each written atomically (:mod:`tfaccel.train.atomic_io`). Both are
+  removed with the backup when training completes.
 
 Steps lost: the position the previous attempt had reached minus the one this attempt resumed from. After a
-preemption both are the agreed step (0 lost); after a failure the progress may lag the real position by up to a
-second of steps, so the number is a lower bound (``steps_lost_at_least``). Seconds lost: from the writing of the
+preemption (a resize caused by one too) both are the agreed step (0 lost); after a failure the progress may lag
+the real position by up to a second of steps, so the number is a lower bound (``steps_lost_at_least``). Seconds
+lost: from the writing of the
 backup resumed from to this attempt's start (training redone plus the restart itself); from the previous attempt's
 start when there was no backup.
 """
@@ -22,6 +25,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
+from tfaccel.train.atomic_io import atomic_write_json
 
 __all__ = ["RESTARTS_ENV", "PROGRESS_FILE", "RECORD_FILE", "launcher_restarts", "Progress", "restarts_details"]
 
@@ -30,6 +34,7 @@ PROGRESS_FILE = "tfaccel_progress.json"
 RECORD_FILE = "tfaccel_restarts.json"
 _PROGRESS_EVERY_S = 1.0
 _KEYS = ("restart", "why", "task", "status", "ended_at", "attempt_s")
+_ELASTIC_KEYS = ("cause", "from_workers", "to_workers")  # an elastic job's entries (a resize's cause)
 
 
 def launcher_restarts() -> List[Dict[str, Any]]:
@@ -60,13 +65,6 @@ def _read_json(path: str) -> Any:
         return None
 
 
-def _write_json(path: str, value: Any) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(value, fh)
-    os.replace(tmp, path)
-
-
 class Progress:
     """The chief's note of how far training got, in ``backup_dir`` (at most once a second)."""
 
@@ -82,8 +80,8 @@ class Progress:
             return
         self._last = now
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        _write_json(self.path, {"epoch": epoch, "step": step, "global_step": epoch * self.steps_per_epoch + step,
-                                "at": round(time.time(), 3)})
+        atomic_write_json(self.path, {"epoch": epoch, "step": step, "at": round(time.time(), 3),
+                                      "global_step": epoch * self.steps_per_epoch + step})
 
 
 def _global(position: Optional[Tuple[int, int]], steps_per_epoch: int) -> int:
@@ -116,25 +114,26 @@ def restarts_details(backup_dir: Optional[str], *, resumed_from: Optional[Tuple[
                    "reached": reached if isinstance(reached, dict) else None, "backup_written_at": written_at})
     if backup_dir and is_chief:
         os.makedirs(backup_dir, exist_ok=True)
-        _write_json(os.path.join(backup_dir, RECORD_FILE), record)
+        atomic_write_json(os.path.join(backup_dir, RECORD_FILE), record)
     mine = {r["restart"]: r for r in record}
     return [_join(entry, mine.get(entry["restart"])) for entry in entries]
 
 
 def _join(entry: Dict[str, Any], attempt: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     """One restart as ``details["restarts"]`` reports it."""
-    out = {k: entry[k] for k in ("restart", "why", "task", "status")}
+    out = {k: entry[k] for k in ("restart", "why", "task", "status", *_ELASTIC_KEYS) if k in entry}
     if attempt is None:  # this restart's attempt wrote no record (no backup_dir, or it ended before training)
         return {**out, "resumed_from": None, "steps_lost": None, "seconds_lost": None}
     out["resumed_from"] = attempt["resumed_from"]
     reached = attempt.get("reached")
     lost = None if not reached else max(0, int(reached["global_step"]) - int(attempt["resumed_global_step"]))
-    if entry["why"] == "preemption" and attempt["resumed_from"] is not None:
+    preempted = entry.get("cause", entry["why"]) == "preemption"
+    if preempted and attempt["resumed_from"] is not None:
         out["steps_lost"] = lost if lost is not None else 0  # the backup is the agreed stop
     else:
         out["steps_lost_at_least"] = lost
     since = attempt.get("backup_written_at") or (float(entry["ended_at"]) - float(entry["attempt_s"]))
     out["seconds_lost"] = round(float(attempt["started_at"]) - float(since), 2)
-    if lost is None and entry["why"] != "preemption":
+    if lost is None and not preempted:
         get_logger().debug("restart %s: steps lost unknown (no progress recorded before it)", entry["restart"])
     return out

@@ -71,4 +71,5 @@ if env.get("ELASTIC_WEIGHTS_OUT"):
     np.savez(env["ELASTIC_WEIGHTS_OUT"].format(task=task_name.replace(":", "")), *result.model.get_weights())
 print(json.dumps({"task": task_name, "replicas": result.plan.num_replicas, "resumed_from": result.resumed_from,
                   "steps": result.steps, "iterations": int(result.model.optimizer.iterations.numpy()),
-                  "world_size": result.details.get("world_size"), "history": result.history}), flush=True)
+                  "world_size": result.details.get("world_size"), "restarts": result.details.get("restarts"),
+                  "history": result.history}), flush=True)
