@@ -193,6 +193,8 @@ def record_parity_outcomes(outcomes: Mapping[str, Mapping[str, str]]) -> None:
     import json
     import os
 
+    from tfaccel.train.atomic_io import atomic_write_json
+
     target = os.environ.get("TFACCEL_PARITY_JSON")
     if not target or not outcomes:
         return
@@ -202,6 +204,4 @@ def record_parity_outcomes(outcomes: Mapping[str, Mapping[str, str]]) -> None:
             merged = json.load(fh)
     for path, cases in outcomes.items():
         merged.setdefault(path, {}).update(cases)
-    with open(target + ".tmp", "w", encoding="utf-8") as fh:
-        json.dump(merged, fh, indent=1)
-    os.replace(target + ".tmp", target)
+    atomic_write_json(target, merged)
