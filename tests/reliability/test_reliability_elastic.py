@@ -1,7 +1,7 @@
 """Issue 25: elastic restarts with real processes on 127.0.0.1 (`tfaccel launch --workers 2:3`).
 
 The scenarios live in rel_elastic.py (scripts/reliability.py --elastic N --elastic_growth M runs them N and M times
-with random victims and kill steps, and prints tallies); here one of each, at fixed points.
+with random victims and kill steps, and prints tallies); here one of each at fixed points, and the shrink on Ray.
 """
 
 import random
@@ -38,3 +38,12 @@ def test_capacity_returns_and_the_job_grows_back_to_three_workers(reference, tmp
     """2 workers (the capacity file offers 2), worker:1 SIGKILLed after epoch 2 step 3 right after the file offers
     3: the job restarts on 3 workers from (2, 2) and ends like the uninterrupted 3-worker run."""
     _check(re_.grow_trial(tmp_path, reference, rng=random.Random(0), victim="worker:1", kill=[2, 3]))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_on_ray_a_lost_worker_leaves_the_job_on_two_ray_workers(reference, tmp_path):
+    """The same shrink on Ray Train (`--backend ray`, a private local Ray instance on 127.0.0.1): 3 Ray workers,
+    worker:1 SIGKILLed after epoch 1 step 3; the run restarts on 2 Ray workers from the backup in the run's storage
+    and ends with the uninterrupted 3-worker run's weights, steps and history."""
+    _check(re_.shrink_trial(tmp_path, reference, rng=random.Random(0), victim="worker:1", kill=[1, 3], ray=True))

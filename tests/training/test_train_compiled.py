@@ -339,3 +339,87 @@ def test_errors_name_the_problem() -> None:
     with pytest.raises(ValueError, match=r"validation_freq must be an int .* received validation_freq='2' of "
                                          r"type str"):
         _compiled_once(model, x, _labels(x), validation=(x, _labels(x), None), validation_freq="2")
+
+
+# ------------------------------------------------------------------------------------ later fit calls (the cache)
+
+class CountingModel(keras.Model):
+    """A model whose train_step counts its traces (Python runs only while TensorFlow traces)."""
+
+    traces = 0
+
+    def train_step(self, data: Any) -> Any:
+        type(self).traces += 1
+        return super().train_step(data)
+
+
+def _two_calls(tag: str, model: keras.Model, calls: List[tuple]) -> List[Dict[str, List[float]]]:
+    histories = []
+    for x, y in calls:
+        if tag == "keras":
+            histories.append(model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history)
+        else:
+            histories.append(run_compiled(model, x=x, y=y, sample_weight=None, batch_size=BATCH, epochs=2,
+                                          initial_epoch=0, shuffle=False, seed=0, validation=None,
+                                          validation_batch_size=None, validation_freq=1, jit_compile=False,
+                                          callbacks=[], verbose=0).history)
+    return histories
+
+
+@pytest.mark.parametrize("n", [96, 100], ids=["whole_batches", "partial_last_batch"])
+def test_later_fit_calls_reuse_the_traced_loop_on_their_own_data(n: int) -> None:
+    """Three calls (the second on other arrays of the same shapes): each trains on its own data exactly like three
+    Keras fit calls, and only the first call traces, as Keras traces its train function once."""
+    calls = [(_features(n, seed=s), _labels(_features(n, seed=s))) for s in (0, 1, 0)]
+    runs = {}
+    for tag in ("keras", "compiled"):
+        keras.utils.set_random_seed(7)
+        inputs = keras.Input((8,))
+        model = CountingModel(inputs, keras.layers.Dense(3)(keras.layers.Dense(16, activation="relu")(inputs)))
+        model.compile(**_sparse_ce())
+        CountingModel.traces = 0
+        histories = _two_calls(tag, model, calls[:1])
+        first = CountingModel.traces
+        histories += _two_calls(tag, model, calls[1:])
+        runs[tag] = (model, histories, first, CountingModel.traces)
+    (fit_model, fit_histories, _, _), (model, histories, first, total) = runs["keras"], runs["compiled"]
+    for got, want in zip(histories, fit_histories):
+        for key in want:
+            np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-7, err_msg=key)
+    for got, want in zip(model.get_weights(), fit_model.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    assert first >= 1 and total == first, f"traced {first} times in the first call, {total - first} after"
+
+
+def test_a_new_compile_traces_again_and_trains_what_keras_trains() -> None:
+    """A recompiled model (another loss and learning rate) must not run the loop traced for the old compile."""
+    x = _features()
+    y = _labels(x)
+
+    def train(tag: str) -> keras.Model:
+        keras.utils.set_random_seed(7)
+        model = _mlp()
+        model.compile(**_sparse_ce())
+        _two_calls(tag, model, [(x, y)])
+        model.compile(optimizer=keras.optimizers.SGD(0.3),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        _two_calls(tag, model, [(x, y)])
+        return model
+
+    fit_model, model = train("keras"), train("compiled")
+    for got, want in zip(model.get_weights(), fit_model.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+def test_a_cached_pass_keeps_no_data_after_the_call() -> None:
+    from tfaccel.train.loops.compiled import cached_pass
+
+    model = _mlp()
+    model.compile(**_sparse_ce())
+    x = _features()
+    _two_calls("compiled", model, [(x, _labels(x))])
+    data = (tf.constant(x), tf.constant(_labels(x)))
+    again = cached_pass(model, "train_step", data, batch_size=BATCH, jit=False)
+    assert again is cached_pass(model, "train_step", data, batch_size=BATCH, jit=False)  # the one cached pass
+    again.release()
+    assert all(one._data is None for _, one in model.__dict__["_tfaccel_compiled_passes"].values())

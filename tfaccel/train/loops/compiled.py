@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from tfaccel.train.context import FitContext
     from tfaccel.train.xla_payback import XlaAuto
 
-__all__ = ["CompiledLoop", "compiled_blockers", "run_compiled"]
+__all__ = ["CompiledLoop", "cached_pass", "compiled_blockers", "run_compiled"]
 
 _BATCH_HOOKS = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end",
                 "on_test_batch_begin", "on_test_batch_end")
@@ -122,23 +122,26 @@ class _Pass:
         self._zeros = tf.nest.map_structure(lambda t: tf.zeros_like(tf.convert_to_tensor(t)),
                                             model.get_metrics_result())
         try:
-            self._loop.get_concrete_function(tf.TensorSpec([self.whole * self.batch_size], tf.int32))
+            self._loop.get_concrete_function(tf.TensorSpec([self.whole * self.batch_size], tf.int32),
+                                             tf.nest.map_structure(tf.TensorSpec.from_tensor, self._data))
         except (TypeError, ValueError):  # the step's outputs are not shaped like the metrics: trace a step first
             self._zeros, self._loop = None, tf.function(self._whole_batches, jit_compile=jit_compile)
             return False
         return True
 
-    def _gather(self, idx: Any) -> Any:
+    def _gather(self, idx: Any, data: Any = None) -> Any:
         import tensorflow as tf
 
-        return tf.nest.map_structure(lambda t: tf.gather(t, idx), self._data)
+        return tf.nest.map_structure(lambda t: tf.gather(t, idx), self._data if data is None else data)
 
-    def _whole_batches(self, order: Any) -> Any:
+    def _whole_batches(self, order: Any, data: Any) -> Any:
+        """The loop's function: the data is an argument (not captured), so a later ``fit`` on other arrays of the
+        same shapes runs the same traced loop (:func:`cached_pass`)."""
         import tensorflow as tf
 
         def body(i: Any, *last: Any) -> Any:
             # tf.slice, not order[i*b:(i+1)*b]: Python slicing inside the XLA loop ran 100x slower here.
-            out = self._one_step(self._gather(tf.slice(order, [i * self.batch_size], [self.batch_size])))
+            out = self._one_step(self._gather(tf.slice(order, [i * self.batch_size], [self.batch_size]), data))
             return (i + 1, out) if last else (i + 1,)
 
         carried = (tf.constant(0),) + (() if self._zeros is None else (self._zeros,))
@@ -151,17 +154,58 @@ class _Pass:
 
         with self._strategy.scope():
             split = self.whole * self.batch_size
-            last = self._loop(tf.constant(order[:split])) if self.whole else None
+            last = self._loop(tf.constant(order[:split]), self._data) if self.whole else None
             if self._partial:
                 last = self._step(self._gather(tf.constant(order[split:])))
         for value in tf.nest.flatten(last):
             value.numpy()  # waits for the device, so the epoch's time is the work's time
         return last
 
+    def rebind(self, data: Any) -> "_Pass":
+        """This pass over other arrays of the same shapes and dtypes (a later ``fit`` call); returns itself."""
+        self._data = data
+        return self
+
+    def release(self) -> None:
+        """Lets go of the data once the ``fit`` call is over (a cached pass must not keep the arrays alive)."""
+        self._data = None
+
 
 def _evaluate(model: Any, val_pass: _Pass, cb_list: Any) -> Dict[str, Any]:
     """Keras' ``evaluate`` as ``fit`` calls it (``evaluation_pass``), all batches in one compiled call."""
     return evaluation_pass(model, cb_list, lambda: val_pass.run(np.arange(val_pass.num_examples, dtype=np.int32)))
+
+
+_CACHE_ATTR = "_tfaccel_compiled_passes"
+
+
+def _identity(model: Any, step_name: str, data: Any, batch_size: int, jit: bool) -> Tuple[Tuple[Any, ...], Any]:
+    """(what the traced pass depends on, as objects compared by identity; the shapes/settings, as a hashable key)."""
+    import tensorflow as tf
+
+    step = getattr(model, step_name)
+    objects = (getattr(step, "__func__", step), model.distribute_strategy, model.optimizer,
+               getattr(model, "_compile_loss", None), getattr(model, "_compile_metrics", None),
+               *model.trainable_variables)
+    shapes = tuple((tuple(t.shape), t.dtype.name) for t in tf.nest.flatten(data))
+    return objects, (step_name, bool(jit), int(batch_size), str(tf.nest.map_structure(lambda _: 0, data)), shapes)
+
+
+def cached_pass(model: Any, step_name: str, data: Any, *, batch_size: int, jit: bool) -> _Pass:
+    """The model's pass for this step, data shapes, batch size and XLA setting: traced once, as Keras ``fit`` traces
+    its train function once, and reused by later ``fit`` calls on the same compiled model (rebound to their
+    data). A new ``compile``, optimizer, loss, strategy or set of trainable variables traces a new one."""
+    objects, key = _identity(model, step_name, data, batch_size, jit)
+    cache = model.__dict__.get(_CACHE_ATTR)
+    if cache is None:
+        cache = {}
+        object.__setattr__(model, _CACHE_ATTR, cache)  # not tracked by Keras: no weight, no saved state
+    kept = cache.get(key)
+    if kept is not None and len(kept[0]) == len(objects) and all(a is b for a, b in zip(kept[0], objects)):
+        return kept[1].rebind(data)
+    made = _Pass(model, getattr(model, step_name), data, batch_size=batch_size, jit_compile=jit)
+    cache[key] = (objects, made)
+    return made
 
 
 class _Settings:
@@ -179,11 +223,18 @@ class _Settings:
             return self._built[jit] + (0.0,)
         start = time.perf_counter()
         model = self._model
-        train = _Pass(model, model.train_step, self._data, batch_size=self._batch_size, jit_compile=jit)
-        val = None if self._val_data is None else _Pass(model, model.test_step, self._val_data,
-                                                        batch_size=self._val_batch_size, jit_compile=jit)
+        train = cached_pass(model, "train_step", self._data, batch_size=self._batch_size, jit=jit)
+        val = None if self._val_data is None else cached_pass(model, "test_step", self._val_data,
+                                                              batch_size=self._val_batch_size, jit=jit)
         self._built[jit] = (train, val)
         return train, val, time.perf_counter() - start
+
+    def release(self) -> None:
+        """Every pass lets go of this call's data (the traced passes stay cached on the model)."""
+        for passes in self._built.values():
+            for one in passes:
+                if one is not None:
+                    one.release()
 
 
 def run_compiled(model: Any, *, x: Any, y: Any, sample_weight: Any, batch_size: int, epochs: int,
@@ -231,9 +282,12 @@ def run_compiled(model: Any, *, x: Any, y: Any, sample_weight: Any, batch_size: 
     def validate(cb_list: Any) -> Dict[str, Any]:
         return _evaluate(model, settings.get(bool(model.jit_compile))[1], cb_list)
 
-    return run_epochs(model, callbacks=callbacks, verbose=verbose, epochs=epochs, initial_epoch=initial_epoch,
-                      steps_per_epoch=train.num_batches, train_epoch=train_epoch,
-                      validate=None if validation is None else validate, validation_freq=validation_freq)
+    try:
+        return run_epochs(model, callbacks=callbacks, verbose=verbose, epochs=epochs, initial_epoch=initial_epoch,
+                          steps_per_epoch=train.num_batches, train_epoch=train_epoch,
+                          validate=None if validation is None else validate, validation_freq=validation_freq)
+    finally:
+        settings.release()
 
 
 class CompiledLoop(Loop):
