@@ -128,6 +128,19 @@ def test_a_short_job_never_tries_xla_and_writes_nothing(cache, clean_tf_config):
     assert "XLA off to start" in result.details["jit_compile"]
 
 
+def test_a_second_fit_call_on_the_same_model_counts_the_tracing_it_was_spared(cache, clean_tf_config):
+    """The second call reuses the loop the first traced (it pays no tracing), but XLA's compile estimate still
+    scales with what tracing costs: the short job must not try XLA because its own overhead measured ~0."""
+    x, y = _data()
+    model = _fresh()
+    first = tfaccel.fit(model, x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, seed=0, verbose=0)
+    second = tfaccel.fit(model, x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, seed=0, verbose=0)
+    for result in (first, second):
+        assert result.details["xla_auto"]["events"] == [] and result.model.jit_compile is False
+    overheads = [r.details["xla_auto"]["measured"]["jit_off"]["overhead_s"] for r in (first, second)]
+    assert overheads[1] >= 0.25 * overheads[0] > 0, overheads
+
+
 def test_a_model_with_dropout_never_switches(cache, monkeypatch, clean_tf_config):
     monkeypatch.setattr(xla_payback, "PRIOR_COMPILE_PER_OVERHEAD", 0.0)
     x, y = _data()
