@@ -85,9 +85,15 @@ def test_sigkill_after_grace_and_no_orphaned_grandchildren(clean_tf_config):
 
 def test_max_restarts_runs_the_job_again_with_fresh_ports(clean_tf_config, tmp_path, launch_log):
     marker = tmp_path / "crashed-once"
-    code = TASK_NAME + (f"import sys, pathlib\nm = pathlib.Path({str(marker)!r})\nprint(os.environ['TF_CONFIG'])\n"
-                        "print('restart', os.environ['TFACCEL_RESTART_COUNT'])\n"
-                        "if name == 'worker:1' and not m.exists():\n    m.write_text('x'); sys.exit(7)")
+    printed = tmp_path / "worker0-printed"  # worker:1 fails only once worker:0 has printed (a loaded machine is slow)
+    code = TASK_NAME + (f"import sys, time, pathlib\nm = pathlib.Path({str(marker)!r})\n"
+                        f"p = pathlib.Path({str(printed)!r})\nprint(os.environ['TF_CONFIG'])\n"
+                        "print('restart', os.environ['TFACCEL_RESTART_COUNT'], flush=True)\n"
+                        "if name == 'worker:0': p.write_text('x')\n"
+                        "if name == 'worker:1' and not m.exists():\n"
+                        "    end = time.time() + 60\n"
+                        "    while not p.exists() and time.time() < end: time.sleep(0.05)\n"
+                        "    m.write_text('x'); sys.exit(7)")
     result = _run([PY, "-c", code], workers=2, max_restarts=1, echo=False)
     assert result.returncode == 0 and result.restarts == 1 and len(result.attempts) == 2
     assert result.attempts[0][1].returncode == 7
