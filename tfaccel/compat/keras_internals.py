@@ -9,7 +9,7 @@ when an upgrade moves or changes it.
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 __all__ = ["CHECKED_ON", "train_validation_split", "class_weight_to_sample_weights", "reduce_per_replica",
-           "symbolic_build", "loss_tracker", "flatten_layers", "per_worker_value", "maybe_merge_call",
+           "symbolic_build", "compile_objects", "loss_tracker", "flatten_layers", "per_worker_value", "maybe_merge_call",
            "load_cifar_batch", "backup_and_restore_epoch", "optimizer_strategy", "learning_rate_or_schedule"]
 
 CHECKED_ON = {"keras": "3.15.1", "tensorflow": "2.21.0"}
@@ -44,6 +44,11 @@ def reduce_per_replica(outputs: Any, strategy: Any) -> Any:
 def symbolic_build(model: Any, data_batch: Any) -> None:
     """Builds the model, its compiled metrics and loss on one batch, as Keras ``fit`` does before its first step."""
     model._symbolic_build(data_batch=data_batch)
+
+
+def compile_objects(model: Any) -> Tuple[Any, Any]:
+    """(the loss, the metrics container) that ``model.compile`` made: a new ``compile`` makes new ones."""
+    return getattr(model, "_compile_loss", None), getattr(model, "_compile_metrics", None)
 
 
 def loss_tracker(model: Any) -> Optional[Any]:

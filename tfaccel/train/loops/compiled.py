@@ -186,8 +186,7 @@ def _identity(model: Any, step_name: str, data: Any, batch_size: int, jit: bool)
 
     step = getattr(model, step_name)
     objects = (getattr(step, "__func__", step), model.distribute_strategy, model.optimizer,
-               getattr(model, "_compile_loss", None), getattr(model, "_compile_metrics", None),
-               *model.trainable_variables)
+               *keras_internals.compile_objects(model), *model.trainable_variables)
     shapes = tuple((tuple(t.shape), t.dtype.name) for t in tf.nest.flatten(data))
     return objects, (step_name, bool(jit), int(batch_size), str(tf.nest.map_structure(lambda _: 0, data)), shapes)
 
