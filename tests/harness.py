@@ -190,9 +190,6 @@ def run_small_ps_cluster(program: Union[str, Path], tmp_path: Path, *, timeout: 
 def record_parity_outcomes(outcomes: Mapping[str, Mapping[str, str]]) -> None:
     """Merges ``{path: {case: outcome}}`` into the file ``TFACCEL_PARITY_JSON`` names (no variable: nothing), so
     that tests/parity and tests/real fill one table (scripts/parity_table.py)."""
-    import json
-    import os
-
     from tfaccel.train.atomic_io import atomic_write_json
 
     target = os.environ.get("TFACCEL_PARITY_JSON")
@@ -205,3 +202,19 @@ def record_parity_outcomes(outcomes: Mapping[str, Mapping[str, str]]) -> None:
     for path, cases in outcomes.items():
         merged.setdefault(path, {}).update(cases)
     atomic_write_json(target, merged)
+
+
+def run_under_horovod(program: Union[str, Path], args: Sequence[str], *, timeout: float) -> None:
+    """Runs ``program args`` as 2 Horovod ranks over Gloo (fails, not skips, without Horovod); asserts both ended
+    OK, showing their output otherwise. Their PIDs join STARTED_PIDS (the leftover-process check)."""
+    sys.path.insert(0, str(REPO_ROOT / "tests" / "horovod"))
+    from hvd_testing import require_horovod
+
+    from tfaccel.launch.horovod import run_horovod
+
+    require_horovod()
+    env = {**{k: v for k, v in os.environ.items() if k != "TF_CONFIG"}, **CHILD_ENV, "PYTHONPATH": str(REPO_ROOT)}
+    result = run_horovod(2, [sys.executable, str(program), *args], env=env, timeout=timeout, echo=False,
+                         capture_lines=200)
+    STARTED_PIDS.extend(result.pids)
+    assert result.ok, f"{result.message}\n" + "\n".join(t.stdout[-3000:] + t.stderr[-3000:] for t in result.tasks)

@@ -121,19 +121,8 @@ def test_multi_worker_two_processes(case: str, multi_worker_dir: Path, reference
 
 @pytest.fixture(scope="session")
 def horovod_dir(parity_dir: Path) -> Path:
-    sys.path.insert(0, str(harness.REPO_ROOT / "tests" / "horovod"))
-    from hvd_testing import require_horovod
-
-    from tfaccel.launch.horovod import run_horovod
-
-    require_horovod()
     out = parity_dir / "horovod"
-    env = {**{k: v for k, v in os.environ.items() if k != "TF_CONFIG"}, **harness.CHILD_ENV,
-           "PYTHONPATH": str(harness.REPO_ROOT)}
-    result = run_horovod(2, [sys.executable, str(PROGRAM), "tfaccel:horovod:auto", str(out)], env=env, timeout=500,
-                         echo=False, capture_lines=200)
-    harness.STARTED_PIDS.extend(result.pids)  # the no_leftover_processes fixture checks they are gone
-    assert result.ok, f"{result.message}\n" + "\n".join(t.stdout[-3000:] + t.stderr[-3000:] for t in result.tasks)
+    harness.run_under_horovod(PROGRAM, ["tfaccel:horovod:auto", str(out)], timeout=500)
     return out
 
 

@@ -77,19 +77,8 @@ def multi_worker_dir(phase_one: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def horovod_dir(phase_one: Path) -> Path:
-    sys.path.insert(0, str(harness.REPO_ROOT / "tests" / "horovod"))
-    from hvd_testing import require_horovod
-
-    from tfaccel.launch.horovod import run_horovod
-
-    require_horovod()
     out = phase_one / "tfaccel_horovod"
-    env = {**{k: v for k, v in os.environ.items() if k != "TF_CONFIG"}, **harness.CHILD_ENV,
-           "PYTHONPATH": str(harness.REPO_ROOT)}
-    result = run_horovod(2, [sys.executable, str(PROGRAM), "tfaccel:horovod", str(out), ",".join(EVERY_PATH)],
-                         env=env, timeout=900, echo=False, capture_lines=200)
-    harness.STARTED_PIDS.extend(result.pids)  # the no_leftover_processes fixture checks they are gone
-    assert result.ok, f"{result.message}\n" + "\n".join(t.stdout[-3000:] + t.stderr[-3000:] for t in result.tasks)
+    harness.run_under_horovod(PROGRAM, ["tfaccel:horovod", str(out), ",".join(EVERY_PATH)], timeout=900)
     return out
 
 
