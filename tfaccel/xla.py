@@ -19,8 +19,7 @@ from typing import Any, Tuple, Union
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
 
-__all__ = ["JIT_CHOICES", "resolve_jit", "refine_jit_for_model", "CPU_ONE_DEVICE_JIT", "CPU_ONE_DEVICE_NOTE",
-           "CPU_CONV_NOTE"]
+__all__ = ["JIT_CHOICES", "resolve_jit", "has_convolutions", "CPU_ONE_DEVICE_JIT", "CPU_ONE_DEVICE_NOTE"]
 
 JIT_CHOICES = ("auto", True, False)
 
@@ -31,12 +30,6 @@ JIT_CHOICES = ("auto", True, False)
 CPU_ONE_DEVICE_JIT = True
 CPU_ONE_DEVICE_NOTE = ("one CPU device: XLA measured +22% examples/s for a small MLP at steps_per_execution=16 "
                        "(same at 64, -6% at 1)")
-# Measured with tfaccel bench's MNIST CNN (Conv2D 32 3x3 -> MaxPool -> Dense 64 -> Dense 10, batch 32, 2-core CPU,
-# side by side in one run): compile_and_fit 3.4k examples/s with XLA vs 12.1k without; Keras fit with
-# steps_per_execution=64: 5.2k with XLA vs 12.2k without. XLA:CPU's convolutions are far slower than TF's
-# oneDNN kernels, so "auto" keeps XLA off on CPUs for models with convolution layers.
-CPU_CONV_NOTE = ("CPU with convolution layers: XLA measured 3.6x slower than TensorFlow's own kernels for the MNIST "
-                 "CNN (3.4k vs 12.1k examples/s)")
 MULTI_WORKER_CPU_NOTE = ("MultiWorkerMirroredStrategy on CPUs: XLA cannot compile collectives for CPU devices "
                          "(\"Collectives are not yet implemented for CPU devices when compiling with XLA\", TF 2.21)")
 MULTI_WORKER_GPU_NOTE = ("MultiWorkerMirroredStrategy on GPUs: XLA was not measured on multi-GPU workers here; "
@@ -106,24 +99,14 @@ def _auto(backend: Any, traits: Any, devices: Any) -> Tuple[bool, str]:
     return False, f"{backend.describe(quoted=True)}: XLA not measured with it; pass jit_compile=True to try it"
 
 
-def refine_jit_for_model(jit: bool, reason: str, *, requested: Union[str, bool], model: Any,
-                         devices: Any) -> Tuple[bool, str]:
-    """Revisits an "auto" XLA decision once the model is known (the plan is made before it is built).
-
-    Only ``requested="auto"`` is changed: on CPUs (no GPU, no TPU) a model with convolution layers runs
-    without XLA (see ``CPU_CONV_NOTE``). An explicit True or False is left as asked.
-
-    Returns:
-        (jit on?, reason).
-    """
-    if requested != "auto" or not jit or devices.num_gpus or devices.tpu_address:
-        return jit, reason
+def has_convolutions(model: Any) -> bool:
+    """Whether the model has a convolution layer (Conv1D/2D/3D, depthwise, separable, transposed), nested ones
+    included: XLA:CPU's convolutions were measured far slower than TensorFlow's own, so ``"auto"`` assumes a
+    slow-down for such a model on a CPU until it is measured (``tfaccel.train.xla_payback.CONV_CPU_PRIOR``)."""
     import keras
+
+    from tfaccel.compat.keras_internals import flatten_layers
 
     conv_types = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D, keras.layers.DepthwiseConv2D,
                   keras.layers.SeparableConv2D, keras.layers.Conv2DTranspose)
-    from tfaccel.compat.keras_internals import flatten_layers
-
-    if any(isinstance(layer, conv_types) for layer in flatten_layers(model)):
-        return False, CPU_CONV_NOTE
-    return jit, reason
+    return any(isinstance(layer, conv_types) for layer in flatten_layers(model))

@@ -60,6 +60,16 @@ def test_auto_choice_without_details_and_with_the_xla_figures():
         "72); epoch 3: XLA tried (...)")
 
 
+def test_auto_choice_of_a_convolutional_model_names_its_slow_down_prior():
+    from tfaccel.train.xla_payback import CONV_CPU_PRIOR
+
+    auto = {"measured": {"jit_off": {"overhead_s": 8.1, "step_s": 0.95}}, "expected_steps": 30,
+            "try_from_steps": 1_404, "prior": {"speedup": CONV_CPU_PRIOR.speedup, "source": CONV_CPU_PRIOR.source},
+            "events": []}
+    assert auto_choice({"xla_auto": auto}).endswith(
+        f"XLA tried only with ≥ 1,404 steps left ({CONV_CPU_PRIOR.source}) (this job: 30)")
+
+
 def test_script_writes_the_page_and_rejects_a_file_without_real(tmp_path):
     source, out = tmp_path / "bench.json", tmp_path / "docs" / "real_models.md"
     source.write_text(json.dumps(_report()))

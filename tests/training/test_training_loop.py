@@ -146,10 +146,10 @@ def test_auto_steps_per_execution_on_keras_fit(n, kwargs, expected, clean_tf_con
 
 @pytest.mark.parametrize("conv,requested,expected", [(True, "auto", False), (False, "auto", False),
                                                      (True, True, True), (True, False, False)])
-def test_auto_xla_is_off_for_convolutions_on_cpu(conv, requested, expected, clean_tf_config):
+def test_auto_xla_assumes_a_slow_down_for_convolutions_on_cpu(conv, requested, expected, clean_tf_config):
     import keras
 
-    from tfaccel.xla import CPU_CONV_NOTE
+    from tfaccel.train.xla_payback import CONV_CPU_PRIOR
 
     def build():
         layers = [keras.Input((8, 8, 1))]
@@ -162,8 +162,9 @@ def test_auto_xla_is_off_for_convolutions_on_cpu(conv, requested, expected, clea
     result = tfaccel.compile_and_fit(build, (x, y), global_batch_size=16, strategy="default", jit_compile=requested,
                                      loss="sparse_categorical_crossentropy", verbose=0)
     assert result.model.jit_compile is expected and result.plan.jit_compile is expected  # what the loop ran
-    if conv and requested == "auto":  # decided once the model existed: the reason for "off" is stated
-        assert result.plan.jit_reason == CPU_CONV_NOTE
-        assert result.details["jit_compile"].endswith(f"-> False ({CPU_CONV_NOTE})"), result.details
+    if requested == "auto":  # decided once the model existed, on its layers: the prior is stated
+        prior = result.details["xla_auto"]["prior"]
+        assert (prior["speedup"] < 1) is conv and (CONV_CPU_PRIOR.source in result.plan.jit_reason) is conv
+        assert (CONV_CPU_PRIOR.source in result.details["jit_compile"]) is conv, result.details
     else:
-        assert CPU_CONV_NOTE not in result.details.get("jit_compile", "")
+        assert CONV_CPU_PRIOR.source not in result.details.get("jit_compile", "")

@@ -3,6 +3,7 @@ switches only between epochs and trains what Keras trains with the corresponding
 decision cache is written atomically, read back, and a corrupt file is ignored with a warning. Tiny models only."""
 
 import logging
+import math
 import os
 
 import keras
@@ -53,6 +54,21 @@ def test_figures_and_the_payback_rules():
     assert start_choice(record, 5000)[0]  # a long job of the same model pays the compilation back
 
 
+def test_a_slow_down_prior_tries_xla_only_where_its_trial_is_a_small_share_of_the_job():
+    off, conv = Figures(overhead_s=2.0, step_s=0.01), xla_payback.CONV_CPU_PRIOR
+    assert conv.speedup < 1 and "convolutions on CPU" in conv.source
+    threshold = xla_payback.steps_to_try(off, prior=conv, steps_per_epoch=10)
+    assert try_choice(off, threshold, prior=conv, steps_per_epoch=10)[0]
+    assert not try_choice(off, threshold - 1, prior=conv, steps_per_epoch=10)[0]
+    # the trial: compile (3 x 2 s) + 2 epochs of 10 steps at the slow-down; at most 5% of the remaining steps' time
+    trial = xla_payback.PRIOR_COMPILE_PER_OVERHEAD * 2.0 + 2 * 10 * 0.01 * (1 / conv.speedup - 1)
+    assert try_choice(off, threshold, prior=conv, steps_per_epoch=10)[1]["trial_cost_estimate_s"] == pytest.approx(
+        trial, abs=1e-3)
+    assert threshold == math.ceil(trial / (xla_payback.TRIAL_SHARE * 0.01))
+    assert threshold > xla_payback.steps_to_try(off)  # a slow-down prior asks for a longer job than the default
+    assert xla_payback.steps_to_try(off, prior=conv, steps_per_epoch=1000) > threshold  # longer trial epochs
+
+
 def test_xla_is_kept_only_where_its_steps_are_faster():
     auto = XlaAuto(steps_per_epoch=10, epochs=10, start=True, may_switch=True, reason="test")
     for seconds in (5.0, 1.0):
@@ -69,9 +85,9 @@ def test_random_layers_never_switch():
     assert xla_payback.random_layers(model) == [model.layers[1].name]
 
 
-def _keras_two_phases(x, y, switch_epoch: int):
+def _keras_two_phases(x, y, switch_epoch: int, build=_build):
     """Keras fit with jit_compile=False for the epochs before ``switch_epoch``, True after."""
-    model = _build()
+    model = build()
     model.jit_compile = False
     history = model.fit(x, y, batch_size=BATCH, epochs=switch_epoch, shuffle=False, verbose=0).history
     model.jit_compile = True
@@ -112,6 +128,41 @@ def test_a_switch_trains_what_keras_trains_and_the_second_run_reads_the_cache(ca
     assert "not a readable record" in caplog.text and path in caplog.text
     assert "no figures measured" in third.details["xla_auto"]["start"]
     assert decisions.clear() == 1 and os.listdir(cache) == []
+
+
+def _build_conv() -> keras.Model:
+    keras.utils.set_random_seed(7)
+    model = keras.Sequential([keras.Input((8, 1)), keras.layers.Conv1D(4, 3, activation="relu"),
+                              keras.layers.Flatten(), keras.layers.Dense(3)])
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), metrics=["accuracy"],
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def test_a_model_with_convolutions_measures_xla_on_itself_when_the_job_can_afford_the_trial(cache, monkeypatch,
+                                                                                           clean_tf_config):
+    """The slow-down prior is a starting assumption, not a verdict: a job long enough for the trial (here: any
+    job, the share made unlimited) tries XLA on the user's convolutional model and trains what Keras trains."""
+    x, y = _data()
+    x = x[:, :, None]
+    with tfaccel.scope(strategy="default", jit_compile="auto"):
+        short = _build_conv()
+    result = tfaccel.fit(short, x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, seed=0, verbose=0)
+    auto = result.details["xla_auto"]
+    assert auto["events"] == [] and auto["prior"]["speedup"] < 1 and result.model.jit_compile is False
+    assert auto["try_from_steps"] > EPOCHS * 3 and "convolutions on CPU" in result.details["jit_compile"]
+
+    monkeypatch.setattr(xla_payback, "TRIAL_SHARE", 1e9)
+    with tfaccel.scope(strategy="default", jit_compile="auto"):
+        model = _build_conv()
+    result = tfaccel.fit(model, x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, seed=0, verbose=0)
+    events = result.details["xla_auto"]["events"]
+    assert events[0].startswith("epoch 3: XLA tried") and "trial_cost_estimate_s" in events[0], events
+    ref, history = _keras_two_phases(x, y, switch_epoch=2, build=_build_conv)
+    for key, values in history.items():
+        np.testing.assert_allclose(result.history[key], values, rtol=1e-5, atol=1e-6, err_msg=key)
+    for got, want in zip(model.get_weights(), ref.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
 
 
 def _fresh() -> keras.Model:

@@ -43,8 +43,11 @@ def _xla_figures(auto: Any) -> str:
     if not isinstance(auto, dict) or not isinstance(auto.get("measured", {}).get("jit_off"), dict):
         return ""
     off = Figures(**auto["measured"]["jit_off"])
+    threshold = auto.get("try_from_steps", steps_to_try(off))  # older reports lack it
+    prior = auto.get("prior") or {}
+    slower = f" ({prior['source']})" if prior.get("speedup", 2) <= 1 and prior.get("source") else ""
     text = (f"; measured without XLA: {off.overhead_s:.1f} s overhead + {off.step_s * 1e3:.2f} ms/step; XLA tried "
-            f"only with ≥ {steps_to_try(off):,} steps left (this job: {auto.get('expected_steps')})")
+            f"only with ≥ {threshold:,} steps left{slower} (this job: {auto.get('expected_steps')})")
     return text + "".join(f"; {event}" for event in auto.get("events", []))
 
 

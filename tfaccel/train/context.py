@@ -209,27 +209,18 @@ def _adapt(ctx: FitContext, loop_name: str) -> Dict[str, Any]:
     from tfaccel.devices import detect_devices
 
     devices = detect_devices()
-    jit, jit_reason = _refined_jit(ctx.plan, model, ctx.requested_jit, devices)
+    jit, jit_reason = bool(ctx.plan.jit_compile), ctx.plan.jit_reason
     if jit and ctx.requested_jit == "auto" and not devices.num_gpus and not devices.tpu_address:
         from tfaccel.train.xla_payback import job_decision
 
         jit, jit_reason, ctx.xla_auto = job_decision(model, backend=backend, data=data, epochs=request.epochs,
                                                      loop_name=loop_name)
-    if bool(model.jit_compile) != jit or jit_reason != ctx.plan.jit_reason:  # the model's own reason, e.g. convs
+    if bool(model.jit_compile) != jit or jit_reason != ctx.plan.jit_reason:  # decided on this model and job
         changes["jit_compile"] = f"{model.jit_compile} -> {jit} ({jit_reason})"
         ctx.plan = dataclasses.replace(ctx.plan, jit_compile=jit, jit_reason=jit_reason)  # what this job starts with
         model.jit_compile = jit
         model.train_function = model.test_function = model.predict_function = None
     return changes
-
-
-def _refined_jit(plan: Any, model: Any, requested_jit: Any, devices: Any) -> Tuple[bool, str]:
-    """The plan's "auto" XLA decision, revisited now that the model exists (convolutions on CPU: off)."""
-    from tfaccel.xla import refine_jit_for_model
-
-    jit, reason = refine_jit_for_model(plan.jit_compile, plan.jit_reason, requested=requested_jit, model=model,
-                                       devices=devices)
-    return bool(jit), reason
 
 
 def _add_callbacks(ctx: FitContext, state: Optional[Dict[str, Any]] = None) -> None:
