@@ -5,9 +5,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 import harness
 from tfaccel.bench.real import KERAS_MULTI_WORKER
-from tfaccel.bench.real_report import auto_choice, plot_real, render_page
+from tfaccel.bench.real_report import (auto_choice, auto_choice_short, merge_reports, plot_real, render_page,
+                                       render_readme_table)
 
 
 def _fig(median: float, low: float, high: float) -> dict:
@@ -116,3 +119,70 @@ def test_a_later_run_of_one_path_replaces_that_path_only():
     assert list(merged) == ["default", "mirrored", "multi_worker"]
     assert merged["multi_worker"]["time_to_train"]["tfaccel"]["median"] == 7.0
     assert merged["default"] == first["real"]["rows"]["bert_classifier"]["default"]
+
+
+def _page_script():
+    """scripts/real_models_page.py, imported."""
+    sys.path.insert(0, str(harness.REPO_ROOT / "scripts"))
+    try:
+        import real_models_page
+    finally:
+        sys.path.pop(0)
+    return real_models_page
+
+
+def test_readme_table_has_every_row_in_a_few_words():
+    table = render_readme_table(_report(), command="tfaccel bench --suite real")
+    assert "2026-11-25 17:00 UTC on 2 CPUs (Linux-x86_64, no GPU)" in table and "`tfaccel bench --suite real`" in table
+    assert "| bert_classifier (768 ex. x 3 epochs, batch 32) | default | 8.8 s → 4.4 s | 2.00 | 1.31 | compiled " in table
+    assert "| multi_worker | plain Keras cannot run it → 9.0 s | — | — |" in table
+    assert "[Real models](docs/real_models.md)" in table
+    auto = {"measured": {"jit_off": {"overhead_s": 1.709, "step_s": 0.006081}}, "expected_steps": 72,
+            "try_from_steps": 5059, "events": ["epoch 3: XLA tried (remaining_steps ...)"]}
+    assert auto_choice_short({"loop": "compiled whole-epoch loop", "xla_auto": auto}) == (
+        "compiled whole-epoch loop; XLA off: the job's 72 steps, XLA tried only from ≥ 5,059; epoch 3: XLA tried")
+    auto["prior"] = {"speedup": 0.28, "source": "convolutions on CPU: ..."}
+    assert "XLA tried only from ≥ 5,059 (convolutions: a slow-down assumed); epoch 3" in auto_choice_short(
+        {"xla_auto": auto})
+    assert auto_choice_short({"jit_compile": False, "xla": 'True -> False (fails here ("an error message"))'}) == (
+        "?; XLA off: fails here")
+
+
+def test_merging_merged_reports_gives_the_earliest_to_the_latest_date_and_keeps_each_run():
+    first, second, third = _report(), _report(), _report()
+    second["machine"]["date"], third["machine"]["date"] = "2026-11-26 19:00 UTC", "2026-11-26 22:00 UTC"
+    third["real"]["rows"]["bert_classifier"] = {"default": third["real"]["rows"]["bert_classifier"]["default"]}
+    earlier = merge_reports([first, second])
+    assert earlier["machine"]["date"] == "2026-11-25 17:00 UTC to 2026-11-26 19:00 UTC"
+    merged = merge_reports([earlier, third])
+    assert merged["machine"]["date"] == "2026-11-25 17:00 UTC to 2026-11-26 22:00 UTC"
+    assert len(merged["machine"]["loadavg_per_run"]) == 3, merged["machine"]["loadavg_per_run"]
+
+
+def test_script_writes_the_readme_table_between_its_markers_and_refuses_a_readme_without_them(tmp_path):
+    real_models_page = _page_script()
+    source, readme = tmp_path / "bench.json", tmp_path / "README.md"
+    source.write_text(json.dumps(_report()))
+    readme.write_text(f"# x\n\n{real_models_page.README_BEGIN}\nold\n{real_models_page.README_END}\n\nafter\n")
+    args = ["--from", str(source), "--out", str(tmp_path / "page.md"), "--readme", str(readme), "--command", "cmd"]
+    assert real_models_page.main(args) == 0
+    text = readme.read_text()
+    assert "old" not in text and text.endswith(f"{real_models_page.README_END}\n\nafter\n")
+    assert render_readme_table(_report(), command="cmd") in text
+    readme.write_text("# no markers\n")
+    (tmp_path / "page.md").unlink()
+    assert real_models_page.main(args) == 2
+    assert readme.read_text() == "# no markers\n" and not (tmp_path / "page.md").exists()  # nothing half-written
+
+
+@pytest.mark.parametrize("target", ["README.md", "docs/real_models.md"])
+def test_the_committed_real_models_tables_are_rendered_from_the_committed_json(target):
+    """Both tables come from docs/data/real_bench.json (and the command it keeps), so neither is edited by hand."""
+    real_models_page = _page_script()
+    report = json.loads((harness.REPO_ROOT / "docs" / "data" / "real_bench.json").read_text())
+    command = report["page_command"]
+    text = (harness.REPO_ROOT / target).read_text()
+    if target == "README.md":
+        assert real_models_page.replace_readme_table(text, render_readme_table(report, command=command)) == text
+    else:
+        assert text == render_page(report, command=command)

@@ -14,7 +14,7 @@ def test_the_readme_is_short() -> None:
 
 def test_every_relative_link_of_the_readme_leads_to_a_file() -> None:
     targets = [m.group("target") for m in LINK.finditer(README)]
-    local = [t.split("#", 1)[0] for t in targets if not re.match(r"[a-z]+://", t)]
+    local = [t.split("#", 1)[0] for t in targets if not re.match(r"[a-z]+://", t) and not t.startswith("#")]
     assert len(local) >= 10, targets
     missing = sorted({t for t in local if not (REPO / t).is_file()})
     assert not missing, f"README.md links to files that do not exist: {missing}"
@@ -27,3 +27,10 @@ def test_the_readme_test_command_is_the_one_ci_runs() -> None:
     command = next(line for line in README.splitlines() if pytest_line in line)
     assert f"pip install -e '{install}'" in command, (install, command)
     assert "bash scripts/install_hub.sh .venv" in command and "bash scripts/install_horovod.sh .venv" in command
+
+
+def test_every_anchor_link_of_the_readme_leads_to_one_of_its_headings() -> None:
+    slugs = {re.sub(r"[^a-z0-9 -]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+             for line in README.splitlines() if line.startswith("#")}
+    anchors = [m.group("target")[1:] for m in LINK.finditer(README) if m.group("target").startswith("#")]
+    assert anchors and not [a for a in anchors if a not in slugs], (anchors, sorted(slugs))

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Tuple
 
 from tfaccel.bench.report import save_figure
 
-__all__ = ["auto_choice", "merge_reports", "render_page", "plot_real"]
+__all__ = ["auto_choice", "auto_choice_short", "merge_reports", "render_page", "render_readme_table", "plot_real"]
 
 _PATH_TITLES = {"default": "default (one CPU device)", "mirrored": "mirrored (2 virtual CPUs)",
                 "multi_worker": "multi_worker (2 processes)"}
@@ -20,20 +20,42 @@ def _range(fig: Dict[str, float], unit: str = "", digits: int = 2) -> str:
     return f"{fig['median']:.{digits}f}{unit} ({fig['min']:.{digits}f}–{fig['max']:.{digits}f})"
 
 
-def auto_choice(details: Dict[str, Any]) -> str:
-    """What tfaccel's ``auto`` chose for a job and why, in a table cell, from the bench's ``details``."""
+def _loop_choice(details: Dict[str, Any]) -> str:
     loop = str(details.get("loop") or "")
     if loop.startswith("compiled"):
-        chose = "compiled whole-epoch loop"
-    elif loop.startswith("tfaccel's multi-step loop"):
-        chose = f"multi-step loop, {loop.split(': ', 1)[1].split(' steps')[0]} steps per call"
-    else:
-        chose = loop or "?"
+        return "compiled whole-epoch loop"
+    if loop.startswith("tfaccel's multi-step loop"):
+        return f"multi-step loop, {loop.split(': ', 1)[1].split(' steps')[0]} steps per call"
+    return loop or "?"
+
+
+def _xla_reason(details: Dict[str, Any]) -> str:
+    """``"XLA off: <the first clause of the plan's reason>"``."""
     xla = details.get("xla")
     why = f"XLA {'on' if details.get('jit_compile') else 'off'}"
-    if xla:
-        why += ": " + str(xla).split("(", 1)[-1].removesuffix(")").split(";")[0]
-    return f"{chose}; {why}{_xla_figures(details.get('xla_auto'))}".replace("|", "/")
+    return why + (": " + str(xla).split("(", 1)[-1].removesuffix(")").split(";")[0] if xla else "")
+
+
+def auto_choice(details: Dict[str, Any]) -> str:
+    """What tfaccel's ``auto`` chose for a job and why, in a table cell, from the bench's ``details``."""
+    return f"{_loop_choice(details)}; {_xla_reason(details)}{_xla_figures(details.get('xla_auto'))}".replace("|", "/")
+
+
+def auto_choice_short(details: Dict[str, Any]) -> str:
+    """:func:`auto_choice` in a few words (the README's table): the loop, XLA, and the one figure it turned on."""
+    auto = details.get("xla_auto")
+    off = auto.get("measured", {}).get("jit_off") if isinstance(auto, dict) else None
+    if isinstance(off, dict):
+        from tfaccel.train.xla_payback import Figures, steps_to_try
+
+        threshold = auto.get("try_from_steps", steps_to_try(Figures(**off)))
+        slower = " (convolutions: a slow-down assumed)" if (auto.get("prior") or {}).get("speedup", 2) <= 1 else ""
+        xla = (f"XLA {'on' if details.get('jit_compile') else 'off'}: the job's {auto.get('expected_steps')} steps, "
+               f"XLA tried only from ≥ {threshold:,}{slower}")
+        xla += "".join(f"; {event.split(' (')[0]}" for event in auto.get("events", []))
+    else:
+        xla = _xla_reason(details).split(' ("')[0]
+    return f"{_loop_choice(details)}; {xla}".replace("|", "/")
 
 
 def _xla_figures(auto: Any) -> str:
@@ -58,22 +80,31 @@ def _rows(report: Dict[str, Any]) -> List[Tuple[str, str, Dict[str, Any], Dict[s
 
 
 def merge_reports(reports: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """One report from several runs of ``tfaccel bench --suite real`` (e.g. one per model), their models in order:
-    the first run's date and load before, the last run's load after, and every run's load in
-    ``machine["loadavg_per_run"]``."""
+    """One report from several runs of ``tfaccel bench --suite real`` (e.g. one per model), their models in order
+    (a later run's (model, path) row replaces an earlier one's): the earliest to the latest date, the first run's
+    load before, the last run's load after, and every run's load in ``machine["loadavg_per_run"]`` (a merged
+    report's own runs are kept as they were)."""
     merged = json.loads(json.dumps(reports[0]))
     for report in reports[1:]:
         merged["real"]["jobs"].update(report["real"]["jobs"])
-        for model, paths in report["real"]["rows"].items():  # a later run's path replaces an earlier one's
+        for model, paths in report["real"]["rows"].items():
             merged["real"]["rows"].setdefault(model, {}).update(paths)
         merged["seconds"] = merged.get("seconds", 0) + report.get("seconds", 0)
     if len(reports) > 1:
         machine = merged["machine"]
         machine["loadavg_after"] = reports[-1]["machine"].get("loadavg_after")
-        machine["date"] = f"{reports[0]['machine'].get('date')} to {reports[-1]['machine'].get('date')}"
-        machine["loadavg_per_run"] = {_run_name(r): [r["machine"].get("loadavg_before"),
-                                                     r["machine"].get("loadavg_after")] for r in reports}
+        dates = sorted(d for r in reports for d in str(r["machine"].get("date", "?")).split(" to "))
+        machine["date"] = dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}"
+        machine["loadavg_per_run"] = {name: loads for r in reports for name, loads in _run_loads(r).items()}
     return merged
+
+
+def _run_loads(report: Dict[str, Any]) -> Dict[str, Any]:
+    """What each run of a report measured, with its load average before / after."""
+    machine = report["machine"]
+    if machine.get("loadavg_per_run"):
+        return dict(machine["loadavg_per_run"])
+    return {_run_name(report): [machine.get("loadavg_before"), machine.get("loadavg_after")]}
 
 
 def _run_name(report: Dict[str, Any]) -> str:
@@ -123,6 +154,31 @@ def render_page(report: Dict[str, Any], *, command: str) -> str:
             continue
         lines.append(f"| {name} | {_PATH_TITLES.get(path, path)} | {_range(row['time_to_train']['keras'], ' s', 1)} "
                      f"| {tf_time} | {_range(row['time_to_train_ratio'])} | {_range(row['steady_ratio'])} "
+                     f"| {choice} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_readme_table(report: Dict[str, Any], *, command: str, page: str = "docs/real_models.md") -> str:
+    """The README's "Real models" table (Markdown, without its markers): every row of the page in a few words,
+    with the date, machine and command, and a link to the page (``page``) for the whole of it."""
+    machine, versions = report["machine"], report["versions"]
+    gpu = f"GPUs: {', '.join(machine['gpus'])}" if machine.get("gpus") else "no GPU"
+    lines = [f"Measured {machine.get('date', '?')} on {machine.get('cpus', '?')} CPUs "
+             f"({machine.get('platform', machine.get('cpu', ''))}, {gpu}), TensorFlow {versions['tensorflow']}, "
+             f"Keras {versions['keras']}: `{command}`. Median of {report['config']['repeats']} rounds side by side; "
+             f"ratios above 1: tfaccel is faster; min–max, each run's load and the whole of `auto`'s reasons: "
+             f"[Real models]({page}).", "",
+             "| model (job) | path | time_to_train plain → tfaccel | ratio | steady ratio | what `auto` chose and why |",
+             "|---|---|---|---|---|---|"]
+    for model, path, job, row in _rows(report):
+        name = f"{model} ({job['examples']} ex. x {job['epochs']} epochs, batch {job['batch_size']})"
+        tf_time = f"{row['time_to_train']['tfaccel']['median']:.1f} s"
+        choice = auto_choice_short(row.get("details", {}).get("tfaccel", {}))
+        if "keras" in row:
+            lines.append(f"| {name} | {path} | plain Keras cannot run it → {tf_time} | — | — | {choice} |")
+            continue
+        lines.append(f"| {name} | {path} | {row['time_to_train']['keras']['median']:.1f} s → {tf_time} "
+                     f"| {row['time_to_train_ratio']['median']:.2f} | {row['steady_ratio']['median']:.2f} "
                      f"| {choice} |")
     return "\n".join(lines) + "\n"
 
