@@ -6,7 +6,7 @@ rendered again from a committed JSON without running anything.
 """
 
 import json
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from tfaccel.bench.report import save_figure
 
@@ -44,32 +44,39 @@ def auto_choice(details: Dict[str, Any]) -> str:
 def auto_choice_short(details: Dict[str, Any]) -> str:
     """:func:`auto_choice` in a few words (the README's table): the loop, XLA, and the one figure it turned on."""
     auto = details.get("xla_auto")
-    off = auto.get("measured", {}).get("jit_off") if isinstance(auto, dict) else None
-    if isinstance(off, dict):
-        from tfaccel.train.xla_payback import Figures, steps_to_try
-
-        threshold = auto.get("try_from_steps", steps_to_try(Figures(**off)))
-        slower = " (convolutions: a slow-down assumed)" if (auto.get("prior") or {}).get("speedup", 2) <= 1 else ""
+    payback = _payback(auto)
+    if payback is not None:
+        _, threshold, slower = payback
         xla = (f"XLA {'on' if details.get('jit_compile') else 'off'}: the job's {auto.get('expected_steps')} steps, "
-               f"XLA tried only from ≥ {threshold:,}{slower}")
+               f"XLA tried only from ≥ {threshold:,}{' (convolutions: a slow-down assumed)' if slower is not None else ''}")
         xla += "".join(f"; {event.split(' (')[0]}" for event in auto.get("events", []))
     else:
         xla = _xla_reason(details).split(' ("')[0]
     return f"{_loop_choice(details)}; {xla}".replace("|", "/")
 
 
-def _xla_figures(auto: Any) -> str:
-    """The figures ``auto``'s XLA decision used: what it measured, and from how many steps it would try XLA."""
+def _payback(auto: Any) -> Optional[Tuple[Any, int, Optional[str]]]:
+    """(the no-XLA ``Figures``, the remaining steps from which XLA is tried, the prior's source where it assumes a
+    slow-down, else None) from a job's ``xla_auto`` details; None where nothing was measured without XLA."""
+    if not isinstance(auto, dict) or not isinstance(auto.get("measured", {}).get("jit_off"), dict):
+        return None
     from tfaccel.train.xla_payback import Figures, steps_to_try
 
-    if not isinstance(auto, dict) or not isinstance(auto.get("measured", {}).get("jit_off"), dict):
-        return ""
     off = Figures(**auto["measured"]["jit_off"])
-    threshold = auto.get("try_from_steps", steps_to_try(off))  # older reports lack it
+    threshold = auto["try_from_steps"] if "try_from_steps" in auto else steps_to_try(off)  # older reports lack it
     prior = auto.get("prior") or {}
-    slower = f" ({prior['source']})" if prior.get("speedup", 2) <= 1 and prior.get("source") else ""
+    return off, threshold, (str(prior.get("source", "")) if prior.get("speedup", 2) <= 1 else None)
+
+
+def _xla_figures(auto: Any) -> str:
+    """The figures ``auto``'s XLA decision used: what it measured, and from how many steps it would try XLA."""
+    payback = _payback(auto)
+    if payback is None:
+        return ""
+    off, threshold, slower = payback
     text = (f"; measured without XLA: {off.overhead_s:.1f} s overhead + {off.step_s * 1e3:.2f} ms/step; XLA tried "
-            f"only with ≥ {threshold:,} steps left{slower} (this job: {auto.get('expected_steps')})")
+            f"only with ≥ {threshold:,} steps left{f' ({slower})' if slower else ''} (this job: "
+            f"{auto.get('expected_steps')})")
     return text + "".join(f"; {event}" for event in auto.get("events", []))
 
 
