@@ -134,7 +134,8 @@ def _page_script():
 def test_readme_table_has_every_row_in_a_few_words():
     table = render_readme_table(_report(), command="tfaccel bench --suite real")
     assert "2026-11-25 17:00 UTC on 2 CPUs (Linux-x86_64, no GPU)" in table and "`tfaccel bench --suite real`" in table
-    assert "| bert_classifier (768 ex. x 3 epochs, batch 32) | default | 8.8 s → 4.4 s | 2.00 | 1.31 | compiled " in table
+    assert ("| bert_classifier (768 ex. x 3 epochs, batch 32) | default | 8.8 s → 4.4 s | 2.00 | 1.31 | compiled "
+            in table)
     assert "| multi_worker | plain Keras cannot run it → 9.0 s | — | — |" in table
     assert "[Real models](docs/real_models.md)" in table
     auto = {"measured": {"jit_off": {"overhead_s": 1.709, "step_s": 0.006081}}, "expected_steps": 72,

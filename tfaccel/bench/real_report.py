@@ -47,8 +47,9 @@ def auto_choice_short(details: Dict[str, Any]) -> str:
     payback = _payback(auto)
     if payback is not None:
         _, threshold, slower = payback
+        assumed = " (convolutions: a slow-down assumed)" if slower is not None else ""
         xla = (f"XLA {'on' if details.get('jit_compile') else 'off'}: the job's {auto.get('expected_steps')} steps, "
-               f"XLA tried only from ≥ {threshold:,}{' (convolutions: a slow-down assumed)' if slower is not None else ''}")
+               f"XLA tried only from ≥ {threshold:,}{assumed}")
         xla += "".join(f"; {event.split(' (')[0]}" for event in auto.get("events", []))
     else:
         xla = _xla_reason(details).split(' ("')[0]
@@ -175,7 +176,8 @@ def render_readme_table(report: Dict[str, Any], *, command: str, page: str = "do
              f"Keras {versions['keras']}: `{command}`. Median of {report['config']['repeats']} rounds side by side; "
              f"ratios above 1: tfaccel is faster; min–max, each run's load and the whole of `auto`'s reasons: "
              f"[Real models]({page}).", "",
-             "| model (job) | path | time_to_train plain → tfaccel | ratio | steady ratio | what `auto` chose and why |",
+             "| model (job) | path | time_to_train plain → tfaccel | ratio | steady ratio "
+             "| what `auto` chose and why |",
              "|---|---|---|---|---|---|"]
     for model, path, job, row in _rows(report):
         name = f"{model} ({job['examples']} ex. x {job['epochs']} epochs, batch {job['batch_size']})"
