@@ -266,9 +266,9 @@ def job_decision(model: Any, *, backend: Any, data: Any, epochs: int, loop_name:
     randoms = random_layers(model)
     if record is None:
         reason += _prior_note(prior)
-    if randoms and record is None:
-        reason += (f"; never switched mid-job: {', '.join(randoms[:3])}{' ...' if len(randoms) > 3 else ''} draw "
-                   "random numbers, which XLA draws with another kernel")
+        if randoms:
+            reason += (f"; never switched mid-job: {', '.join(randoms[:3])}{' ...' if len(randoms) > 3 else ''} "
+                       "draw random numbers, which XLA draws with another kernel")
     auto = XlaAuto(steps_per_epoch=steps, epochs=epochs, start=start, may_switch=record is None and not randoms,
                    reason=reason, key=key, prior=prior)
     return start, reason, auto
