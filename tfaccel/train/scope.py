@@ -33,7 +33,9 @@ def scope(strategy: str = "auto", precision: str = "auto", jit_compile: Union[st
     Args:
         strategy: a registry name (``tfaccel.strategies.STRATEGY_NAMES``) or ``"auto"``. Defaults to "auto".
         precision: ``"auto"``, ``"float32"``, ``"mixed_float16"`` or ``"mixed_bfloat16"``; the Keras dtype policy
-            while the block runs (restored after it). Defaults to "auto".
+            while the block runs (restored after it). ``"auto"`` keeps a global policy you set before
+            (``keras.mixed_precision.set_global_policy``); a different explicit value conflicts with it.
+            Defaults to "auto".
         jit_compile: ``"auto"``, True or False: XLA for the train step, applied by ``fit``. Defaults to "auto".
         strategy_options: options of the strategy entry, e.g. ``{"device_names": ["/gpu:0", "/gpu:1"]}``.
 
@@ -58,7 +60,8 @@ def scope(strategy: str = "auto", precision: str = "auto", jit_compile: Union[st
     plan, backend = resolve_plan(strategy=strategy, precision=precision, jit_compile=jit_compile,
                                  strategy_options=strategy_options)
     previous = keras.config.dtype_policy()
-    set_precision(plan.precision)
+    if plan.precision != previous.name:  # else the policy the user set (or Keras' default) stands as it is
+        set_precision(plan.precision)
     _PLANS[id(backend.strategy)] = (plan, backend, jit_compile)
     get_logger().debug("scope: %s", plan.summary())
     try:
