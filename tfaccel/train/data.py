@@ -182,8 +182,9 @@ def prepare_data(x: Any, y: Any = None, *, sample_weight: Any = None, class_weig
     """Turns ``fit``'s data arguments into a :class:`FitData`.
 
     Raises:
-        ConfigError: a combination Keras refuses too (batch_size with a batched dataset, validation_split or
-            sample_weight beside a dataset, class_weight with sample_weight), mismatched lengths.
+        ConfigError: a combination Keras refuses too (y, validation_split or sample_weight beside a dataset,
+            class_weight with sample_weight), mismatched lengths. A ``batch_size`` beside a batched dataset is
+            ignored with a log line, as Keras ignores it.
     """
     import keras
     import tensorflow as tf
@@ -227,7 +228,10 @@ def _not_arrays(kind: str, x: Any, y: Any, sample_weight: Any, validation_split:
                 validation: Any) -> FitData:
     what = {"dataset": "a tf.data.Dataset", "py_dataset": "a keras.utils.PyDataset",
             "distributed": "a dataset_fn / distributed dataset"}[kind]
-    for name, value in (("y", y), ("sample_weight", sample_weight), ("batch_size", batch_size)):
+    if batch_size is not None:  # Keras' fit ignores it beside a dataset too (its elements are the batches)
+        get_logger().info("fit: batch_size=%s is ignored: x is %s, whose elements are already batches (as in "
+                          "Keras' fit)", batch_size, what)
+    for name, value in (("y", y), ("sample_weight", sample_weight)):
         if value is not None:
             raise ConfigError(f"fit: {name} cannot be given when x is {what} (its elements carry the batch, the "
                               f"targets and the weights); received {name}={type(value).__name__}")
