@@ -189,11 +189,16 @@ def _adapt(ctx: FitContext, loop_name: str) -> Dict[str, Any]:
     if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False):
         raise ConfigError("fit: the model is not compiled; call model.compile(optimizer=..., loss=...) inside "
                           "`with tfaccel.scope():` first")
+    from tfaccel.compat.keras_callless import build_callless_container
+
+    changes: Dict[str, Any] = {}
+    built = build_callless_container(model)  # keras-io's GAN / VAE: no call(), unbuildable under a strategy
+    if built:
+        changes["build"] = built
     if backend.uses_keras_fit:  # the coordinator loop warns itself
         from tfaccel.precision import check_output_dtype
 
         check_output_dtype(model)  # float16/bfloat16 outputs: the Keras mixed precision guide's warning
-    changes: Dict[str, Any] = {}
     accumulation = request.loop.gradient_accumulation_steps
     note = adapt_optimizer(model, replicas=backend.num_replicas_in_sync, accumulation_steps=accumulation)
     if note:
