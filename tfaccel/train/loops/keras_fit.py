@@ -12,13 +12,14 @@ go through ``tfaccel.train.data.example_stream`` instead, whose order is a funct
 
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
+from tfaccel.errors import ConfigError
 from tfaccel.train.data import FitData, example_stream
 from tfaccel.train.loops.base import Loop, LoopResult, steps_per_execution
 
 if TYPE_CHECKING:
     from tfaccel.train.context import FitContext
 
-__all__ = ["KerasFitLoop", "uses_stream", "run_keras_fit"]
+__all__ = ["KerasFitLoop", "uses_stream", "run_keras_fit", "refuse_string_batches"]
 
 
 def uses_stream(data: FitData, *, backend: Any, backups: bool) -> bool:
@@ -89,6 +90,29 @@ def run_keras_fit(model: Any, *, data: FitData, backend: Any, epochs: int, initi
                       steps=int(sum(step_counter.epoch_steps)))
 
 
+def refuse_string_batches(model: Any, *, replicas: int, keras_loop: str) -> None:
+    """Refuses string inputs on Keras fit over several replicas, before the first step.
+
+    Keras 3.15's fit under MirroredStrategy / MultiWorkerMirroredStrategy reduces the first distributed batch across
+    the replicas (``strategy.reduce("MEAN", batch)`` in ``TensorFlowTrainer._maybe_symbolic_build``) to build the
+    model, which fails on strings (``AddN`` has no string kernel) whether or not the model needs building. tfaccel's
+    multi-step loop trains string tensors; Keras fit cannot.
+
+    Raises:
+        ConfigError: the model takes string inputs and the job runs Keras fit over more than one replica.
+    """
+    names = [getattr(t, "name", "?") for t in getattr(model, "inputs", None) or []
+             if str(getattr(t, "dtype", "")) == "string"]
+    if replicas <= 1 or not names:
+        return
+    raise ConfigError(
+        f"fit: model input(s) {', '.join(names)} take strings, and this job runs Keras fit over {replicas} replicas "
+        f"({keras_loop}); Keras 3 fit reduces the first batch across replicas to build the model, which fails on "
+        "strings (AddN). Pass the string features as arrays or tensors (x=tf.constant(strings), y=...) without "
+        "per-batch callbacks, so tfaccel's multi-step loop trains them, or turn them into ids inside the dataset "
+        "(dataset.map(lambda x, y: (lookup(x), y)) with the lookup layer outside the model)")
+
+
 class KerasFitLoop(Loop):
     """Keras ``fit`` itself: every job the loops before it cannot train exactly, and whatever asks for it."""
 
@@ -116,6 +140,8 @@ class KerasFitLoop(Loop):
         return uses_stream(ctx.data, backend=ctx.backend, backups=bool(ctx.request.backups.backup_dir))
 
     def run(self, ctx: "FitContext") -> LoopResult:
+        refuse_string_batches(ctx.model, replicas=ctx.backend.num_replicas_in_sync,
+                              keras_loop=ctx.details.get("loop", "Keras fit"))
         validation = ctx.request.validation
         return run_keras_fit(ctx.model, data=ctx.data, backend=ctx.backend, epochs=ctx.request.epochs,
                              initial_epoch=ctx.start_epoch, start_step=ctx.start_step,

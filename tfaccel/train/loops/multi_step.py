@@ -300,8 +300,11 @@ def _first_rows(data: Any, rows: int) -> Tuple[Any, Any, Any]:
     """The first ``rows`` examples of the arrays: a batch with a replica's shapes, for Keras' symbolic build."""
     import tensorflow as tf
 
+    def rows_of(v: Any) -> Any:  # a tensor keeps its dtype (a string tensor as numpy is an object array)
+        return v[:rows] if tf.is_tensor(v) else np.asarray(v)[:rows]
+
     def head(a: Any) -> Any:
-        return None if a is None else tf.nest.map_structure(lambda v: np.asarray(v)[:rows], a)
+        return None if a is None else tf.nest.map_structure(rows_of, a)
 
     return head(data.x), head(data.y), head(data.sample_weight)
 
