@@ -12,6 +12,7 @@ go through ``tfaccel.train.data.example_stream`` instead, whose order is a funct
 
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
+from tfaccel.compat import keras_mwms
 from tfaccel.errors import ConfigError
 from tfaccel.train.data import FitData, example_stream
 from tfaccel.train.loops.base import Loop, LoopResult, steps_per_execution
@@ -19,7 +20,7 @@ from tfaccel.train.loops.base import Loop, LoopResult, steps_per_execution
 if TYPE_CHECKING:
     from tfaccel.train.context import FitContext
 
-__all__ = ["KerasFitLoop", "uses_stream", "run_keras_fit", "refuse_string_batches"]
+__all__ = ["KerasFitLoop", "uses_stream", "run_keras_fit", "fix_string_batches"]
 
 
 def uses_stream(data: FitData, *, backend: Any, backups: bool) -> bool:
@@ -90,27 +91,31 @@ def run_keras_fit(model: Any, *, data: FitData, backend: Any, epochs: int, initi
                       steps=int(sum(step_counter.epoch_steps)))
 
 
-def refuse_string_batches(model: Any, *, replicas: int, keras_loop: str) -> None:
-    """Refuses string inputs on Keras fit over several replicas, before the first step.
+def fix_string_batches(model: Any, *, replicas: int, keras_loop: str) -> Optional[str]:
+    """Lets Keras fit build a model with string inputs over several replicas, or refuses before the first step.
 
     Keras 3.15's fit under MirroredStrategy / MultiWorkerMirroredStrategy reduces the first distributed batch across
     the replicas (``strategy.reduce("MEAN", batch)`` in ``TensorFlowTrainer._maybe_symbolic_build``) to build the
-    model, which fails on strings (``AddN`` has no string kernel) whether or not the model needs building. tfaccel's
-    multi-step loop trains string tensors; Keras fit cannot.
+    model, which fails on strings (``AddN`` has no string kernel). ``tfaccel.compat.keras_mwms`` builds from the
+    first replica's batch instead, for string models under any strategy.
+
+    Returns:
+        What was done, for the plan; None when nothing was needed.
 
     Raises:
-        ConfigError: the model takes string inputs and the job runs Keras fit over more than one replica.
+        ConfigError: the fix cannot be applied here (switched off, another Keras version).
     """
-    names = [getattr(t, "name", "?") for t in getattr(model, "inputs", None) or []
-             if str(getattr(t, "dtype", "")) == "string"]
-    if replicas <= 1 or not names:
-        return
+    if replicas <= 1 or not keras_mwms.takes_strings(model):
+        return None
+    if keras_mwms.apply():
+        return (f"Keras fit over {replicas} replicas builds this string-input model from one replica's batch "
+                f"({keras_mwms.NAME})")
+    names = [getattr(t, "name", "?") for t in model.inputs if str(getattr(t, "dtype", "")) == "string"]
     raise ConfigError(
         f"fit: model input(s) {', '.join(names)} take strings, and this job runs Keras fit over {replicas} replicas "
-        f"({keras_loop}); Keras 3 fit reduces the first batch across replicas to build the model, which fails on "
-        "strings (AddN). Pass the string features as arrays or tensors (x=tf.constant(strings), y=...) without "
-        "per-batch callbacks, so tfaccel's multi-step loop trains them, or turn them into ids inside the dataset "
-        "(dataset.map(lambda x, y: (lookup(x), y)) with the lookup layer outside the model)")
+        f"({keras_loop}) without tfaccel's fix {keras_mwms.NAME}; Keras 3 fit reduces the first batch across "
+        "replicas to build the model, which fails on strings (AddN). Pass the string features as arrays or tensors "
+        "(x=tf.constant(strings), y=...) so tfaccel's multi-step loop trains them, or leave the fix switched on")
 
 
 class KerasFitLoop(Loop):
@@ -140,8 +145,10 @@ class KerasFitLoop(Loop):
         return uses_stream(ctx.data, backend=ctx.backend, backups=bool(ctx.request.backups.backup_dir))
 
     def run(self, ctx: "FitContext") -> LoopResult:
-        refuse_string_batches(ctx.model, replicas=ctx.backend.num_replicas_in_sync,
-                              keras_loop=ctx.details.get("loop", "Keras fit"))
+        note = fix_string_batches(ctx.model, replicas=ctx.backend.num_replicas_in_sync,
+                                  keras_loop=ctx.details.get("loop", "Keras fit"))
+        if note:
+            ctx.details["strings"] = note
         validation = ctx.request.validation
         return run_keras_fit(ctx.model, data=ctx.data, backend=ctx.backend, epochs=ctx.request.epochs,
                              initial_epoch=ctx.start_epoch, start_step=ctx.start_step,
