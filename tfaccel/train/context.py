@@ -207,10 +207,11 @@ def _adapt(ctx: FitContext, loop_name: str) -> Dict[str, Any]:
     if backend.optimizer_change:
         changes[backend.optimizer_change[0]] = backend.optimizer_change[1]
     from tfaccel.devices import detect_devices
+    from tfaccel.xla import decided_per_job
 
     devices = detect_devices()
     jit, jit_reason = bool(ctx.plan.jit_compile), ctx.plan.jit_reason
-    if jit and ctx.requested_jit == "auto" and not devices.num_gpus and not devices.tpu_address:
+    if decided_per_job(ctx.requested_jit, backend=backend, devices=devices):
         from tfaccel.train.xla_payback import job_decision
 
         jit, jit_reason, ctx.xla_auto = job_decision(model, backend=backend, data=data, epochs=request.epochs,
