@@ -27,8 +27,8 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     parser.add_argument("--optimizer", default=d.optimizer)
     parser.add_argument("--learning-rate", type=float, default=None, help="the optimizer's rate, used as given")
     parser.add_argument("--scale-learning-rate", default=d.scale_learning_rate, choices=LR_SCALING,
-                        help="scale the rate by global batch / --base-batch-size (default: linear; 'none' keeps the "
-                             "rate as given)")
+                        help="opt-in, as in tfaccel.fit: scale the rate by global batch / --base-batch-size "
+                             "(linear) or its square root (sqrt) (default: none, the rate as given)")
     parser.add_argument("--base-batch-size", type=int, default=None,
                         help="the batch the rate was tuned for (default: the per-replica batch)")
     parser.add_argument("--warmup-epochs", type=float, default=0)
