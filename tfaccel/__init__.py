@@ -20,6 +20,7 @@ _LAZY = {
     "detect_devices": "tfaccel.devices",
     "DeviceInfo": "tfaccel.devices",
     "get_logger": "tfaccel.log",
+    "is_chief": "tfaccel.log",
     "configure_logging": "tfaccel.log",
     "ClusterSpec": "tfaccel.cluster",
     "TaskInfo": "tfaccel.cluster",
