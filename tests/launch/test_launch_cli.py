@@ -164,13 +164,15 @@ def test_per_host_missing_peer_is_a_clear_error_within_connect_timeout(clean_tf_
     (["--workers", "1", "--", "no-such-program-xyz", "-v"], "command: program 'no-such-program-xyz' not found on PATH "
                                                             "(received 'no-such-program-xyz -v')"),
     (["--workers", "1", "--", "./no/such/script.py"], "command: script './no/such/script.py' not found"),
+    (["--workers", "2", "--", PY, "-u", "nosuch.py"], f"command: script 'nosuch.py' not found (received '{PY} -u "
+                                                      "nosuch.py'"),
     (["--workers", "1", "--", "./no/such/tool"], "command: program './no/such/tool' not an executable file"),
     (["--backend", "horovod", "--workers", "2", "--", "x"], "--backend horovod: --workers are for --backend tf"),
     (["--backend", "horovod", "-np", "0", "--dry-run", "--", "x"], "np: the number of Horovod ranks must be"),
 ])
 def test_bad_options_are_one_line_errors_with_exit_2(clean_tf_config, args, message):
     rc, launcher = _launch(*args)
-    assert rc == 2
+    assert rc == 2 and not launcher.task_pids  # before anything starts
     line = _one_error_line(launcher)
     assert line.startswith("tfaccel launch: error: ") and message in line
 
