@@ -13,7 +13,7 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     from tfaccel.models import MODEL_NAMES
     from tfaccel.precision import PRECISION_NAMES
     from tfaccel.strategies.registry import STRATEGY_NAMES
-    from tfaccel.train.optim import LR_SCALING, OPTIMIZER_NAMES
+    from tfaccel.train.optim import OPTIMIZER_NAMES
 
     parser = subparsers.add_parser(
         "fit", help="train a model with compile_and_fit (any strategy)",
@@ -43,6 +43,14 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     parser.add_argument("--optimizer", default=d.optimizer,
                         help=f"one of {', '.join(OPTIMIZER_NAMES)}, with Keras' default rate unless --learning-rate "
                              f"(default: {d.optimizer})")
+    _add_rate_and_job_options(parser, d)
+    parser.set_defaults(func=run)
+
+
+def _add_rate_and_job_options(parser: argparse.ArgumentParser, d: JobOptions) -> None:
+    """The learning rate, the steps, the files a job writes, its cluster task, its seed and its summary."""
+    from tfaccel.train.optim import LR_SCALING
+
     parser.add_argument("--learning-rate", type=float, default=None,
                         help="the optimizer's rate, used as given (default: Keras' default for --optimizer)")
     parser.add_argument("--scale-learning-rate", default=d.scale_learning_rate, choices=LR_SCALING,
@@ -72,7 +80,6 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
                         help="the seed of the initial weights, the example order and the --num-examples subset (default: 0)")
     parser.add_argument("--json-out", default=None, help="write the summary as JSON here (chief only)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
