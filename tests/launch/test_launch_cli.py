@@ -48,11 +48,13 @@ def test_dry_run_prints_tasks_tf_configs_and_commands_and_starts_nothing(clean_t
 def test_dry_run_per_host_names_the_peers_it_waits_for(clean_tf_config, tmp_path):
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text("worker: ['10.0.0.1:2222', '10.0.0.2:2222']\n")
+    script = tmp_path / "train.py"  # this host's task runs it: it must exist here (checked before anything starts)
+    script.write_text("")
     rc, launcher = _launch("--cluster", str(cluster), "--task", "worker:1", "--connect-timeout", "7", "--dry-run",
-                           "--", PY, "train.py")
+                           "--", PY, str(script))
     assert rc == 0
     assert "per-host mode, task worker:1" in launcher.stdout
-    assert f"worker:1  10.0.0.2:2222  command: {PY} train.py" in launcher.stdout
+    assert f"worker:1  10.0.0.2:2222  command: {PY} {script}" in launcher.stdout
     assert "would wait up to 7 s for: worker:0 (10.0.0.1:2222)" in launcher.stdout
 
 
