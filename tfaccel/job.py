@@ -124,6 +124,7 @@ def format_job_summary(summary: Dict[str, Any]) -> str:
     acc_text = f"val_accuracy {acc:.4f}" if acc is not None else f"loss {final.get('loss', float('nan')):.4f}"
     over = str(summary.get("examples_per_sec_over") or "").split(",")[0]  # "epochs 2-5"
     return (f"tfaccel fit: {summary['model']} on {summary['dataset']}: {acc_text}; trained {summary['steps']} steps in "
-            f"{summary['seconds']:.1f}s, {summary['examples_per_sec']:,.0f} examples/s{f' over {over}' if over else ''} "
+            f"{summary['seconds']:.1f}s, {summary['examples_per_sec']:,.0f} examples/s"
+            f"{f' over {over}' if over else ''} "
             f"({summary['strategy']} x{summary['replicas']} replicas, {summary['precision']}, "
             f"jit={summary['jit_compile']}, global batch {summary['global_batch_size']})")

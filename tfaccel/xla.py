@@ -26,8 +26,8 @@ JIT_CHOICES = ("auto", True, False)
 
 # On one CPU device "auto" is decided per job by tfaccel.fit (tfaccel.train.xla_payback): the plan made before the
 # model exists says so, and fit's plan says what the job started with and why.
-CPU_PER_JOB_NOTE = ("auto, one CPU device: decided per job by tfaccel.fit: off to start unless the decision cache holds "
-                    "figures of this model that predict a shorter job with XLA; the compiled loop may turn it on "
+CPU_PER_JOB_NOTE = ("auto, one CPU device: decided per job by tfaccel.fit: off to start unless the decision cache "
+                    "holds figures of this model that predict a shorter job with XLA; the compiled loop may turn it on "
                     "between epochs where the remaining steps pay its compilation back (FitResult.plan says what ran)")
 MULTI_WORKER_CPU_NOTE = ("MultiWorkerMirroredStrategy on CPUs: XLA cannot compile collectives for CPU devices "
                          "(\"Collectives are not yet implemented for CPU devices when compiling with XLA\", TF 2.21)")

@@ -31,7 +31,7 @@ def test_the_cli_page_is_every_verbs_help() -> None:
 def test_the_cli_page_in_the_repository_is_the_parsers_help() -> None:
     text = hooks.CLI_PAGE.read_text()
     assert text.count(hooks.CLI_MARK) == 1 and text.count(hooks.CLI_END) == 1
-    assert hooks.cli_page(text) == text, "docs/reference/cli.md is stale: run `python scripts/docs_hooks.py --write-cli`"
+    assert hooks.cli_page(text) == text, "docs/reference/cli.md is stale: `python scripts/docs_hooks.py --write-cli`"
     assert "## `tfaccel fit`" in text and "--scale-learning-rate {linear,sqrt,none}" in text
 
 

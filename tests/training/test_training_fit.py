@@ -273,7 +273,8 @@ def test_tfaccel_fit_cli_states_what_it_trained():
                                 "--base-batch-size", "32"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert summary["learning_rate"] == "linear: x2 (global batch 64 / base batch 32)" and summary["global_batch_size"] == 64
+    assert summary["learning_rate"] == "linear: x2 (global batch 64 / base batch 32)"
+    assert summary["global_batch_size"] == 64
     bad = _front_end(common + ["--scale-learning-rate", "cubic"], timeout=120)
     assert bad.returncode == 2 and "--scale-learning-rate: invalid choice: 'cubic'" in bad.stderr
 

@@ -17,8 +17,8 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
 
     parser = subparsers.add_parser(
         "fit", help="train a model with compile_and_fit (any strategy)",
-        description="Train a built-in (or your own) model on a dataset with tfaccel.compile_and_fit, then print one "
-                    "summary line (chief only). Run it under `tfaccel launch` to train on several workers.",
+        description="Train a built-in (or your own) model on a dataset with tfaccel.compile_and_fit, then print\n"
+                    "one summary line (chief only). Run it under `tfaccel launch` to train on several workers.",
         epilog="example:\n  tfaccel launch --workers 2 -- tfaccel fit --model mnist_cnn --dataset digits --epochs 5",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     d = JobOptions()
@@ -77,7 +77,8 @@ def _add_rate_and_job_options(parser: argparse.ArgumentParser, d: JobOptions) ->
     parser.add_argument("--cluster", default=None, help="cluster file; with --task, exports this task's TF_CONFIG")
     parser.add_argument("--task", default=None, help="this process's task, e.g. worker:1")
     parser.add_argument("--seed", type=int, default=0,
-                        help="the seed of the initial weights, the example order and the --num-examples subset (default: 0)")
+                        help="the seed of the initial weights, the example order and the --num-examples subset "
+                             "(default: 0)")
     parser.add_argument("--json-out", default=None, help="write the summary as JSON here (chief only)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 

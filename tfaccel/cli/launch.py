@@ -47,7 +47,7 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     """Adds the ``launch`` verb."""
     parser = subparsers.add_parser(
         "launch", help="run every task of a cluster locally on 127.0.0.1, or this host's task of a cluster",
-        description="Start one process per task with its own TF_CONFIG, prefix their output with the task, "
+        description="Start one process per task with its own TF_CONFIG, prefix their output with the task,\n"
                     "stop them all when one fails. Put the command after `--`.",
         epilog="examples:\n  tfaccel launch --workers 2 -- python train.py\n"
                "  tfaccel launch --ps 1 --workers 2 -- python coordinator.py\n"
@@ -146,7 +146,7 @@ def run_cli(args: argparse.Namespace) -> int:
 
     opts = launch_options(args)
     if args.tf_logs:
-        os.environ[TF_LOGS_ENV] = "1"  # the launcher's own switch (tfaccel.launch.tf_noise); tasks inherit it harmlessly
+        os.environ[TF_LOGS_ENV] = "1"  # the launcher's own switch (tfaccel.launch.tf_noise); tasks inherit it
     if args.cluster is not None:
         from tfaccel.cluster import ClusterSpec
 

@@ -12,8 +12,8 @@ from tfaccel.errors import ConfigError
 from tfaccel.job_id import JOB_ID_ENV, launch_job_id
 from tfaccel.log import get_logger
 
-__all__ = ["CHILD_DEFAULT_ENV", "server_command", "normalize_command", "script_operand", "child_base_env", "warn_inherited_tf_config",
-           "export_job_id"]
+__all__ = ["CHILD_DEFAULT_ENV", "server_command", "normalize_command", "script_operand", "child_base_env",
+           "warn_inherited_tf_config", "export_job_id"]
 
 
 # Set in every child unless the caller's environment already has them.

@@ -130,7 +130,8 @@ def prepare(model: Any, request: FitRequest) -> Tuple[FitContext, "Loop"]:
             model.steps_per_execution, model.train_function = spe[0], None
         changes["steps_per_execution"] = f"{spe[0]} ({spe[1]})"
     _announce(ctx, loop_reason=loop_reason, changes=changes)
-    ctx.details = {"loop": loop_reason, "loop_name": loop.name, "loops_rejected": rejected, "data": ctx.data.note, "seed": ctx.data.seed,
+    ctx.details = {"loop": loop_reason, "loop_name": loop.name, "loops_rejected": rejected, "data": ctx.data.note,
+                   "seed": ctx.data.seed,
                    **changes, "restarts": restarts}
     if "journal" in ctx.named:
         ctx.details["world_size"] = ctx.named["journal"].record(ctx.start_epoch, ctx.start_step)["world_size_changes"]
