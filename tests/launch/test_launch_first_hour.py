@@ -51,3 +51,17 @@ def test_a_model_built_outside_the_scope_is_one_line_per_worker_about_that(clean
                                    "describes 2 tasks (worker x2) without ps tasks) must be set up before TensorFlow "
                                    "runs"), lines
     assert "Traceback" not in launcher.stderr and "Collective ops must be configured" not in launcher.stderr
+
+
+NOISY = ("import sys; print('WARNING: All log messages before absl::InitializeLog() is called are written to STDERR', "
+         "file=sys.stderr); print('the job failed', file=sys.stderr); sys.exit(3)")
+
+
+def test_tensorflows_banners_are_left_out_unless_asked(clean_tf_config):
+    for extra, shown in (((), False), (("--tf-logs",), True)):
+        with Launcher("--workers", "1", "--timeout", "60", *extra, "--", PY, "-c", NOISY) as launcher:
+            rc = launcher.wait(timeout=90)
+        assert rc == 3 and "[worker 0] the job failed" in launcher.stderr
+        assert ("[worker 0] WARNING: All log messages before absl" in launcher.stderr) is shown
+        tail = launcher.stderr.split("Last lines of worker:0:")[1]  # the failure report's tail of the task
+        assert "the job failed" in tail and ("absl::InitializeLog" in tail) is shown
