@@ -108,6 +108,7 @@ def run_job(options: JobOptions) -> Dict[str, Any]:
         "examples_per_sec": round(result.examples_per_sec, 1),
         "examples_per_sec_over": result.details.get("examples_per_sec_over"), "seconds": round(result.seconds, 2),
         "learning_rate": result.details.get("learning_rate"), "loop": result.details.get("loop"),
+        "plan": result.plan.to_dict(),
     }
     if options.json_out and result.plan.is_chief:
         from tfaccel.train.atomic_io import atomic_write_text

@@ -269,10 +269,13 @@ def test_tfaccel_fit_cli_states_what_it_trained():
     assert summary["strategy"] == "default" and summary["global_batch_size"] == 32 and summary["steps"] == 8
     assert summary["learning_rate"] == "learning rate as compiled"
     assert summary["jit_compile"] is False  # convolutions on CPU: "auto" keeps XLA off for this model
+    assert "tfaccel INFO: trained 8 steps" in proc.stderr and "DEBUG" not in proc.stderr  # one line per job
     proc = _front_end(common + ["--scale-learning-rate", "linear", "--per-replica-batch-size", "64",
-                                "--base-batch-size", "32"])
+                                "--base-batch-size", "32", "--verbose"])
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "tfaccel DEBUG: plan: strategy default (1 replica; requested explicitly)" in proc.stderr  # the details
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["plan"]["strategy"] == "default" and summary["plan"]["jit_reason"]
     assert summary["learning_rate"] == "linear: x2 (global batch 64 / base batch 32)"
     assert summary["global_batch_size"] == 64
     bad = _front_end(common + ["--scale-learning-rate", "cubic"], timeout=120)

@@ -3,6 +3,7 @@
 import argparse
 import dataclasses
 import json
+import logging
 import sys
 
 from tfaccel.job import JobOptions
@@ -80,12 +81,18 @@ def _add_rate_and_job_options(parser: argparse.ArgumentParser, d: JobOptions) ->
                         help="the seed of the initial weights, the example order and the --num-examples subset "
                              "(default: 0)")
     parser.add_argument("--json-out", default=None, help="write the summary as JSON here (chief only)")
-    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON (with the whole plan)")
+    parser.add_argument("--verbose", action="store_true", dest="debug_log",  # not JobOptions.verbose (Keras')
+                        help="also log the details at DEBUG: the plan with every reason, the data, the loop and what "
+                             "tfaccel changed (default: one summary line per job)")
 
 
 def run(args: argparse.Namespace) -> int:
     from tfaccel.job import format_job_summary, run_job
+    from tfaccel.log import configure_logging
 
+    if args.debug_log:
+        configure_logging(level=logging.DEBUG)
     fields = {f.name for f in dataclasses.fields(JobOptions)}
     options = JobOptions(**{k: v for k, v in vars(args).items() if k in fields})
     summary = run_job(options)
