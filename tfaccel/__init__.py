@@ -10,7 +10,8 @@ Example:
 
 from tfaccel._lazy import lazy_exports
 from tfaccel._version import __version__
-from tfaccel.errors import EXIT_PREEMPTED, BackendUnavailableError, ConfigError, DeviceError, Preempted, TfaccelError
+from tfaccel.errors import (EXIT_PREEMPTED, BackendUnavailableError, ConfigError, DeviceError, Preempted, TfaccelError,
+                            short_errors_in_launched_tasks)
 
 # Public name -> module that defines it (loaded on first use, so `import tfaccel` does not import TensorFlow).
 _LAZY = {
@@ -19,6 +20,7 @@ _LAZY = {
     "detect_devices": "tfaccel.devices",
     "DeviceInfo": "tfaccel.devices",
     "get_logger": "tfaccel.log",
+    "is_chief": "tfaccel.log",
     "configure_logging": "tfaccel.log",
     "ClusterSpec": "tfaccel.cluster",
     "TaskInfo": "tfaccel.cluster",
@@ -44,4 +46,5 @@ __all__ = ["__version__", "TfaccelError", "ConfigError", "DeviceError", "Backend
            "EXIT_PREEMPTED", *_LAZY]
 
 
+short_errors_in_launched_tasks()  # under `tfaccel launch` only: a tfaccel error is one line per worker, not a traceback
 __getattr__, __dir__ = lazy_exports("tfaccel", globals(), _LAZY, __all__)

@@ -4,7 +4,12 @@ Every tfaccel error is a ``TfaccelError``. Errors about user input (a cluster fi
 ``ValueError`` so that callers who catch the standard type keep working.
 """
 
-from typing import Iterable, Optional
+import difflib
+import os
+import sys
+import traceback
+from types import TracebackType
+from typing import Iterable, Optional, Type
 
 EXIT_PREEMPTED = 75
 """The exit status of a process that stopped because it was preempted (SIGTERM, or ``TFACCEL_PREEMPTION_SIGNAL``)
@@ -51,7 +56,8 @@ class BackendUnavailableError(TfaccelError, RuntimeError):
 
 
 def invalid_choice(what: str, received: object, valid: Iterable[str], hint: Optional[str] = None) -> ConfigError:
-    """Builds the standard "unknown choice" error: names the thing, shows what was received, lists what is valid.
+    """Builds the standard "unknown choice" error: names the thing, shows what was received, lists what is valid,
+    and suggests the closest valid value to a misspelt one (``did you mean 'mirrored'?``).
 
     Args:
         what: the name of the option or field, e.g. ``"strategy"``.
@@ -62,7 +68,50 @@ def invalid_choice(what: str, received: object, valid: Iterable[str], hint: Opti
     Returns:
         A ``ConfigError`` ready to raise.
     """
+    valid = list(valid)
     msg = f"{what}: unknown value {received!r}; valid values are: {', '.join(repr(v) for v in valid)}"
+    close = (difflib.get_close_matches(received.lower(), [str(v) for v in valid], n=1, cutoff=0.6)
+             if isinstance(received, str) else [])
+    if close:
+        msg += f"; did you mean {close[0]!r}?"
     if hint:
-        msg += f". {hint}"
+        msg += f"{' ' if close else '. '}{hint}"
     return ConfigError(msg)
+
+
+TRACEBACK_ENV = "TFACCEL_TRACEBACK"
+
+
+def _user_frame(tb: Optional[TracebackType]) -> str:
+    """``file:line`` of the innermost frame outside tfaccel's package (the user's call), or ``""``."""
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    where = ""
+    for frame in traceback.extract_tb(tb):
+        if not os.path.abspath(frame.filename).startswith(package):
+            where = f"{frame.filename}:{frame.lineno}"
+    return where
+
+
+def _short_hook(kind: Type[BaseException], exc: BaseException, tb: Optional[TracebackType]) -> None:
+    if not isinstance(exc, TfaccelError) or os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
+        sys.__excepthook__(kind, exc, tb)
+        return
+    where = _user_frame(tb)
+    sys.stderr.write(f"tfaccel.{kind.__name__}{f' at {where}' if where else ''}: {exc} ({TRACEBACK_ENV}=1 shows the "
+                     "traceback)\n")
+
+
+def short_errors_in_launched_tasks(environ: Optional[dict] = None) -> bool:
+    """In a task that ``tfaccel launch`` started (``TFACCEL_OUTPUT_PREFIXED=1``), an uncaught ``TfaccelError`` is
+    one line (its type, the user's line that called tfaccel, the message) instead of a traceback through tfaccel's
+    internals, printed by every worker; ``TFACCEL_TRACEBACK=1`` keeps Python's traceback. Other exceptions and a
+    hook the program set itself are left alone. The exit status stays Python's (1).
+
+    Returns:
+        Whether the hook was installed.
+    """
+    env = os.environ if environ is None else environ
+    if env.get("TFACCEL_OUTPUT_PREFIXED") != "1" or sys.excepthook is not sys.__excepthook__:
+        return False
+    sys.excepthook = _short_hook
+    return True

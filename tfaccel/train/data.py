@@ -85,11 +85,12 @@ def check_seed(seed: Any) -> Optional[int]:
     return int(seed)
 
 
-def agree_on_seed(seed: Optional[int], *, backend: Any) -> int:
+def agree_on_seed(seed: Optional[int], *, backend: Any, announce: bool = True) -> int:
     """The seed of the example order, the same in every process of the job.
 
-    ``None`` draws a fresh seed on the first worker (logged, so the run can be repeated with it) and shares it
-    with the others: a MultiWorkerMirrored all-reduce, or a Horovod broadcast.
+    ``None`` draws a fresh seed on the first worker (logged at INFO where ``announce``, else at DEBUG: ``fit``'s
+    ``verbose=0``; ``FitResult.details["seed"]`` holds it either way) and shares it with the others: a
+    MultiWorkerMirrored all-reduce, or a Horovod broadcast.
     """
     if seed is not None:
         return int(seed)
@@ -107,7 +108,8 @@ def agree_on_seed(seed: Optional[int], *, backend: Any) -> int:
         shared = strategy.run(first_replica_only)
         fresh = int(strategy.reduce(tf.distribute.ReduceOp.SUM, shared, axis=None))
     if backend.is_chief:
-        get_logger().info("seed=None: drew seed %d for the example order (pass seed=%d to repeat it)", fresh, fresh)
+        say = get_logger().info if announce else get_logger().debug
+        say("seed=None: drew seed %d for the example order (pass seed=%d to repeat it)", fresh, fresh)
     return fresh
 
 

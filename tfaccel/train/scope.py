@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterator, Mapping, Optional, Tuple, Union
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
 
-__all__ = ["scope", "plan_for_model"]
+__all__ = ["scope", "plan_for_model", "outside_scope_error", "STARTUP_STRATEGIES"]
 
 # Plans entered in this process, by the id of their tf.distribute strategy.
 _PLANS: Dict[int, Tuple[Any, Any, Any]] = {}
@@ -91,8 +91,11 @@ def plan_for_model(model: Any) -> Tuple[Any, Any, Union[str, bool]]:
         raise ConfigError(f"fit: the model was built under a {type(strategy).__name__} that tfaccel did not make. "
                           "Build and compile it inside `with tfaccel.scope():` (the same strategy is returned by "
                           "tfaccel.get_strategy()), then call tfaccel.fit outside that block")
-    from tfaccel.plan import resolve_plan
+    from tfaccel.plan import describe_auto, resolve_plan
 
+    auto = describe_auto()
+    if auto["strategy"] in STARTUP_STRATEGIES:  # building the model started TF: too late for this strategy
+        raise outside_scope_error(auto)
     plan, backend = resolve_plan(strategy="auto")
     if backend.strategy is not strategy:
         raise ConfigError(f"fit: the model was built outside tfaccel.scope(), so its variables live on one device, but "
@@ -100,3 +103,18 @@ def plan_for_model(model: Any) -> Tuple[Any, Any, Union[str, bool]]:
                           "compile the model inside `with tfaccel.scope():`")
     _PLANS[id(strategy)] = (plan, backend, "auto")
     return plan, backend, "auto"
+
+
+# Strategies that must exist before TensorFlow's runtime starts ("Collective ops must be configured at program
+# startup"); a model built outside tfaccel.scope() has started it, so "auto" picking one of them is the user's
+# missing scope, said before TensorFlow's own error.
+STARTUP_STRATEGIES = ("multi_worker",)
+
+
+def outside_scope_error(auto: Mapping[str, Any]) -> ConfigError:
+    """The error for a model built outside ``tfaccel.scope()`` where ``"auto"`` (``auto``: ``describe_auto()``)
+    picks a strategy that must be set up before TensorFlow runs (MultiWorkerMirroredStrategy under ``tfaccel
+    launch``)."""
+    return ConfigError(f"fit: the model was built outside tfaccel.scope(), but this process's strategy "
+                       f"{auto['strategy']!r} ({auto['strategy_reason']}) must be set up before TensorFlow runs, and "
+                       "building the model started it. Build and compile the model inside `with tfaccel.scope():`")
