@@ -10,7 +10,10 @@ Example:
 
 from tfaccel._lazy import lazy_exports
 from tfaccel._version import __version__
-from tfaccel.errors import EXIT_PREEMPTED, BackendUnavailableError, ConfigError, DeviceError, Preempted, TfaccelError
+import os as _os
+
+from tfaccel.errors import (EXIT_CONFIG, EXIT_PREEMPTED, LAUNCHED_ENV, BackendUnavailableError, ConfigError, DeviceError,
+                            Preempted, TfaccelError, exit_on_config_error)
 
 # Public name -> module that defines it (loaded on first use, so `import tfaccel` does not import TensorFlow).
 _LAZY = {
@@ -41,7 +44,10 @@ _LAZY = {
 }
 
 __all__ = ["__version__", "TfaccelError", "ConfigError", "DeviceError", "BackendUnavailableError", "Preempted",
-           "EXIT_PREEMPTED", *_LAZY]
+           "EXIT_PREEMPTED", "EXIT_CONFIG", *_LAZY]
+
+if _os.environ.get(LAUNCHED_ENV) == "1":  # a task of `tfaccel launch`: a ConfigError exits 2, never restarted
+    exit_on_config_error()
 
 
 __getattr__, __dir__ = lazy_exports("tfaccel", globals(), _LAZY, __all__)

@@ -4,7 +4,10 @@ Every tfaccel error is a ``TfaccelError``. Errors about user input (a cluster fi
 ``ValueError`` so that callers who catch the standard type keep working.
 """
 
-from typing import Iterable, Optional
+import contextlib
+import os
+import sys
+from typing import Any, Iterable, Optional
 
 EXIT_PREEMPTED = 75
 """The exit status of a process that stopped because it was preempted (SIGTERM, or ``TFACCEL_PREEMPTION_SIGNAL``)
@@ -14,6 +17,15 @@ after every worker agreed on a step and the chief wrote a backup there (or found
 such a job from its backup without counting it against ``--max-restarts`` (``--count-preemptions`` counts it), and
 a scheduler can requeue on it (a Kubernetes Job's ``podFailurePolicy`` ``onExitCodes: [75]``, SLURM ``scontrol
 requeue``)."""
+
+EXIT_CONFIG = 2
+"""The exit status of a process that stopped on a configuration error (a :class:`ConfigError`): the ``tfaccel`` CLI
+and ``scripts/train.py`` exit with it, and so does a program that ``tfaccel launch`` started when a ``ConfigError``
+reaches its top level (:func:`exit_on_config_error`). The launcher never restarts a job after it, whatever
+``--max-restarts`` says: the same options would fail the same way on every attempt."""
+
+LAUNCHED_ENV = "TFACCEL_EXIT_ON_CONFIG_ERROR"
+"""Set to ``1`` by ``tfaccel launch`` in every task: ``import tfaccel`` there installs :func:`exit_on_config_error`."""
 
 
 class TfaccelError(Exception):
@@ -66,3 +78,28 @@ def invalid_choice(what: str, received: object, valid: Iterable[str], hint: Opti
     if hint:
         msg += f". {hint}"
     return ConfigError(msg)
+
+
+def exit_on_config_error() -> None:
+    """Makes a ``ConfigError`` that reaches the top level end this process with :data:`EXIT_CONFIG` (2), not 1.
+
+    Python's own hook prints the traceback first, as always; then standard output and error are flushed and the
+    process ends with status 2 (``os._exit``: the interpreter's clean-up, TensorFlow's included, is skipped; nothing
+    is left to save after a configuration error). Any other exception keeps Python's exit status 1. ``import
+    tfaccel`` installs it in the tasks that ``tfaccel launch`` starts (:data:`LAUNCHED_ENV`), so that the launcher
+    can tell a configuration error from a crash and does not restart the job. Installing it twice is a no-op.
+    """
+    previous = sys.excepthook
+    if getattr(previous, "_tfaccel_config_exit", False):
+        return
+
+    def hook(exc_type: type, exc: BaseException, tb: Any) -> None:
+        previous(exc_type, exc, tb)
+        if isinstance(exc_type, type) and issubclass(exc_type, ConfigError):
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            os._exit(EXIT_CONFIG)
+
+    hook._tfaccel_config_exit = True  # type: ignore[attr-defined]
+    sys.excepthook = hook

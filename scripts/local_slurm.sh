@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# A one-host SLURM cluster on 127.0.0.1 for trying tfaccel (and for its tests), from Debian's own packages.
+#
+# Usage: bash scripts/local_slurm.sh up|down|status [DIR]
+#   up      install Debian's slurmctld, slurmd, slurm-client and munge when missing (as root; `apt-get update`
+#           first), write a munge key and slurm.conf in DIR, start munged, slurmctld and one slurmd per node,
+#           wait until `sinfo` shows every node idle, and print the environment to use (SLURM_CONF=...).
+#           Running `up` again on a running cluster only prints the environment.
+#   down    stop each daemon by the PID in its pid file (slurmd, slurmctld, munged) and wait for it to end.
+#   status  print `sinfo` of the cluster in DIR, or say it is not running (exit 1).
+#   DIR     the cluster's own directory (config, key, state, logs, pid files). Defaults to
+#           $TFACCEL_SLURM_DIR, else /tmp/tfaccel-slurm.
+#
+# The cluster: partition `debug` with two nodes, both this host under two names that resolve to 127.0.0.1
+# (this host's short name and `localhost`), each with its own slurmd (Debian's build runs several slurmd on one
+# host: `slurmd -N NAME`, one port per node). Each node declares 2 CPUs (SlurmdParameters=config_overrides, so
+# a node smaller than that still registers), hence up to 4 tasks per job step, e.g. a chief, a ps and 2 workers.
+# Munge runs with the key and socket in DIR (slurm.conf's AuthInfo points SLURM at it), so nothing under
+# /etc/munge or /etc/slurm is read or written.
+# Environment: TFACCEL_SLURM_DIR, TFACCEL_SLURM_PORT_BASE (slurmctld's port; the slurmds take the next ones;
+# default 16817), TFACCEL_SLURM_WAIT (seconds `up` waits for the nodes; default 60).
+set -euo pipefail
+
+usage() { sed -n '2,21p' "$0"; }
+die() { echo "local_slurm: $*" >&2; exit 1; }
+
+verb="${1:-}"
+case "$verb" in
+    up|down|status) ;;
+    -h|--help) usage; exit 0 ;;
+    "") usage >&2; exit 2 ;;
+    *) echo "local_slurm: unknown command '$verb'; valid: up, down, status" >&2; exit 2 ;;
+esac
+[ $# -le 2 ] || { echo "local_slurm: too many arguments; usage: local_slurm.sh up|down|status [DIR]" >&2; exit 2; }
+dir="${2:-${TFACCEL_SLURM_DIR:-/tmp/tfaccel-slurm}}"
+case "$dir" in /*) ;; *) dir="$PWD/$dir" ;; esac
+base_port="${TFACCEL_SLURM_PORT_BASE:-16817}"
+wait_s="${TFACCEL_SLURM_WAIT:-60}"
+host="$(hostname -s)"
+nodes=("$host" localhost)
+export PATH="/usr/sbin:/usr/bin:/sbin:/bin:${PATH:-}"
+export SLURM_CONF="$dir/slurm.conf"
+
+# stop_pid FILE NAME: ends the daemon whose PID is in FILE (TERM, then KILL after 10 s) and removes FILE.
+stop_pid() {
+    local file="$1" name="$2" pid
+    [ -f "$file" ] || return 0
+    pid="$(cat "$file")"
+    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+        kill -TERM "$pid" 2>/dev/null || true
+        for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        if kill -0 "$pid" 2>/dev/null; then
+            echo "local_slurm: $name (pid $pid) did not stop in 10 s; killing it" >&2
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+    fi
+    rm -f "$file"
+}
+
+down() {
+    local node
+    for node in "${nodes[@]}"; do stop_pid "$dir/run/slurmd-$node.pid" "slurmd $node"; done
+    stop_pid "$dir/run/slurmctld.pid" slurmctld
+    stop_pid "$dir/run/munged.pid" munged
+    echo "local_slurm: stopped the cluster in $dir"
+}
+
+install_packages() {
+    local missing=()
+    command -v slurmctld >/dev/null || missing+=(slurmctld)
+    command -v slurmd >/dev/null || missing+=(slurmd)
+    command -v srun >/dev/null || missing+=(slurm-client)
+    command -v munged >/dev/null || missing+=(munge)
+    [ ${#missing[@]} -eq 0 ] && return 0
+    [ "$(id -u)" -eq 0 ] || die "Debian's ${missing[*]} are not installed and this is not root; run" \
+        "'sudo apt-get update && sudo apt-get install -y slurmctld slurmd slurm-client munge' first"
+    command -v apt-get >/dev/null || die "${missing[*]} missing and no apt-get here (the script needs Debian/Ubuntu)"
+    echo "local_slurm: installing ${missing[*]} (apt-get update, then apt-get install)"
+    local start=$SECONDS
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >"$dir/log/apt.log" 2>&1 \
+        || { cat "$dir/log/apt.log" >&2; die "apt-get update failed (log above)"; }
+    local t_update=$((SECONDS - start))
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurmctld slurmd slurm-client munge \
+        >>"$dir/log/apt.log" 2>&1 || { tail -20 "$dir/log/apt.log" >&2; die "apt-get install failed (log above)"; }
+    echo "local_slurm: installed in $((SECONDS - start)) s (apt-get update $t_update s)"
+}
+
+write_config() {
+    local n port=$((base_port + 1)) names
+    names="$(IFS=,; echo "${nodes[*]}")"
+    if [ ! -f "$dir/munge.key" ]; then
+        head -c 1024 /dev/urandom >"$dir/munge.key"
+    fi
+    chmod 400 "$dir/munge.key"
+    {
+        echo "# written by scripts/local_slurm.sh: a one-host cluster on 127.0.0.1"
+        echo "ClusterName=tfaccel"
+        echo "SlurmctldHost=$host(127.0.0.1)"
+        echo "SlurmctldPort=$base_port"
+        echo "SlurmdPort=$((base_port + 1))"
+        echo "AuthType=auth/munge"
+        echo "CredType=cred/munge"
+        echo "AuthInfo=socket=$dir/run/munge.socket"
+        echo "StateSaveLocation=$dir/state"
+        echo "SlurmdSpoolDir=$dir/spool/%n"
+        echo "SlurmctldPidFile=$dir/run/slurmctld.pid"
+        echo "SlurmdPidFile=$dir/run/slurmd-%n.pid"
+        echo "SlurmctldLogFile=$dir/log/slurmctld.log"
+        echo "SlurmdLogFile=$dir/log/slurmd-%n.log"
+        echo "ProctrackType=proctrack/linuxproc"
+        echo "TaskPlugin=task/none"
+        echo "JobCompType=jobcomp/none"
+        echo "SchedulerType=sched/backfill"
+        echo "SelectType=select/cons_tres"
+        echo "SelectTypeParameters=CR_Core"
+        echo "SlurmdParameters=config_overrides"
+        echo "ReturnToService=2"
+        echo "SlurmUser=root"
+        echo "SlurmdUser=root"
+        echo "MpiDefault=none"
+        echo "KillWait=5"
+        echo "MinJobAge=30"
+        echo "JobRequeue=1"
+        for n in "${nodes[@]}"; do
+            echo "NodeName=$n NodeHostname=$host NodeAddr=127.0.0.1 Port=$port CPUs=2 State=UNKNOWN"
+            port=$((port + 1))
+        done
+        echo "PartitionName=debug Nodes=$names Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES"
+    } >"$dir/slurm.conf"
+}
+
+print_env() {
+    echo "local_slurm: cluster up in $dir; to use it:"
+    echo "export SLURM_CONF=$dir/slurm.conf"
+}
+
+nodes_idle() {  # true when sinfo lists every node idle (or mixed/allocated: the cluster is usable)
+    local states
+    states="$(sinfo -h -N -o '%N %t' 2>/dev/null)" || return 1
+    [ "$(grep -cE ' (idle|mix|alloc)$' <<<"$states")" -eq "${#nodes[@]}" ]
+}
+
+up() {
+    mkdir -p "$dir/state" "$dir/run" "$dir/log"
+    local n
+    for n in "${nodes[@]}"; do mkdir -p "$dir/spool/$n"; done
+    if [ -f "$dir/run/slurmctld.pid" ] && kill -0 "$(cat "$dir/run/slurmctld.pid")" 2>/dev/null && nodes_idle; then
+        print_env; return 0
+    fi
+    down >/dev/null  # a half-started cluster (a daemon died) starts afresh
+    install_packages
+    write_config
+    munged --force --key-file="$dir/munge.key" --socket="$dir/run/munge.socket" --pid-file="$dir/run/munged.pid" \
+        --log-file="$dir/log/munged.log" --seed-file="$dir/run/munged.seed" 2>>"$dir/log/munged.log" \
+        || die "munged did not start; see $dir/log/munged.log"
+    slurmctld -f "$SLURM_CONF" 2>>"$dir/log/slurmctld.log" || die "slurmctld did not start; see $dir/log/slurmctld.log"
+    for n in "${nodes[@]}"; do
+        slurmd -f "$SLURM_CONF" -N "$n" 2>>"$dir/log/slurmd-$n.log" || die "slurmd $n did not start; see $dir/log/slurmd-$n.log"
+    done
+    local deadline=$((SECONDS + wait_s))
+    until nodes_idle; do
+        if [ $SECONDS -ge $deadline ]; then
+            sinfo -N >&2 || true
+            tail -5 "$dir/log/slurmctld.log" >&2 || true
+            die "the nodes were not idle after ${wait_s} s (sinfo and slurmctld's log above; logs in $dir/log)"
+        fi
+        sleep 0.5
+    done
+    print_env
+}
+
+case "$verb" in
+    up) up ;;
+    down) down ;;
+    status) if nodes_idle; then sinfo -N; else echo "local_slurm: no running cluster in $dir" >&2; exit 1; fi ;;
+esac
