@@ -22,8 +22,8 @@ from tfaccel.cluster.errors import ClusterConfigError
 from tfaccel.cluster.limits import MAX_BYTES, MAX_DIGITS, show, shorten
 from tfaccel.log import get_logger
 
-__all__ = ["expand_nodelist", "parse_tasks_per_node", "slurm_cluster", "DEFAULT_SLURM_PORT", "SLURM_PORT_ENV",
-           "SLURM_PS_ENV"]
+__all__ = ["expand_nodelist", "parse_tasks_per_node", "slurm_cluster", "in_job_step", "DEFAULT_SLURM_PORT",
+           "SLURM_PORT_ENV", "SLURM_PS_ENV"]
 
 DEFAULT_SLURM_PORT = 8888
 SLURM_PORT_ENV = "TFACCEL_SLURM_PORT"
@@ -196,6 +196,23 @@ def _int_var(environ: Mapping[str, str], var: str, *, minimum: int = 0) -> Optio
     if value < minimum:
         raise _fail(var, raw, f"must be an integer >= {minimum}")
     return value
+
+
+def in_job_step(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether this process is a task of a SLURM job step (started by ``srun``), not a batch script or a shell.
+
+    Args:
+        environ: the environment to read. Defaults to ``os.environ``.
+
+    Returns:
+        True when ``SLURM_PROCID`` and one of ``SLURM_STEP_NODELIST`` / ``SLURM_STEP_ID`` / ``SLURM_STEPID`` are set.
+
+    Example:
+        >>> in_job_step({"SLURM_PROCID": "0", "SLURM_STEP_ID": "0"}), in_job_step({"SLURM_PROCID": "0"})
+        (True, False)
+    """
+    env = os.environ if environ is None else environ
+    return "SLURM_PROCID" in env and any(env.get(v) for v in STEP_VARS)
 
 
 def _warn_not_in_step(num_nodes: int) -> None:
