@@ -11,10 +11,13 @@
 #   DIR     the cluster's own directory (config, key, state, logs, pid files). Defaults to
 #           $TFACCEL_SLURM_DIR, else /tmp/tfaccel-slurm.
 #
-# The cluster: partition `debug` with two nodes, both this host under two names that resolve to 127.0.0.1
-# (this host's short name and `localhost`), each with its own slurmd (Debian's build runs several slurmd on one
-# host: `slurmd -N NAME`, one port per node). Each node declares 2 CPUs (SlurmdParameters=config_overrides, so
-# a node smaller than that still registers), hence up to 4 tasks per job step, e.g. a chief, a ps and 2 workers.
+# The cluster: three nodes, all this host (NodeAddr 127.0.0.1), each with its own slurmd (Debian's build runs
+# several slurmd on one host: `slurmd -N NAME`, one port per node). Partition `debug` (the default) is node
+# `$(hostname -s)`, a name that resolves here, declared with 4 CPUs (SlurmdParameters=config_overrides lets a
+# 2-core host register it), so a job step of up to 4 tasks (a chief, a ps and 2 workers) runs on it. Partition
+# `multi` is node9 and node10 (2 CPUs each): a two-node allocation whose host list (`node[9-10]`), tasks per node
+# and rank order are SLURM's own; their names do not resolve, so nothing listens there (tfaccel gives task k of a
+# node port PORT + k, and two node names on one host would share the ports).
 # Munge runs with the key and socket in DIR (slurm.conf's AuthInfo points SLURM at it), so nothing under
 # /etc/munge or /etc/slurm is read or written.
 # Environment: TFACCEL_SLURM_DIR, TFACCEL_SLURM_PORT_BASE (slurmctld's port; the slurmds take the next ones;
@@ -37,7 +40,7 @@ case "$dir" in /*) ;; *) dir="$PWD/$dir" ;; esac
 base_port="${TFACCEL_SLURM_PORT_BASE:-16817}"
 wait_s="${TFACCEL_SLURM_WAIT:-60}"
 host="$(hostname -s)"
-nodes=("$host" localhost)
+nodes=("$host" node9 node10)
 export PATH="/usr/sbin:/usr/bin:/sbin:/bin:${PATH:-}"
 export SLURM_CONF="$dir/slurm.conf"
 
@@ -58,8 +61,20 @@ stop_pid() {
 }
 
 down() {
-    local node
-    for node in "${nodes[@]}"; do stop_pid "$dir/run/slurmd-$node.pid" "slurmd $node"; done
+    local node jobs pidfile
+    if [ -f "$dir/run/slurmctld.pid" ] && kill -0 "$(cat "$dir/run/slurmctld.pid")" 2>/dev/null; then
+        jobs="$(squeue -h -o %i 2>/dev/null || true)"
+        if [ -n "$jobs" ]; then  # end the jobs first: their processes belong to slurmstepd, not to a pid file
+            # shellcheck disable=SC2086
+            scancel $jobs 2>/dev/null || true
+            for _ in $(seq 100); do [ -z "$(squeue -h -o %i 2>/dev/null)" ] && break; sleep 0.1; done
+        fi
+    fi
+    for pidfile in "$dir"/run/slurmd-*.pid; do  # every slurmd started here, also of an older node list
+        [ -e "$pidfile" ] || continue
+        node="${pidfile##*/slurmd-}"
+        stop_pid "$pidfile" "slurmd ${node%.pid}"
+    done
     stop_pid "$dir/run/slurmctld.pid" slurmctld
     stop_pid "$dir/run/munged.pid" munged
     echo "local_slurm: stopped the cluster in $dir"
@@ -86,8 +101,7 @@ install_packages() {
 }
 
 write_config() {
-    local n port=$((base_port + 1)) names
-    names="$(IFS=,; echo "${nodes[*]}")"
+    local n cpus port=$((base_port + 1))
     if [ ! -f "$dir/munge.key" ]; then
         head -c 1024 /dev/urandom >"$dir/munge.key"
     fi
@@ -122,10 +136,13 @@ write_config() {
         echo "MinJobAge=30"
         echo "JobRequeue=1"
         for n in "${nodes[@]}"; do
-            echo "NodeName=$n NodeHostname=$host NodeAddr=127.0.0.1 Port=$port CPUs=2 State=UNKNOWN"
+            cpus=2
+            [ "$n" = "$host" ] && cpus=4
+            echo "NodeName=$n NodeHostname=$host NodeAddr=127.0.0.1 Port=$port CPUs=$cpus State=UNKNOWN"
             port=$((port + 1))
         done
-        echo "PartitionName=debug Nodes=$names Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES"
+        echo "PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES"
+        echo "PartitionName=multi Nodes=node9,node10 MaxTime=INFINITE State=UP OverSubscribe=YES"
     } >"$dir/slurm.conf"
 }
 
