@@ -132,7 +132,6 @@ write_config() {
         echo "SlurmUser=root"
         echo "SlurmdUser=root"
         echo "MpiDefault=none"
-        echo "KillWait=5"
         echo "MinJobAge=30"
         echo "JobRequeue=1"
         for n in "${nodes[@]}"; do

@@ -173,7 +173,7 @@ def run_cli(args: argparse.Namespace) -> int:
         result = run_host(opts["cmd"], cluster=opts["cluster"], task=opts["task"], timeout=opts["timeout"],
                           max_restarts=opts["max_restarts"], grace=opts["grace"],
                           connect_timeout=opts["connect_timeout"], capture_lines=CAPTURE_LINES, job_id=opts["job_id"],
-                          count_preemptions=opts["count_preemptions"])
+                          count_preemptions=opts["count_preemptions"], servers_end_with_chief=opts["slurm"])
     else:
         from tfaccel.launch.local import run_local
 
@@ -210,7 +210,7 @@ def _dry_run(args: argparse.Namespace, opts: dict) -> int:
         from tfaccel.launch.host import host_plan
 
         spec, task, peers, notes = host_plan(opts["cmd"], cluster=opts["cluster"], task=opts["task"],
-                                             job_id=opts["job_id"])
+                                             job_id=opts["job_id"], servers_end_with_chief=opts["slurm"])
         tasks = [task]
     else:
         if args.cluster is not None:

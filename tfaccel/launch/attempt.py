@@ -154,6 +154,9 @@ class Attempt:
                 self.log.info("launch: %s pid=%d finished OK after %.1f s", run.task.name, run.proc.pid,
                               now - run.started)
                 continue
+            if run.task.server and rc == 0 and not any(not t.server for t in self.tasks):
+                # per-host mode inside srun: the server ended because its chief's job is over (launch.server)
+                return Verdict("ok", 0, f"{run.task.name} (a server task) ended after its chief's job was over")
             for thread in run.threads:  # the process is gone: let its last lines arrive before showing them
                 thread.join(timeout=2)
             if not run.task.server and is_preempted(rc):
