@@ -114,7 +114,8 @@ write_config() {
         echo "SlurmdPort=$((base_port + 1))"
         echo "AuthType=auth/munge"
         echo "CredType=cred/munge"
-        echo "AuthInfo=socket=$dir/run/munge.socket"
+        # cred_expire: also how long a requeued job waits before it may start again (SLURM's default: 120 s)
+        echo "AuthInfo=socket=$dir/run/munge.socket,cred_expire=10"
         echo "StateSaveLocation=$dir/state"
         echo "SlurmdSpoolDir=$dir/spool/%n"
         echo "SlurmctldPidFile=$dir/run/slurmctld.pid"

@@ -197,7 +197,7 @@ def _slurm_task(opts: dict, ps: Optional[int]) -> None:
     shape = ", ".join(f"{role} x{len(addrs)}" for role, addrs in info.spec.roles.items())
     get_logger().info("launch: inside SLURM job step %s: this srun task is %s (%s) of the %d-task cluster SLURM "
                       "describes (%s); running it in per-host mode", os.environ.get("SLURM_STEP_ID", "?"), info.name,
-                      info.address, info.num_tasks, shape)
+                      info.address, info.num_tasks, shape, extra={"all_tasks": True})  # every task says its role
 
 
 def _dry_run(args: argparse.Namespace, opts: dict) -> int:
