@@ -44,24 +44,34 @@ nodes=("$host" node9 node10)
 export PATH="/usr/sbin:/usr/bin:/sbin:/bin:${PATH:-}"
 export SLURM_CONF="$dir/slurm.conf"
 
-# stop_pid FILE NAME: ends the daemon whose PID is in FILE (TERM, then KILL after 10 s) and removes FILE.
-stop_pid() {
-    local file="$1" name="$2" pid
-    [ -f "$file" ] || return 0
-    pid="$(cat "$file")"
-    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-        kill -TERM "$pid" 2>/dev/null || true
-        for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-        if kill -0 "$pid" 2>/dev/null; then
-            echo "local_slurm: $name (pid $pid) did not stop in 10 s; killing it" >&2
-            kill -KILL "$pid" 2>/dev/null || true
+# stop_pids FILE...: ends the daemons whose PIDs are in the pid files, all at once (TERM, then KILL after 10 s),
+# and removes the files.
+stop_pids() {
+    local file pid pids=() alive
+    for file in "$@"; do
+        [ -f "$file" ] || continue
+        pid="$(cat "$file")"
+        if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+            kill -TERM "$pid" 2>/dev/null || true
+            pids+=("$pid")
         fi
-    fi
-    rm -f "$file"
+    done
+    for _ in $(seq 100); do
+        alive=()
+        for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive+=("$pid"); done
+        [ ${#alive[@]} -eq 0 ] && break
+        sleep 0.1
+    done
+    for pid in "${alive[@]}"; do
+        echo "local_slurm: daemon pid $pid ($(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)) did not stop in 10 s;" \
+             "killing it" >&2
+        kill -KILL "$pid" 2>/dev/null || true
+    done
+    rm -f "$@"
 }
 
 down() {
-    local node jobs pidfile
+    local jobs
     if [ -f "$dir/run/slurmctld.pid" ] && kill -0 "$(cat "$dir/run/slurmctld.pid")" 2>/dev/null; then
         jobs="$(squeue -h -o %i 2>/dev/null || true)"
         if [ -n "$jobs" ]; then  # end the jobs first: their processes belong to slurmstepd, not to a pid file
@@ -70,13 +80,9 @@ down() {
             for _ in $(seq 100); do [ -z "$(squeue -h -o %i 2>/dev/null)" ] && break; sleep 0.1; done
         fi
     fi
-    for pidfile in "$dir"/run/slurmd-*.pid; do  # every slurmd started here, also of an older node list
-        [ -e "$pidfile" ] || continue
-        node="${pidfile##*/slurmd-}"
-        stop_pid "$pidfile" "slurmd ${node%.pid}"
-    done
-    stop_pid "$dir/run/slurmctld.pid" slurmctld
-    stop_pid "$dir/run/munged.pid" munged
+    # every slurmd started here (also of an older node list) and slurmctld, then munged, which they use to the end
+    stop_pids "$dir"/run/slurmd-*.pid "$dir/run/slurmctld.pid"
+    stop_pids "$dir/run/munged.pid"
     echo "local_slurm: stopped the cluster in $dir"
 }
 
