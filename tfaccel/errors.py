@@ -4,6 +4,7 @@ Every tfaccel error is a ``TfaccelError``. Errors about user input (a cluster fi
 ``ValueError`` so that callers who catch the standard type keep working.
 """
 
+import contextlib
 import difflib
 import os
 import sys
@@ -19,6 +20,15 @@ after every worker agreed on a step and the chief wrote a backup there (or found
 such a job from its backup without counting it against ``--max-restarts`` (``--count-preemptions`` counts it), and
 a scheduler can requeue on it (a Kubernetes Job's ``podFailurePolicy`` ``onExitCodes: [75]``, SLURM ``scontrol
 requeue``)."""
+
+EXIT_CONFIG = 2
+"""The exit status of a process that stopped on a configuration error (a :class:`ConfigError`): the ``tfaccel`` CLI
+and ``scripts/train.py`` exit with it, and so does a program that ``tfaccel launch`` started when a ``ConfigError``
+reaches its top level (:func:`exit_on_config_error`). The launcher never restarts a job after it, whatever
+``--max-restarts`` says: the same options would fail the same way on every attempt."""
+
+LAUNCHED_ENV = "TFACCEL_EXIT_ON_CONFIG_ERROR"
+"""Set to ``1`` by ``tfaccel launch`` in every task: ``import tfaccel`` there installs :func:`exit_on_config_error`."""
 
 
 class TfaccelError(Exception):
@@ -92,26 +102,43 @@ def _user_frame(tb: Optional[TracebackType]) -> str:
     return where
 
 
-def _short_hook(kind: Type[BaseException], exc: BaseException, tb: Optional[TracebackType]) -> None:
-    if not isinstance(exc, TfaccelError) or os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
-        sys.__excepthook__(kind, exc, tb)
-        return
+def _short_line(kind: Type[BaseException], exc: BaseException, tb: Optional[TracebackType]) -> str:
     where = _user_frame(tb)
-    sys.stderr.write(f"tfaccel.{kind.__name__}{f' at {where}' if where else ''}: {exc} ({TRACEBACK_ENV}=1 shows the "
-                     "traceback)\n")
+    return (f"tfaccel.{kind.__name__}{f' at {where}' if where else ''}: {exc} ({TRACEBACK_ENV}=1 shows the "
+            "traceback)\n")
 
 
-def short_errors_in_launched_tasks(environ: Optional[dict] = None) -> bool:
-    """In a task that ``tfaccel launch`` started (``TFACCEL_OUTPUT_PREFIXED=1``), an uncaught ``TfaccelError`` is
-    one line (its type, the user's line that called tfaccel, the message) instead of a traceback through tfaccel's
-    internals, printed by every worker; ``TFACCEL_TRACEBACK=1`` keeps Python's traceback. Other exceptions and a
-    hook the program set itself are left alone. The exit status stays Python's (1).
+def install_task_excepthook(environ: Optional[dict] = None) -> bool:
+    """The top-level error handling of a task that ``tfaccel launch`` started (:data:`LAUNCHED_ENV` is ``1``).
+
+    An uncaught ``TfaccelError`` is one line (its type, the user's line that called tfaccel, the message) instead of
+    a traceback through tfaccel's internals printed by every worker; ``TFACCEL_TRACEBACK=1`` keeps Python's
+    traceback. A ``ConfigError`` then ends the process with :data:`EXIT_CONFIG` (2), after flushing standard output
+    and error (``os._exit``: nothing is left to save after a configuration error), so that the launcher tells it from
+    a crash and never restarts the job. Other exceptions keep the previous hook and Python's exit status 1. ``import
+    tfaccel`` installs it; installing it twice is a no-op.
 
     Returns:
-        Whether the hook was installed.
+        Whether the hook is installed.
     """
     env = os.environ if environ is None else environ
-    if env.get("TFACCEL_OUTPUT_PREFIXED") != "1" or sys.excepthook is not sys.__excepthook__:
+    if env.get(LAUNCHED_ENV) != "1":
         return False
-    sys.excepthook = _short_hook
+    previous = sys.excepthook
+    if getattr(previous, "_tfaccel_task_hook", False):
+        return True
+
+    def hook(kind: Type[BaseException], exc: BaseException, tb: Optional[TracebackType]) -> None:
+        if isinstance(exc, TfaccelError) and os.environ.get(TRACEBACK_ENV, "") in ("", "0"):
+            sys.stderr.write(_short_line(kind, exc, tb))
+        else:
+            previous(kind, exc, tb)
+        if isinstance(exc, ConfigError):
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            os._exit(EXIT_CONFIG)
+
+    hook._tfaccel_task_hook = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
     return True

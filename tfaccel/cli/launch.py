@@ -10,6 +10,11 @@ Per-host mode::
 
     tfaccel launch --cluster tf_config/two_hosts.yaml --task worker:1 -- python train.py
 
+Inside a SLURM job step (``srun``), per-host mode with the cluster and this task from SLURM (no file)::
+
+    srun -n 4 tfaccel launch -- python train.py              # 4 workers, MultiWorkerMirrored
+    srun -n 4 tfaccel launch --ps 1 -- python coord.py       # rank 0 chief, rank 1 ps, ranks 2-3 workers
+
 Horovod (through ``horovodrun --gloo``, see :mod:`tfaccel.launch.horovod`)::
 
     tfaccel launch --backend horovod -np 2 -- python train.py
@@ -30,7 +35,7 @@ import json
 import os
 import shlex
 import sys
-from typing import List
+from typing import List, Optional
 
 from tfaccel.cli.launch_elastic import WORKERS_HELP, add_elastic_options, elastic_dry_run, run_elastic_job
 from tfaccel.cli.launch_options import (DEFAULT_BACKEND, DEFAULT_CONNECT_TIMEOUT_HOST_S,
@@ -155,6 +160,8 @@ def run_cli(args: argparse.Namespace) -> int:
     log = get_logger()
     if opts["filled"]:
         log.info("launch: defaults filled in (pass the options to set them): %s", ", ".join(opts["filled"]))
+    if opts["slurm"]:
+        _slurm_task(opts, args.ps)
     if opts["elastic"] and not args.dry_run:
         return run_elastic_job(opts, capture_lines=CAPTURE_LINES)
     if opts["elastic"]:
@@ -169,10 +176,10 @@ def run_cli(args: argparse.Namespace) -> int:
     if opts["per_host"]:
         from tfaccel.launch.host import run_host
 
-        result = run_host(opts["cmd"], cluster=opts["cluster"], task=args.task, timeout=opts["timeout"],
+        result = run_host(opts["cmd"], cluster=opts["cluster"], task=opts["task"], timeout=opts["timeout"],
                           max_restarts=opts["max_restarts"], grace=opts["grace"],
                           connect_timeout=opts["connect_timeout"], capture_lines=CAPTURE_LINES, job_id=opts["job_id"],
-                          count_preemptions=opts["count_preemptions"])
+                          count_preemptions=opts["count_preemptions"], servers_end_with_chief=opts["slurm"])
     else:
         from tfaccel.launch.local import run_local
 
@@ -185,6 +192,20 @@ def run_cli(args: argparse.Namespace) -> int:
     return result.returncode
 
 
+def _slurm_task(opts: dict, ps: Optional[int]) -> None:
+    """Inside ``srun``: this task's part of the cluster SLURM describes, run in per-host mode (fills ``opts``)."""
+    from tfaccel.cluster import slurm_task
+    from tfaccel.log import get_logger
+
+    info = slurm_task(ps=ps)
+    assert info is not None  # launch_options saw a job step
+    opts["cluster"], opts["task"] = info.spec, info.name
+    shape = ", ".join(f"{role} x{len(addrs)}" for role, addrs in info.spec.roles.items())
+    get_logger().info("launch: inside SLURM job step %s: this srun task is %s (%s) of the %d-task cluster SLURM "
+                      "describes (%s); running it in per-host mode", os.environ.get("SLURM_STEP_ID", "?"), info.name,
+                      info.address, info.num_tasks, shape, extra={"all_tasks": True})  # every task says its role
+
+
 def _dry_run(args: argparse.Namespace, opts: dict) -> int:
     from tfaccel.launch.command import child_base_env, normalize_command
     from tfaccel.launch.tasks import build_tasks, local_specs
@@ -194,8 +215,8 @@ def _dry_run(args: argparse.Namespace, opts: dict) -> int:
     if opts["per_host"]:
         from tfaccel.launch.host import host_plan
 
-        spec, task, peers, notes = host_plan(opts["cmd"], cluster=opts["cluster"], task=args.task,
-                                             job_id=opts["job_id"])
+        spec, task, peers, notes = host_plan(opts["cmd"], cluster=opts["cluster"], task=opts["task"],
+                                             job_id=opts["job_id"], servers_end_with_chief=opts["slurm"])
         tasks = [task]
     else:
         if args.cluster is not None:

@@ -8,7 +8,7 @@ import shutil
 import sys
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from tfaccel.errors import ConfigError
+from tfaccel.errors import LAUNCHED_ENV, ConfigError
 from tfaccel.job_id import JOB_ID_ENV, launch_job_id
 from tfaccel.log import get_logger
 
@@ -19,7 +19,8 @@ __all__ = ["CHILD_DEFAULT_ENV", "server_command", "normalize_command", "script_o
 # Set in every child unless the caller's environment already has them.
 # PYTHONUNBUFFERED: lines reach the launcher as they are written. TFACCEL_OUTPUT_PREFIXED: the launcher
 # prefixes every line with the task, so tfaccel's logger in the task does not add a second prefix.
-CHILD_DEFAULT_ENV = {"PYTHONUNBUFFERED": "1", "TFACCEL_OUTPUT_PREFIXED": "1"}
+# TFACCEL_EXIT_ON_CONFIG_ERROR: a ConfigError ends the task with exit 2, which the launcher never restarts.
+CHILD_DEFAULT_ENV = {"PYTHONUNBUFFERED": "1", "TFACCEL_OUTPUT_PREFIXED": "1", LAUNCHED_ENV: "1"}
 
 
 def server_command() -> Tuple[str, ...]:
