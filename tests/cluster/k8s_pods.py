@@ -33,6 +33,7 @@ class Pod:
     spec: Dict[str, Any]  # the pod template's spec (grace period, volumes, ...)
     job: str
     failure_policy: Dict[str, Any]
+    backoff_limit: int
 
     @property
     def fqdn(self) -> str:
@@ -66,7 +67,7 @@ def _pod(job_name: str, job_spec: Dict[str, Any], index: int, subdomain: str, la
            "HOSTNAME": f"{job_name}-{index}"}
     return Pod(name=f"{job_name}-{index}", hostname=f"{job_name}-{index}", subdomain=subdomain, labels=labels,
                env=env, command=list(container["command"]), spec=spec, job=job_name,
-               failure_policy=job_spec.get("podFailurePolicy", {}))
+               failure_policy=job_spec.get("podFailurePolicy", {}), backoff_limit=job_spec.get("backoffLimit", 6))
 
 
 def _jobset_pods(name: str, spec: Dict[str, Any], restart: int, trainer: Optional[Dict[str, Any]] = None
