@@ -112,6 +112,7 @@ class JobController:
         self.running: Dict[str, Running] = {}
         self.exits: List[Tuple[str, int, int, Optional[str]]] = []  # (pod name, attempt, exit code, action)
         self.failures = 0
+        self.addresses: List[Tuple[str, int, str]] = []  # (pod name, attempt, address), every pod ever started
 
     def command(self, pod: Pod, namespace: str) -> List[str]:
         cmd = [sys.executable if part == "python" else self.volumes.get(part, part) for part in pod.command]
@@ -127,6 +128,7 @@ class JobController:
         env = {"PATH": "/usr/sbin:/usr/bin:/bin", **pod.env, **self.extra_env}
         proc = start_process(self.command(pod, namespace), env=env, die_with_parent=True, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT)
+        self.addresses.append((pod.name, attempt, address))
         run = Running(pod, namespace, address, proc, [], attempt)
         threading.Thread(target=self._read, args=(run,), daemon=True).start()
         self.running[pod.name] = run

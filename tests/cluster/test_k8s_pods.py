@@ -131,6 +131,7 @@ def test_a_deleted_pod_exits_75_and_the_job_ends_with_the_uninterrupted_weights(
     assert deleted["seconds"] < controller.running["preempt-worker-1-0"].pod.spec["terminationGracePeriodSeconds"]
     assert all(r["resumed_from"] for r in results) and len({json.dumps(r["resumed_from"]) for r in results}) == 1
     assert {run.attempt for run in controller.running.values()} == {1}
+    assert len({address for _, _, address in controller.addresses}) == 4  # re-created pods, new addresses, same names
     _, _, reference, _ = two_pods
     for name, got in weights.items():
         assert same(got, reference[name.replace("preempt", "mnist")], 1e-6), name

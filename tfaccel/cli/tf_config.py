@@ -101,15 +101,20 @@ def _explain(info: Any) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _run_explain(args: argparse.Namespace) -> int:
+    from tfaccel.cluster import ClusterConfigError, task_from_env
+
+    if args.file is not None:
+        raise ClusterConfigError(f"--explain: reads this process's environment, not FILE {args.file!r}; drop FILE")
+    sys.stdout.write(_explain(task_from_env(port=args.slurm_port, ps=args.slurm_ps)))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from tfaccel.cluster import ClusterConfigError, ClusterSpec, task_from_env, tfjob_yaml
 
     if args.explain:
-        if args.file is not None:
-            raise ClusterConfigError(f"--explain: reads this process's environment, not FILE {args.file!r}; drop "
-                                     "FILE")
-        sys.stdout.write(_explain(task_from_env(port=args.slurm_port, ps=args.slurm_ps)))
-        return 0
+        return _run_explain(args)
     if args.file is not None:
         spec = ClusterSpec.from_file(args.file)
         default_task = spec.task
