@@ -43,16 +43,24 @@ def cli_help_markdown() -> str:
     os.environ["COLUMNS"] = HELP_COLUMNS  # argparse wraps to the terminal: fix the width for a stable page
     try:
         parser = build_parser()
-        verbs = [name for action in parser._actions if hasattr(action, "choices") and isinstance(action.choices, dict)
-                 for name in action.choices]
         sections = [("tfaccel", _help_of(parser, ["--help"]))]
-        sections += [(f"tfaccel {verb}", _help_of(parser, [verb, "--help"])) for verb in verbs]
+        for verb, sub in _subcommands(parser):
+            sections.append((f"tfaccel {verb}", _help_of(parser, [verb, "--help"])))
+            # a verb with actions of its own (`tfaccel k8s manifest`): each action's --help too
+            sections += [(f"tfaccel {verb} {name}", _help_of(parser, [verb, name, "--help"]))
+                         for name, _ in _subcommands(sub)]
     finally:
         if old is None:
             os.environ.pop("COLUMNS", None)
         else:
             os.environ["COLUMNS"] = old
     return "\n".join(f"## `{title}`\n\n```text\n{text.rstrip()}\n```\n" for title, text in sections)
+
+
+def _subcommands(parser: Any) -> List[Any]:
+    """``[(name, subparser), ...]`` of an argparse parser's sub-commands, in the order they were added."""
+    return [(name, sub) for action in parser._actions if isinstance(getattr(action, "choices", None), dict)
+            for name, sub in action.choices.items()]
 
 
 def _help_of(parser: Any, argv: List[str]) -> str:

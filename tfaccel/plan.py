@@ -144,11 +144,19 @@ def resolve_plan(*, strategy: str = "auto", precision: str = "auto", jit_compile
     jit, jit_reason = resolve_jit(jit_compile, backend=backend, devices=info)
     plan = Plan(**backend.plan_fields(), task=getattr(task, "name", None), precision=policy,
                 precision_reason=policy_reason, jit_compile=jit, jit_reason=jit_reason,
-                notes=_notes(backend, policy) + evaluator_notes)
+                notes=_notes(backend, policy) + evaluator_notes + _source_notes(task))
     return plan, backend
 
 
 CLUSTER_STRATEGIES = ("parameter_server", "multi_worker")
+
+
+def _source_notes(task: Any) -> Tuple[str, ...]:
+    """Where this process's cluster came from, with the facts its source read (a JobSet's labels, SLURM's ...);
+    nothing for a plain TF_CONFIG, which the strategy's reason names already."""
+    if task is None or not getattr(task, "facts", ()) or task.source == "TF_CONFIG":
+        return ()
+    return (f"cluster from {task.describe_source()}",)
 
 
 def _evaluator_note(strategy: str, strategy_options: Optional[Mapping[str, Any]]) -> str:
