@@ -62,7 +62,7 @@ def test_a_string_dataset_trains_through_keras_fit_under_mirrored(clean_tf_confi
     with tfaccel.scope(strategy="mirrored"):
         model = _model()
     result = tfaccel.fit(model, tf.data.Dataset.from_tensor_slices((x, y)).batch(16), epochs=2, verbose=0)
-    assert result.details["loop"].startswith("Keras fit") and "keras_mwms" in result.details["strings"]
+    assert result.details["loop"].startswith("Keras fit") and "keras_mwms" in result.details["symbolic_build"]
     for key, values in expected.items():
         np.testing.assert_allclose(result.history[key], values, rtol=1e-5, atol=1e-6, err_msg=key)
     for got, ref in zip(model.get_weights(), plain.get_weights()):
@@ -102,3 +102,30 @@ def _plain_keras_under_mirrored():
         model = _model()
     with pytest.raises(tf.errors.InvalidArgumentError, match="AddN"):
         model.fit(*_data(), batch_size=16, epochs=1, verbose=0)
+
+
+def test_an_uneven_global_batch_trains_through_keras_fit_under_mirrored(clean_tf_config, cpu_replicas):
+    """A global batch of 21 over 2 replicas: Keras fit's symbolic build summed parts of 11 and 10 rows (AddN)."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(84, 4)).astype("float32")
+    y = (x[:, 0] > 0).astype("int32")
+
+    def build():
+        model = keras.Sequential([keras.Input((4,)), layers.Dense(2, activation="softmax")])
+        model.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy", metrics=["accuracy"])
+        return set_initial_weights(model)
+
+    was_applied = keras_mwms.remove()
+    try:
+        with tfaccel.get_strategy("mirrored").scope():
+            plain = build()
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"AddN .*\[11,4\] != input 1: \[10,4\]"):
+            plain.fit(x, y, batch_size=21, epochs=1, verbose=0)
+    finally:
+        if was_applied:
+            keras_mwms.apply()
+    with tfaccel.scope(strategy="mirrored"):
+        model = build()
+    result = tfaccel.fit(model, x, y, batch_size=21, epochs=2, verbose=0)
+    assert result.details["loop"].startswith("Keras fit") and "keras_mwms" in result.details["symbolic_build"]
+    assert result.steps == 2 * 4 and np.isfinite(result.history["loss"]).all()
