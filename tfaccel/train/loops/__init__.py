@@ -17,16 +17,15 @@ Adding a loop is one new module and one entry in ``LOOPS``::
     LOOPS = (CoordinatorLoop(), MyLoop(), MultiStepLoop(), CompiledLoop(), KerasFitLoop())
 """
 
-from typing import TYPE_CHECKING, Dict, List, Tuple
+from typing import Dict, List, Tuple
 
+from tfaccel.train.fit_context import FitContext
 from tfaccel.train.loops.base import Loop
 from tfaccel.train.loops.compiled import CompiledLoop
 from tfaccel.train.loops.coordinator import CoordinatorLoop
 from tfaccel.train.loops.keras_fit import KerasFitLoop
 from tfaccel.train.loops.multi_step import MultiStepLoop
 
-if TYPE_CHECKING:
-    from tfaccel.train.context import FitContext
 
 __all__ = ["LOOPS", "Loop", "choose"]
 

@@ -4,15 +4,14 @@ conventions for step data, logs, the epoch driver and validation."""
 import abc
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
+from tfaccel.train.fit_context import FitContext
 
-if TYPE_CHECKING:
-    from tfaccel.train.context import FitContext
 
 __all__ = ["Loop", "LoopResult", "EpochHooks", "step_data", "python_logs", "should_validate", "metrics_or_logs",
            "run_epochs", "evaluation_pass", "steps_per_execution", "STEPS_PER_EXECUTION_AUTO_MAX"]

@@ -13,40 +13,15 @@ import numpy as np
 
 from tfaccel.compat import keras_internals
 from tfaccel.errors import ConfigError
+from tfaccel.train.callback_hooks import batch_hook_reasons
 from tfaccel.train.data import example_order
+from tfaccel.train.fit_context import FitContext
 from tfaccel.train.loops.base import Loop, LoopResult, evaluation_pass, run_epochs, step_data
 
 if TYPE_CHECKING:
-    from tfaccel.train.context import FitContext
     from tfaccel.train.xla_payback import XlaAuto
 
 __all__ = ["CompiledLoop", "cached_pass", "compiled_blockers", "run_compiled"]
-
-_BATCH_HOOKS = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end",
-                "on_test_batch_begin", "on_test_batch_end")
-
-
-def _callback_blockers(cb: Any) -> List[str]:
-    """Why one callback needs Keras' batch loop. Keras' own progress, checkpoint and TensorBoard callbacks override
-    batch hooks that act only under some settings (Keras 3.15); those settings are checked instead."""
-    import keras
-
-    cbs, name = keras.callbacks, type(cb).__name__
-    base = next((known for known in (cbs.ProgbarLogger, cbs.ModelCheckpoint, cbs.BackupAndRestore, cbs.TensorBoard)
-                 if isinstance(cb, known)), cbs.Callback)
-    hooks = [h for h in _BATCH_HOOKS  # instance attributes too: LambdaCallback(on_batch_end=...) sets them
-             if vars(cb).get(h) is not None or getattr(type(cb), h) is not getattr(base, h)]
-    found = [f"callback {name} has per-batch hooks ({', '.join(hooks)})"] if hooks else []
-    freq = cb.save_freq if base in (cbs.ModelCheckpoint, cbs.BackupAndRestore) else "epoch"
-    if isinstance(freq, int) and not isinstance(freq, bool):
-        found.append(f"callback {name} saves every {freq} batches (save_freq={freq})")
-    if base is cbs.TensorBoard:
-        settings = ([f"update_freq={cb.update_freq!r}"] if cb.update_freq != "epoch" else []) \
-            + (["write_steps_per_second=True"] if cb.write_steps_per_second else []) \
-            + (["profile_batch is set"] if getattr(cb, "_should_trace", False) else [])
-        found += [f"callback {name} writes per batch ({', '.join(settings)})"] if settings else []
-    return found
-
 
 def compiled_blockers(model: Any, *, callbacks: Sequence[Any], steps_per_execution_given: bool = False) -> List[str]:
     """Why the compiled loop cannot run this job exactly like ``model.fit`` (an empty list: it can).
@@ -68,7 +43,7 @@ def compiled_blockers(model: Any, *, callbacks: Sequence[Any], steps_per_executi
     if steps_per_execution_given:
         blockers.append("steps_per_execution was given (the compiled loop runs whole epochs)")
     for cb in callbacks:
-        blockers.extend(_callback_blockers(cb))
+        blockers.extend(batch_hook_reasons(cb))
     return blockers
 
 

@@ -41,13 +41,13 @@ from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
 from tfaccel.train.backups import PS_BACKUP_FORMAT, restore_checkpoint_backup, write_checkpoint_backup
 from tfaccel.train.data import FitData
+from tfaccel.train.fit_context import FitContext
 from tfaccel.train.loops.base import (EpochHooks, Loop, LoopResult, evaluation_pass, run_epochs, should_validate,
                                       step_data)
 from tfaccel.train.loops.ps_step import (STEPS_PER_CLOSURE, WHY_NO_METRIC_OBJECTS, Accounting, Schedule, WorkerStep,
                                          build_on_ps, check_metrics)
 
 if TYPE_CHECKING:
-    from tfaccel.train.context import FitContext
     from tfaccel.train.request import FitRequest
 
 __all__ = ["CoordinatorLoop", "run_coordinator"]

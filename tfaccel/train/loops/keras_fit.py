@@ -10,15 +10,14 @@ several processes must agree on the order of the examples, or a job resumes in t
 go through ``tfaccel.train.data.example_stream`` instead, whose order is a function of ``(seed, epoch)``.
 """
 
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from tfaccel.compat import keras_mwms
 from tfaccel.errors import ConfigError
 from tfaccel.train.data import FitData, example_stream
+from tfaccel.train.fit_context import FitContext
 from tfaccel.train.loops.base import Loop, LoopResult, steps_per_execution
 
-if TYPE_CHECKING:
-    from tfaccel.train.context import FitContext
 
 __all__ = ["KerasFitLoop", "uses_stream", "run_keras_fit", "fix_symbolic_build"]
 

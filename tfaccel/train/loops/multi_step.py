@@ -18,17 +18,16 @@ hooks once per execution with Keras' (begin, end) step numbers; validation is Ke
 calls it, K steps per call too.
 """
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from tfaccel.compat import keras_internals
 from tfaccel.errors import ConfigError
 from tfaccel.train.data import example_order
+from tfaccel.train.fit_context import FitContext
 from tfaccel.train.loops.base import Loop, LoopResult, evaluation_pass, run_epochs, step_data, steps_per_execution
 
-if TYPE_CHECKING:
-    from tfaccel.train.context import FitContext
 
 __all__ = ["MULTI_STEP_STRATEGIES", "MultiStepLoop", "multi_step_blockers", "uneven_batch_warning", "replica_splits",
            "run_multi_step"]
