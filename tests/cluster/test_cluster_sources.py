@@ -93,10 +93,17 @@ def test_indexed_job_hosts_and_its_service_subdomain():
     (dict(JOBSET, TFACCEL_K8S_PORT="http"), r"TFACCEL_K8S_PORT \"http\": must be a port 1-65535"),
     (dict(INDEXED, JOB_COMPLETION_INDEX="3"), r"Indexed Job 'train': JOB_COMPLETION_INDEX=3 is outside its 3 tasks"),
     (dict(INDEXED, TFACCEL_K8S_TASKS="worker=2x1"), r"part \"worker=2x1\" is not NAME=COUNT;"),
+    (dict(JOBSET, HOSTNAME="mnist-worker-0-0"), r"JobSet: this pod's HOSTNAME \"mnist-worker-0-0\" is not "
+                                                r"'mnist-worker-1-0', the name computed from its labels"),
 ])
 def test_malformed_kubernetes_variables_are_named(env, message):
     with pytest.raises(ClusterConfigError, match=message):
         read_env(env, resolve=False)
+
+
+def test_the_pods_own_hostname_is_checked_and_listed():
+    found = read_env(dict(INDEXED, HOSTNAME="train-2"), resolve=False)
+    assert facts(found)["hostname"] == "train-2"
 
 
 def test_a_jobset_pod_is_read_by_the_jobset_reader_alone():
