@@ -25,7 +25,8 @@ TRAINJOB = {"TFACCEL_JOBSET_NAME": "tj", "TFACCEL_REPLICATED_JOB": "node", "TFAC
             "JOB_COMPLETION_INDEX": "3", "TFACCEL_K8S_TASKS": "node=1x4", "TFACCEL_TRAINER_STEP": "trainer"}
 # Vertex AI's documented CLUSTER_SPEC (https://cloud.google.com/vertex-ai/docs/training/distributed-training)
 VERTEX_SPEC = {"cluster": {"workerpool0": ["cmle-training-workerpool0-ab-0:2222"],
-                           "workerpool1": ["cmle-training-workerpool1-ab-0:2222", "cmle-training-workerpool1-ab-1:2222"],
+                           "workerpool1": ["cmle-training-workerpool1-ab-0:2222",
+                                           "cmle-training-workerpool1-ab-1:2222"],
                            "workerpool2": ["cmle-training-workerpool2-ab-0:2222"]},
                "environment": "cloud", "task": {"type": "workerpool1", "index": 1, "trial": "7"},
                "job": {"worker_pool_specs": [{"replica_count": 1}]}}
@@ -280,8 +281,8 @@ def explain(monkeypatch, env):
      ["source: TF_CONFIG", "task: chief:0 of chief x1, worker x1 (chief)",
       "  environment  cloud  <- TF_CONFIG environment (\"cloud\": Kubeflow TFJob, SageMaker, Vertex AI)"]),
     ({"SLURM_PROCID": "1", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
-      "SLURM_STEP_ID": "0"}, ["source: SLURM", "task: worker:1 of worker x2", "  procid              1  <- SLURM_PROCID",
-                              "  step_nodelist       n[1-2]  <- SLURM_STEP_NODELIST"]),
+      "SLURM_STEP_ID": "0"}, ["source: SLURM", "task: worker:1 of worker x2", "  procid 1 <- SLURM_PROCID",
+                              "  step_nodelist n[1-2] <- SLURM_STEP_NODELIST"]),
     ({}, ["no cluster: none of the sources is present, so this is a single process"]),
 ])
 def test_explain_names_the_source_and_where_each_fact_came_from(monkeypatch, env, lines):

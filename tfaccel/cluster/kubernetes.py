@@ -31,9 +31,9 @@ from tfaccel.cluster.described import EnvCluster, Fact
 from tfaccel.cluster.errors import ClusterConfigError
 from tfaccel.cluster.limits import show
 
-__all__ = ["TASKS_ENV", "PORT_ENV", "SUBDOMAIN_ENV", "DNS_TIMEOUT_ENV", "INDEX_ENV", "JOB_NAME_ENV", "JOBSET_ENV",
-           "JOBSET_LABELS", "TRAINER_STEP_ENV", "TRAINER_STEP_LABEL", "DEFAULT_PORT", "KINDS", "read_indexed_job",
-           "read_jobset", "wait_resolvable", "parse_tasks"]
+__all__ = ["TASKS_ENV", "PORT_ENV", "SUBDOMAIN_ENV", "DNS_TIMEOUT_ENV", "INDEX_ENV", "JOB_NAME_ENV", "JOB_NAME_LABEL",
+           "JOBSET_ENV", "JOBSET_LABELS", "TRAINER_STEP_ENV", "TRAINER_STEP_LABEL", "DEFAULT_PORT", "KINDS",
+           "read_indexed_job", "read_jobset", "wait_resolvable", "parse_tasks"]
 
 TASKS_ENV = "TFACCEL_K8S_TASKS"
 PORT_ENV = "TFACCEL_K8S_PORT"
