@@ -232,6 +232,13 @@ def test_a_tf_config_that_agrees_with_the_pod_wins_and_one_that_does_not_is_an_e
                                                  r"worker x2; this task worker:1\); tfaccel does not pick one"):
         task_from_env(dict(JOBSET, TF_CONFIG=json.dumps(other)))
     assert task_from_env(dict(JOBSET, TF_CONFIG="{}")) is None  # the user's explicit "no cluster"
+    with pytest.raises(ClusterConfigError, match=r"^TF_CONFIG: "):  # malformed: TF_CONFIG's own error, not a conflict
+        task_from_env(dict(JOBSET, TF_CONFIG='{"cluster": ["a:1"], "task": {"type": "worker", "index": 1}}'))
+    vertex_master = dict(VERTEX_TF_CONFIG, cluster={"master": VERTEX_TF_CONFIG["cluster"]["chief"],
+                                                    "worker": VERTEX_TF_CONFIG["cluster"]["worker"],
+                                                    "ps": VERTEX_TF_CONFIG["cluster"]["ps"]})
+    info = task_from_env({"CLUSTER_SPEC": json.dumps(VERTEX_SPEC), "TF_CONFIG": json.dumps(vertex_master)})
+    assert info.name == "worker:1" and "chief" in info.spec.roles  # TF 1.x's master is the chief
 
 
 def test_two_platforms_at_once_are_an_error():
