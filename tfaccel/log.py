@@ -1,7 +1,7 @@
 """tfaccel's logger: speaks on the chief only by default, and can prefix lines with the task.
 
 Library code never prints; it logs through :func:`get_logger`. Whether this process is the chief is
-read from TF_CONFIG / Horovod's environment when the logger is set up (it never writes the environment).
+read from TF_CONFIG / Horovod's / SLURM's environment when the logger is set up (it never writes the environment).
 """
 
 import json
@@ -14,10 +14,12 @@ _LOGGER_NAME = "tfaccel"
 PREFIXED_BY_LAUNCHER_ENV = "TFACCEL_OUTPUT_PREFIXED"
 _configured = False
 _MAX_TF_CONFIG = 1024 * 1024  # tfaccel.cluster's limit too; this module imports nothing of tfaccel
+_SLURM_STEP_VARS = ("SLURM_STEP_NODELIST", "SLURM_STEP_ID", "SLURM_STEPID")  # set by srun, not in a batch script
 
 
 def _task_from_environment() -> Tuple[Optional[str], Optional[int]]:
-    """Returns (task_type, task_index) of this process from TF_CONFIG or Horovod/MPI rank, or (None, None)."""
+    """(task_type, task_index) of this process from TF_CONFIG, the Horovod/MPI rank or the SLURM rank (inside srun),
+    else (None, None)."""
     raw = os.environ.get("TF_CONFIG")
     if raw:
         try:
@@ -26,7 +28,10 @@ def _task_from_environment() -> Tuple[Optional[str], Optional[int]]:
                 return str(task["type"])[:40], int(task.get("index", 0))
         except (ValueError, AttributeError, TypeError, OverflowError, RecursionError):
             return None, None  # a malformed TF_CONFIG is reported by the cluster module, not here
-    for var in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+    rank_vars = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+    if any(os.environ.get(v) for v in _SLURM_STEP_VARS):  # a task of a SLURM job step: rank 0 is worker 0 or the chief
+        rank_vars += ("SLURM_PROCID",)
+    for var in rank_vars:
         if var in os.environ:
             try:
                 return "rank", int(os.environ[var])
@@ -42,8 +47,22 @@ def _loads_bounded(raw: str) -> Any:
     return json.loads(raw)
 
 
-def is_chief_process() -> bool:
-    """True when this process is the chief: no cluster, task ``chief``, or ``worker 0`` with no chief."""
+def is_chief() -> bool:
+    """Whether this process is the job's chief: no cluster, task ``chief``, ``worker 0`` of a cluster without a
+    chief, or Horovod/MPI rank 0. Read from the environment (TF_CONFIG, ``HOROVOD_RANK``, ...); builds nothing.
+
+    Every worker runs the whole script, so a plain ``print`` appears once per worker; print (or save, or plot) on
+    the chief only with it. tfaccel's own logger (:func:`get_logger`) speaks on the chief only already.
+
+    Returns:
+        True on the chief (and outside any cluster).
+
+    Example:
+        >>> import tfaccel
+        >>> if tfaccel.is_chief():
+        ...     print("once per job")
+        once per job
+    """
     task_type, index = _task_from_environment()
     if task_type is None:
         return True
@@ -91,7 +110,7 @@ def configure_logging(*, level: int = logging.INFO, all_tasks: bool = False, pre
     tag = f"[{task_type} {index}] " if prefix and task_type is not None else ""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(f"{tag}tfaccel %(levelname)s: %(message)s"))
-    handler.addFilter(_ChiefOnlyFilter(all_tasks or is_chief_process()))
+    handler.addFilter(_ChiefOnlyFilter(all_tasks or is_chief()))
     logger.addHandler(handler)
     logger.setLevel(level)
     logger.propagate = False

@@ -6,6 +6,7 @@ import pytest
 
 from tfaccel.cluster import ClusterConfigError, ClusterSpec, expand_nodelist, parse_tasks_per_node, slurm_task, \
     task_from_env
+from tfaccel.cluster.slurm import in_job_step
 
 
 @pytest.mark.parametrize("nodelist, hosts", [
@@ -197,6 +198,13 @@ def test_matching_node_name_is_accepted() -> None:
      'SLURM: TFACCEL_SLURM_PS "many": must be an integer >= 0'),
     (dict(SLURM_STEP_ID="0", SLURM_PROCID="0", SLURM_JOB_NODELIST="n[1-2]", SLURMD_NODENAME="n2"), {},
      'SLURM: SLURMD_NODENAME "n2": rank 0 should run on n1 under the block distribution'),
+    (dict(SLURM_STEP_ID="0", SLURM_PROCID="1", SLURM_JOB_NODELIST="n[1-2]", SLURM_TASKS_PER_NODE="2(x2)",
+          SLURM_DISTRIBUTION="cyclic", SLURMD_NODENAME="n1"), {},
+     'SLURM: SLURMD_NODENAME "n1": rank 1 should run on n2 under the cyclic distribution (SLURM_DISTRIBUTION '
+     '"cyclic") that tfaccel read; run srun with --distribution=block or cyclic'),
+    (dict(SLURM_STEP_ID="0", SLURM_PROCID="0", SLURM_JOB_NODELIST="n[1-2]", SLURM_DISTRIBUTION="plane=2"), {},
+     'SLURM: SLURM_DISTRIBUTION "plane=2": tfaccel can place ranks under the block (srun\'s default) and cyclic '
+     'distributions only; run srun with --distribution=block or --distribution=cyclic'),
     (dict(SLURM_STEP_ID="0", SLURM_PROCID="0", SLURM_JOB_NODELIST="n[1-"), {}, "'[' without a matching ']'"),
 ])
 def test_slurm_errors(env: dict, kwargs: dict, expected: str) -> None:
@@ -216,3 +224,26 @@ def test_slurm_task_exports_a_tf_config_tf_reads() -> None:
                                             "task": {"type": "worker", "index": 1}}
     again = task_from_env(env)  # now TF_CONFIG is set: it is what the process reads next
     assert again is not None and again.source == "TF_CONFIG" and again.spec == info.spec
+
+
+@pytest.mark.parametrize("distribution,expected", [
+    (None, ["n1:2222", "n1:2223", "n2:2222", "n2:2223", "n3:2222"]),
+    ("block", ["n1:2222", "n1:2223", "n2:2222", "n2:2223", "n3:2222"]),
+    ("cyclic", ["n1:2222", "n2:2222", "n3:2222", "n1:2223", "n2:2223"]),
+    ("cyclic:block", ["n1:2222", "n2:2222", "n3:2222", "n1:2223", "n2:2223"]),
+    ("block:cyclic", ["n1:2222", "n1:2223", "n2:2222", "n2:2223", "n3:2222"]),
+])
+def test_ranks_follow_the_node_level_distribution(distribution, expected) -> None:
+    """srun's -m block (default) fills node after node; -m cyclic deals ranks round-robin over the nodes with room
+    (checked against real srun placements in tests/slurm/test_slurm_hostlists.py)."""
+    env = _env(SLURM_PROCID=0, SLURM_JOB_NODELIST="n[1-3]", SLURM_TASKS_PER_NODE="2(x2),1")
+    if distribution is not None:
+        env["SLURM_DISTRIBUTION"] = distribution
+    info = slurm_task(env, port=2222)
+    assert info is not None and list(info.spec.roles["worker"]) == expected
+
+
+def test_in_job_step_tells_a_task_from_the_batch_script() -> None:
+    assert in_job_step({"SLURM_PROCID": "3", "SLURM_STEP_NODELIST": "n1"})
+    assert not in_job_step({"SLURM_PROCID": "0", "SLURM_JOB_NODELIST": "n1"})  # sbatch's own shell
+    assert not in_job_step({"SLURM_STEP_ID": "0"})

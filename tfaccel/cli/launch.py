@@ -10,6 +10,11 @@ Per-host mode::
 
     tfaccel launch --cluster tf_config/two_hosts.yaml --task worker:1 -- python train.py
 
+Inside a SLURM job step (``srun``), per-host mode with the cluster and this task from SLURM (no file)::
+
+    srun -n 4 tfaccel launch -- python train.py              # 4 workers, MultiWorkerMirrored
+    srun -n 4 tfaccel launch --ps 1 -- python coord.py       # rank 0 chief, rank 1 ps, ranks 2-3 workers
+
 Horovod (through ``horovodrun --gloo``, see :mod:`tfaccel.launch.horovod`)::
 
     tfaccel launch --backend horovod -np 2 -- python train.py
@@ -27,9 +32,10 @@ Exit status: 0, the failing task's code (128 + N when it was killed by signal N)
 
 import argparse
 import json
+import os
 import shlex
 import sys
-from typing import List
+from typing import List, Optional
 
 from tfaccel.cli.launch_elastic import WORKERS_HELP, add_elastic_options, elastic_dry_run, run_elastic_job
 from tfaccel.cli.launch_options import (DEFAULT_BACKEND, DEFAULT_CONNECT_TIMEOUT_HOST_S,
@@ -37,6 +43,7 @@ from tfaccel.cli.launch_options import (DEFAULT_BACKEND, DEFAULT_CONNECT_TIMEOUT
                                         DEFAULT_WORKERS, LAUNCH_BACKENDS, launch_options)
 from tfaccel.job_id import JOB_ID_ENV
 from tfaccel.launch.netns import NETWORK_MODES
+from tfaccel.launch.tf_noise import TF_LOGS_ENV
 
 CAPTURE_LINES = 200  # the CLI streams output; it only keeps the tail of each task for its failure report
 
@@ -45,7 +52,7 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     """Adds the ``launch`` verb."""
     parser = subparsers.add_parser(
         "launch", help="run every task of a cluster locally on 127.0.0.1, or this host's task of a cluster",
-        description="Start one process per task with its own TF_CONFIG, prefix their output with the task, "
+        description="Start one process per task with its own TF_CONFIG, prefix their output with the task,\n"
                     "stop them all when one fails. Put the command after `--`.",
         epilog="examples:\n  tfaccel launch --workers 2 -- python train.py\n"
                "  tfaccel launch --ps 1 --workers 2 -- python coordinator.py\n"
@@ -58,6 +65,9 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     _add_backend_options(parser)
     parser.add_argument("--dry-run", action="store_true",
                         help="print the tasks, their TF_CONFIG and commands; start nothing")
+    parser.add_argument("--tf-logs", action="store_true",
+                        help="echo TensorFlow's start-up banners and its 'CollectiveAllReduceStrategy eagerly' "
+                             f"warning too (default: left out of the tasks' echoed output; same as {TF_LOGS_ENV}=1)")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command every task runs")
     parser.set_defaults(func=run_cli)
 
@@ -140,6 +150,8 @@ def run_cli(args: argparse.Namespace) -> int:
     from tfaccel.log import get_logger
 
     opts = launch_options(args)
+    if args.tf_logs:
+        os.environ[TF_LOGS_ENV] = "1"  # the launcher's own switch (tfaccel.launch.tf_noise); tasks inherit it
     if args.cluster is not None:
         from tfaccel.cluster import ClusterSpec
 
@@ -148,6 +160,8 @@ def run_cli(args: argparse.Namespace) -> int:
     log = get_logger()
     if opts["filled"]:
         log.info("launch: defaults filled in (pass the options to set them): %s", ", ".join(opts["filled"]))
+    if opts["slurm"]:
+        _slurm_task(opts, args.ps)
     if opts["elastic"] and not args.dry_run:
         return run_elastic_job(opts, capture_lines=CAPTURE_LINES)
     if opts["elastic"]:
@@ -162,10 +176,10 @@ def run_cli(args: argparse.Namespace) -> int:
     if opts["per_host"]:
         from tfaccel.launch.host import run_host
 
-        result = run_host(opts["cmd"], cluster=opts["cluster"], task=args.task, timeout=opts["timeout"],
+        result = run_host(opts["cmd"], cluster=opts["cluster"], task=opts["task"], timeout=opts["timeout"],
                           max_restarts=opts["max_restarts"], grace=opts["grace"],
                           connect_timeout=opts["connect_timeout"], capture_lines=CAPTURE_LINES, job_id=opts["job_id"],
-                          count_preemptions=opts["count_preemptions"])
+                          count_preemptions=opts["count_preemptions"], servers_end_with_chief=opts["slurm"])
     else:
         from tfaccel.launch.local import run_local
 
@@ -178,6 +192,20 @@ def run_cli(args: argparse.Namespace) -> int:
     return result.returncode
 
 
+def _slurm_task(opts: dict, ps: Optional[int]) -> None:
+    """Inside ``srun``: this task's part of the cluster SLURM describes, run in per-host mode (fills ``opts``)."""
+    from tfaccel.cluster import slurm_task
+    from tfaccel.log import get_logger
+
+    info = slurm_task(ps=ps)
+    assert info is not None  # launch_options saw a job step
+    opts["cluster"], opts["task"] = info.spec, info.name
+    shape = ", ".join(f"{role} x{len(addrs)}" for role, addrs in info.spec.roles.items())
+    get_logger().info("launch: inside SLURM job step %s: this srun task is %s (%s) of the %d-task cluster SLURM "
+                      "describes (%s); running it in per-host mode", os.environ.get("SLURM_STEP_ID", "?"), info.name,
+                      info.address, info.num_tasks, shape, extra={"all_tasks": True})  # every task says its role
+
+
 def _dry_run(args: argparse.Namespace, opts: dict) -> int:
     from tfaccel.launch.command import child_base_env, normalize_command
     from tfaccel.launch.tasks import build_tasks, local_specs
@@ -187,8 +215,8 @@ def _dry_run(args: argparse.Namespace, opts: dict) -> int:
     if opts["per_host"]:
         from tfaccel.launch.host import host_plan
 
-        spec, task, peers, notes = host_plan(opts["cmd"], cluster=opts["cluster"], task=args.task,
-                                             job_id=opts["job_id"])
+        spec, task, peers, notes = host_plan(opts["cmd"], cluster=opts["cluster"], task=opts["task"],
+                                             job_id=opts["job_id"], servers_end_with_chief=opts["slurm"])
         tasks = [task]
     else:
         if args.cluster is not None:

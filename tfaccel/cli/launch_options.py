@@ -3,11 +3,14 @@ named (the launch log says which were filled in)."""
 
 import argparse
 import math
+import os
 from typing import List, Optional
 
 from tfaccel.cli.launch_elastic import check_elastic, worker_range
+from tfaccel.cluster.slurm import SLURM_PS_ENV, in_job_step
 from tfaccel.errors import ConfigError
 from tfaccel.job_id import check_job_id
+from tfaccel.launch.tf_noise import show_tf_logs
 
 __all__ = ["LAUNCH_BACKENDS", "DEFAULT_BACKEND", "DEFAULT_WORKERS", "DEFAULT_RANKS", "DEFAULT_GRACE_S",
            "DEFAULT_CONNECT_TIMEOUT_LOCAL_S", "DEFAULT_CONNECT_TIMEOUT_HOST_S", "launch_options"]
@@ -35,7 +38,11 @@ def launch_options(args: argparse.Namespace) -> dict:
     if not cmd:
         raise ConfigError("command: none given; put it after `--`, e.g. `tfaccel launch --workers 2 -- python "
                           "train.py`")
-    backend, (args, elastic) = args.backend or DEFAULT_BACKEND, worker_range(args)
+    backend = args.backend or DEFAULT_BACKEND
+    slurm = backend == "tf" and args.cluster is None and args.task is None and in_job_step()
+    if slurm:
+        _check_slurm_options(args)
+    args, elastic = worker_range(args)
     _check_combinations(args, backend)
     check_elastic(args, elastic, backend)
     env_names = _env_names(args, backend)
@@ -46,10 +53,11 @@ def launch_options(args: argparse.Namespace) -> dict:
     for name, value in (("--timeout", args.timeout), ("--grace", args.grace),
                         ("--connect-timeout", args.connect_timeout)):
         _positive(name, value)
-    per_host = args.task is not None
+    per_host = args.task is not None or slurm
     connect_default = DEFAULT_CONNECT_TIMEOUT_HOST_S if per_host else DEFAULT_CONNECT_TIMEOUT_LOCAL_S
     return {
-        "cmd": cmd, "per_host": per_host, "filled": _filled(args, backend, connect_default), "backend": backend,
+        "cmd": cmd, "per_host": per_host, "slurm": slurm, "task": args.task,
+        "filled": _filled(args, backend, connect_default, slurm=slurm), "backend": backend,
         "env_names": env_names, "job_id": args.job_id, "address": args.address, "storage_path": args.storage_path,
         "np": DEFAULT_RANKS if args.np is None else args.np, "hosts": args.hosts, "gloo_timeout": args.gloo_timeout,
         "workers": DEFAULT_WORKERS if args.workers is None else args.workers, "ps": args.ps or 0,
@@ -108,6 +116,19 @@ def _check_cluster_options(args: argparse.Namespace, counts: dict) -> None:
                           f"{args.task} (per-host mode: the task must reach the other hosts); leave --network out")
 
 
+def _check_slurm_options(args: argparse.Namespace) -> None:
+    """Inside ``srun`` the tasks are SLURM's: the local-cluster options would start a private cluster per task."""
+    given = [name for name, value in (("--workers", args.workers), ("--chief", args.chief),
+                                      ("--evaluator", args.evaluator), ("--network", args.network)) if value is not None]
+    if given:
+        raise ConfigError(f"{', '.join(given)}: this launcher runs inside a SLURM job step (srun task "
+                          f"SLURM_PROCID={os.environ.get('SLURM_PROCID')}), whose tasks srun started: tfaccel launch "
+                          "runs this task's part of the cluster SLURM describes, and local-cluster options would "
+                          "start a separate cluster in every srun task. Drop them (--ps N or $TFACCEL_SLURM_PS makes "
+                          "rank 0 the chief and ranks 1..N parameter servers; srun -n sets the number of tasks), or "
+                          "run `tfaccel launch --workers N` outside srun, e.g. in the batch script itself")
+
+
 def _env_names(args: argparse.Namespace, backend: str) -> List[str]:
     """The checked ``--env NAME`` names (Ray and Horovod only)."""
     env_names: List[str] = list(args.env_names or [])
@@ -121,12 +142,16 @@ def _env_names(args: argparse.Namespace, backend: str) -> List[str]:
     return list(check_env_names(env_names))
 
 
-def _filled(args: argparse.Namespace, backend: str, connect_default: float) -> List[str]:
+def _filled(args: argparse.Namespace, backend: str, connect_default: float, *, slurm: bool = False) -> List[str]:
     """The defaults filled in, as the options that would set them."""
     filled: List[str] = []
     if args.backend is None:
         filled.append(f"--backend {DEFAULT_BACKEND}")
-    if backend == "ray":
+    if slurm:
+        filled.append("the cluster and this task from SLURM (srun's tasks; ports $TFACCEL_SLURM_PORT, else 8888)")
+        if args.ps is None:
+            filled.append(f"--ps ${SLURM_PS_ENV}, else 0")
+    elif backend == "ray":
         if args.workers is None:
             filled.append(f"--workers {DEFAULT_WORKERS}")
         if args.address is None:
@@ -140,7 +165,7 @@ def _filled(args: argparse.Namespace, backend: str, connect_default: float) -> L
         if args.workers is None:
             filled.append(f"--workers {DEFAULT_WORKERS}")
         filled.append("ports chosen by the OS on 127.0.0.1")
-    if args.network is None and args.task is None:
+    if args.network is None and args.task is None and not slurm:
         filled.append("--network auto")
     for value, option in ((args.max_restarts, "--max-restarts 0"), (args.timeout, "--timeout none"),
                           (args.grace, f"--grace {DEFAULT_GRACE_S:g}")):
@@ -148,6 +173,8 @@ def _filled(args: argparse.Namespace, backend: str, connect_default: float) -> L
             filled.append(option)
     if args.connect_timeout is None and backend == "tf":
         filled.append(f"--connect-timeout {connect_default:g}")
+    if not getattr(args, "tf_logs", False) and not show_tf_logs():
+        filled.append("TensorFlow's start-up banners left out (--tf-logs shows them)")
     return filled
 
 

@@ -3,7 +3,9 @@
 SLURM gives every task of a job step its global rank (``SLURM_PROCID``), the step's nodes in compressed
 form (``SLURM_STEP_NODELIST=node[01-03,07]``) and how many tasks run on each node
 (``SLURM_STEP_TASKS_PER_NODE=2(x3),1``). With the default *block* distribution, ranks fill node 0 first,
-then node 1, and so on; task ``k`` on a node listens on ``port + k``.
+then node 1, and so on; with ``--distribution=cyclic`` (``SLURM_DISTRIBUTION=cyclic``) they are dealt round-robin over
+the nodes. The ``k``-th task of a node (in rank order) listens on ``port + k``. Nodes keep the host list's order
+(``node[9-10]`` is node9 then node10, not text order).
 
 Roles: with no parameter servers every rank is a worker (worker 0 acts as chief). With ``ps=P``, rank 0 is
 the chief (the ParameterServerStrategy coordinator), ranks 1..P are ps and the rest are workers.
@@ -22,8 +24,8 @@ from tfaccel.cluster.errors import ClusterConfigError
 from tfaccel.cluster.limits import MAX_BYTES, MAX_DIGITS, show, shorten
 from tfaccel.log import get_logger
 
-__all__ = ["expand_nodelist", "parse_tasks_per_node", "slurm_cluster", "DEFAULT_SLURM_PORT", "SLURM_PORT_ENV",
-           "SLURM_PS_ENV"]
+__all__ = ["expand_nodelist", "parse_tasks_per_node", "slurm_cluster", "in_job_step", "DEFAULT_SLURM_PORT",
+           "SLURM_PORT_ENV", "SLURM_PS_ENV"]
 
 DEFAULT_SLURM_PORT = 8888
 SLURM_PORT_ENV = "TFACCEL_SLURM_PORT"
@@ -198,6 +200,23 @@ def _int_var(environ: Mapping[str, str], var: str, *, minimum: int = 0) -> Optio
     return value
 
 
+def in_job_step(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether this process is a task of a SLURM job step (started by ``srun``), not a batch script or a shell.
+
+    Args:
+        environ: the environment to read. Defaults to ``os.environ``.
+
+    Returns:
+        True when ``SLURM_PROCID`` and one of ``SLURM_STEP_NODELIST`` / ``SLURM_STEP_ID`` / ``SLURM_STEPID`` are set.
+
+    Example:
+        >>> in_job_step({"SLURM_PROCID": "0", "SLURM_STEP_ID": "0"}), in_job_step({"SLURM_PROCID": "0"})
+        (True, False)
+    """
+    env = os.environ if environ is None else environ
+    return "SLURM_PROCID" in env and any(env.get(v) for v in STEP_VARS)
+
+
 def _warn_not_in_step(num_nodes: int) -> None:
     global _warned_not_in_step
     if _warned_not_in_step:
@@ -252,17 +271,49 @@ def slurm_cluster(environ: Optional[Mapping[str, str]] = None, *, port: Optional
     port = _port(env, port, counts)
     ps = _ps_count(env, ps, total)
 
+    distribution = _distribution(env)
+    rank_node = _rank_nodes(nodes, counts, distribution)
+    seen: Dict[str, int] = collections.Counter()
     addresses: List[str] = []
-    rank_node: List[str] = []
-    for node, count in zip(nodes, counts):
-        for local in range(count):
-            addresses.append(f"{node}:{port + local}")
-            rank_node.append(node)
+    for node in rank_node:  # task k of a node (in rank order) listens on port + k
+        addresses.append(f"{node}:{port + seen[node]}")
+        seen[node] += 1
     node_name = env.get("SLURMD_NODENAME")
     if node_name and node_name != rank_node[rank]:
-        raise _fail("SLURMD_NODENAME", node_name, f"rank {rank} should run on {rank_node[rank]} under the block "
-                    "distribution tfaccel assumes; run srun with --distribution=block")
+        raise _fail("SLURMD_NODENAME", node_name, f"rank {rank} should run on {rank_node[rank]} under the {distribution} "
+                    f"distribution (SLURM_DISTRIBUTION {show(env.get('SLURM_DISTRIBUTION', ''))}) that tfaccel read; "
+                    "run srun with --distribution=block or cyclic")
     return _roles(addresses, ps, rank)
+
+
+def _distribution(env: Mapping[str, str]) -> str:
+    """How srun placed ranks on nodes: ``"block"`` (its default; SLURM_DISTRIBUTION unset) or ``"cyclic"``.
+
+    ``SLURM_DISTRIBUTION`` is ``node_level[:socket_level[:core_level]]`` (``cyclic``, ``block:cyclic``, ...); only the
+    node level decides which node a rank runs on. ``plane=N`` and ``arbitrary`` place ranks in ways the variables do
+    not say, so they are refused.
+    """
+    raw = env.get("SLURM_DISTRIBUTION", "")
+    node_level = raw.strip().split(":", 1)[0].split(",", 1)[0].lower()
+    if node_level in ("", "block", "*"):
+        return "block"
+    if node_level in ("cyclic", "fcyclic"):
+        return "cyclic"
+    raise _fail("SLURM_DISTRIBUTION", raw, "tfaccel can place ranks under the block (srun's default) and cyclic "
+                "distributions only; run srun with --distribution=block or --distribution=cyclic")
+
+
+def _rank_nodes(nodes: List[str], counts: List[int], distribution: str) -> List[str]:
+    """The node of every rank: block fills node 0 first; cyclic deals ranks round-robin over the nodes with room."""
+    if distribution == "block":
+        return [node for node, count in zip(nodes, counts) for _ in range(count)]
+    left, out = list(counts), []
+    while any(left):
+        for i, node in enumerate(nodes):
+            if left[i]:
+                out.append(node)
+                left[i] -= 1
+    return out
 
 
 def _task_counts(env: Mapping[str, str], nodes: List[str], nodelist_var: str) -> List[int]:

@@ -16,10 +16,12 @@ import time
 from typing import IO, Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 from tfaccel.cluster.address import socket_address
+from tfaccel.errors import EXIT_CONFIG
 from tfaccel.launch.outcome import (EXIT_TIMEOUT, EXIT_UNREACHABLE, LaunchTask, TaskOutcome, describe_returncode,
                                     exit_code)
 from tfaccel.launch.procs import exit_status, port_open, start_process, terminate, wait_for_ports
 from tfaccel.launch.restarts import is_preempted, preempted_attempt, signals_to_forward
+from tfaccel.launch.tf_noise import is_tf_noise, show_tf_logs
 from tfaccel.log import get_logger
 
 __all__ = ["Attempt", "Verdict", "SignalWatch", "forwarded_signal", "TAIL_LINES"]
@@ -30,8 +32,8 @@ _POLL_S = 0.05
 
 @dataclasses.dataclass
 class Verdict:
-    """How an attempt ended: ``reason`` (``"ok"``, ``"failed"``, ``"preempted"``, ``"timeout"``, ``"interrupted"``,
-    ``"unreachable"``), the launch's exit code, one line saying what happened, and the task that failed."""
+    """How an attempt ended: ``reason`` (``"ok"``, ``"failed"``, ``"config"`` (a command task exited with
+    :data:`tfaccel.errors.EXIT_CONFIG`), ``"preempted"``, ``"timeout"``, ``"interrupted"``, ``"unreachable"``), the launch's exit code, one line saying what happened, and the task that failed."""
 
     reason: str
     returncode: int
@@ -67,13 +69,14 @@ class SignalWatch:
 
 
 def _pump(stream: IO[bytes], prefix: str, sink: Optional[IO[str]], lock: threading.Lock,
-          keep: Deque[str]) -> None:
-    """Copies one output stream of a task line by line: kept in ``keep``, echoed to ``sink`` with a prefix."""
+          keep: Deque[str], quiet: bool = False) -> None:
+    """Copies one output stream of a task line by line: kept in ``keep``, echoed to ``sink`` with a prefix (but
+    TensorFlow's start-up noise where ``quiet``: :mod:`tfaccel.launch.tf_noise`)."""
     try:
         for raw in iter(stream.readline, b""):
             line = raw.decode("utf-8", errors="replace")
             keep.append(line)
-            if sink is not None:
+            if sink is not None and not (quiet and is_tf_noise(line)):
                 text = prefix + (line if line.endswith("\n") else line + "\n")
                 with lock, contextlib.suppress(ValueError, OSError):  # a closed sink must not kill the pump
                     sink.write(text)
@@ -95,6 +98,8 @@ class _Running:
 
     def tail(self, lines: int = TAIL_LINES) -> str:
         source = list(self.err) or list(self.out)
+        if not show_tf_logs():
+            source = [line for line in source if not is_tf_noise(line)]
         return "".join(source[-lines:]).rstrip("\n")
 
     def outcome(self) -> TaskOutcome:
@@ -130,7 +135,8 @@ class Attempt:
         err: Deque[str] = collections.deque(maxlen=self.capture_lines)
         threads = []
         for stream, sink, keep in ((proc.stdout, self.stdout, out), (proc.stderr, self.stderr, err)):
-            thread = threading.Thread(target=_pump, args=(stream, task.prefix, sink, self.lock, keep),
+            thread = threading.Thread(target=_pump, args=(stream, task.prefix, sink, self.lock, keep,
+                                                          not show_tf_logs()),
                                       name=f"tfaccel-launch-{task.name}", daemon=True)
             thread.start()
             threads.append(thread)
@@ -153,6 +159,9 @@ class Attempt:
                 self.log.info("launch: %s pid=%d finished OK after %.1f s", run.task.name, run.proc.pid,
                               now - run.started)
                 continue
+            if run.task.server and rc == 0 and not any(not t.server for t in self.tasks):
+                # per-host mode inside srun: the server ended because its chief's job is over (launch.server)
+                return Verdict("ok", 0, f"{run.task.name} (a server task) ended after its chief's job was over")
             for thread in run.threads:  # the process is gone: let its last lines arrive before showing them
                 thread.join(timeout=2)
             if not run.task.server and is_preempted(rc):
@@ -174,6 +183,12 @@ class Attempt:
             code = exit_code(rc) if rc != 0 else 1
             message = (f"{run.task.name} (pid {run.proc.pid}) {what}: {describe_returncode(rc)} after "
                        f"{now - run.started:.1f} s")
+            if not run.task.server and rc == EXIT_CONFIG:
+                message += (f" (exit {EXIT_CONFIG}: a configuration error, tfaccel.ConfigError; a restart would fail the "
+                            "same way, so the job is not restarted: fix what the task's message names)")
+                self.log.error("launch: %s. Last lines of %s:\n%s", message, run.task.name,
+                               _indent(run.tail()) or "    (no output)")
+                return Verdict("config", code, message, failed_task=run.task.name)
             self.log.error("launch: %s; stopping the other tasks. Last lines of %s:\n%s", message, run.task.name,
                            _indent(run.tail()) or "    (no output)")
             return Verdict("failed", code, message, failed_task=run.task.name)

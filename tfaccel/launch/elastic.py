@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 from tfaccel.errors import ConfigError
 from tfaccel.job_id import launch_job_id, new_job_id
 from tfaccel.launch.outcome import LaunchResult
-from tfaccel.launch.restarts import RestartBudget
+from tfaccel.launch.restarts import NOT_RESTARTED, RestartBudget
 from tfaccel.log import get_logger
 from tfaccel.train.elastic import ELASTIC_ENV, RESIZE_FROM_ENV, RESIZE_REASON_ENV, parse_workers_range
 
@@ -181,7 +181,7 @@ def run_elastic(cmd: Any, *, workers: Tuple[int, int], max_restarts: int = 0, ca
                  high)
         sizes.append(state.size)
         results.append(launch(state.size, {**child_env, **resized}, left, record))
-        if results[-1].reason in ("ok", "timeout", "interrupted"):
+        if results[-1].reason in NOT_RESTARTED:
             break
         before = state.size
         restart, why = _next_attempt(state, record, results[-1])

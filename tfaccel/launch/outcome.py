@@ -77,7 +77,8 @@ class LaunchResult:
             124 on timeout, 128 + N when the launcher was interrupted by signal N, 1 when peers never came up.
         tasks: the outcome of every task of the last attempt, in launch order.
         restarts: how many times the job was restarted.
-        reason: ``"ok"``, ``"failed"``, ``"timeout"``, ``"interrupted"`` or ``"unreachable"``.
+        reason: ``"ok"``, ``"failed"``, ``"config"`` (a task exited 2, a configuration error: never restarted),
+            ``"preempted"``, ``"timeout"``, ``"interrupted"`` or ``"unreachable"``.
         failed_task: the name of the task that failed first (``"failed"`` only).
         message: one line saying what happened.
         attempts: the task outcomes of every attempt, the last one included.

@@ -4,7 +4,9 @@ and every restart is recorded for the training processes of the next attempt.
 A task that exits with :data:`tfaccel.errors.EXIT_PREEMPTED` (75) stopped at a step every process agreed on,
 after the chief wrote a backup there (``tfaccel.train.preemption``). The launcher then stops the other tasks
 (which are exiting with the same code), restarts the job, and does not count that restart against
-``--max-restarts`` unless ``--count-preemptions`` asks it to. Any other early exit is a failure, as before.
+``--max-restarts`` unless ``--count-preemptions`` asks it to. A task that exits with
+:data:`tfaccel.errors.EXIT_CONFIG` (2, a ``ConfigError``) ends the job at once: a restart would fail the same way.
+Any other early exit is a failure, as before.
 
 Every attempt after the first gets :data:`RESTARTS_ENV`: a JSON list with one entry per restart so far
 (``restart``, ``why`` = ``"preemption"``, ``"failure"`` or, in an elastic job, ``"resize"``, ``task``, ``status``,
@@ -23,10 +25,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from tfaccel.errors import EXIT_PREEMPTED
 
-__all__ = ["RESTARTS_ENV", "Restart", "RestartBudget", "is_preempted", "why_ended", "signals_to_forward",
+__all__ = ["RESTARTS_ENV", "NOT_RESTARTED", "Restart", "RestartBudget", "is_preempted", "why_ended", "signals_to_forward",
            "preempted_attempt"]
 
 RESTARTS_ENV = "TFACCEL_RESTARTS"
+# How an attempt ends that no restart can change: done, out of time, stopped by a signal, or a configuration error
+# (a command task exited EXIT_CONFIG: the same options fail the same way on every attempt).
+NOT_RESTARTED = ("ok", "timeout", "interrupted", "config")
 _MAX_RECORDED = 100  # the record is an environment variable: the last 100 restarts are plenty
 
 

@@ -8,6 +8,8 @@ user's command once every server accepts connections), streams their output with
 - a command task exited non-zero, or a server task exited at all: fail-fast, every other task gets SIGTERM,
   then SIGKILL after ``grace`` seconds; the job exits with the failing task's code (128 + N when it was
   killed by signal N) and the log names the task and shows its last lines;
+- a command task exited with ``tfaccel.errors.EXIT_CONFIG`` (2: a ``ConfigError``): fail-fast as above, and the
+  job is never restarted, whatever ``max_restarts`` says (the same options would fail the same way);
 - a command task exited with ``tfaccel.EXIT_PREEMPTED`` (75: it stopped at a step every task agreed on, its
   backup written): the others are stopped and the job is restarted, not counted against ``max_restarts``
   (:mod:`tfaccel.launch.restarts`);
@@ -33,7 +35,7 @@ from tfaccel.cluster.address import split_address
 from tfaccel.launch.attempt import Attempt, SignalWatch, Verdict
 from tfaccel.launch.netns import open_network
 from tfaccel.launch.outcome import LaunchResult, LaunchTask, TaskOutcome
-from tfaccel.launch.restarts import RestartBudget
+from tfaccel.launch.restarts import NOT_RESTARTED, RestartBudget
 from tfaccel.log import get_logger
 
 __all__ = ["run_job", "warn_exposed_ports", "RESTART_ENV"]
@@ -151,7 +153,7 @@ def _run_attempts(make_tasks: Callable[[int], Sequence[LaunchTask]],
             on_attempt_end(attempt, outcomes)
         why = "preemption" if verdict.reason == "preempted" or (
             verdict.reason == "failed" and preempted is not None and preempted(outcomes)) else "failure"
-        if verdict.reason in ("ok", "timeout", "interrupted") or once or not budget.allows(why):
+        if verdict.reason in NOT_RESTARTED or once or not budget.allows(why):
             break
         restart = budget.record(why, task=verdict.failed_task or "?", status=verdict.message,
                                 attempt_s=time.monotonic() - began)
@@ -166,7 +168,7 @@ def _log_end(verdict: Verdict, attempts: int, elapsed: float, *, private: bool) 
         log.info("launch: job finished OK in %.1f s%s", elapsed,
                  f" after {attempts - 1} restart(s)" if attempts > 1 else "")
         return
-    what = {"failed": "failed", "timeout": "timed out", "interrupted": "interrupted", "preempted": "was preempted",
+    what = {"failed": "failed", "config": "failed on a configuration error", "timeout": "timed out", "interrupted": "interrupted", "preempted": "was preempted",
             "unreachable": "could not reach its peers"}.get(verdict.reason, verdict.reason)
     log.error("launch: job %s (exit %d): %s", what, verdict.returncode, verdict.message)
     if private and verdict.reason == "failed":

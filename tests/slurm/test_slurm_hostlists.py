@@ -1,0 +1,58 @@
+"""Issue 38 (1): tfaccel's SLURM parser against SLURM itself.
+
+Host lists: ``tfaccel.cluster.expand_nodelist`` against ``scontrol show hostnames`` (SLURM's own expansion) on many
+shapes. Placement: real ``srun`` steps on the two-node partition ``multi`` (node9, node10; both this host, see
+scripts/local_slurm.sh), block and cyclic, each task comparing the node and port tfaccel gives its rank with the
+node SLURM ran it on (``SLURMD_NODENAME``). Nothing here trains (node9/node10 do not resolve), so no TensorFlow.
+"""
+
+import json
+
+import pytest
+
+from tfaccel.cluster import expand_nodelist
+
+SHAPES = ["n[001-010]", "node[9-10]", "a[1-3,5],b7", "node[8-11],login1", "rack[1-2]-n[01-02]", "x[0-3,10-11]",
+          "gpu[099-101]", "c1,c10,c2", "host", "n[1-2]-ib", "a[9-10]b[1-2]", "sys[00007-00009]"]
+
+
+def test_expand_nodelist_matches_scontrol_show_hostnames(slurm) -> None:
+    for shape in SHAPES:
+        out = slurm.run(["scontrol", "show", "hostnames", shape], timeout=30)
+        assert out.returncode == 0, (shape, out.stderr)
+        assert expand_nodelist(shape) == out.stdout.split(), shape
+
+
+def test_scontrol_compresses_what_tfaccel_expands_back(slurm) -> None:
+    """SLURM's own compressed form (``scontrol show hostlist``) of host names in rank order reads back the same."""
+    names = ["node9", "node10", "node11", "gpu001", "gpu002", "gpu010"]
+    out = slurm.run(["scontrol", "show", "hostlist", ",".join(names)], timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert expand_nodelist(out.stdout.strip()) == names, out.stdout
+
+
+# Each task: SLURM's facts, and the address tfaccel gives its rank (no TensorFlow imported).
+_PROBE = ("import json, os; from tfaccel.cluster import slurm_task; t = slurm_task(port=23456); "
+          "print(json.dumps({k: os.environ.get(k) for k in ('SLURM_PROCID', 'SLURMD_NODENAME', 'SLURM_STEP_NODELIST', "
+          "'SLURM_STEP_TASKS_PER_NODE', 'SLURM_DISTRIBUTION', 'SLURM_LOCALID')} | {'address': t.address, "
+          "'workers': list(t.spec.roles['worker'])}))")
+
+
+@pytest.mark.parametrize("args,tasks_per_node,expected", [
+    (["-N", "2", "-n", "3"], "2,1", ["node9:23456", "node9:23457", "node10:23456"]),
+    (["-N", "2", "-n", "4", "-m", "cyclic"], "2(x2)", ["node9:23456", "node10:23456", "node9:23457", "node10:23457"]),
+    (["-N", "2", "-n", "4", "-m", "block"], "2(x2)", ["node9:23456", "node9:23457", "node10:23456", "node10:23457"]),
+])
+def test_ranks_land_where_srun_put_them(slurm, args, tasks_per_node, expected) -> None:
+    out = slurm.run(["srun", "-p", "multi", *args, "python", "-c", _PROBE], timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    tasks = sorted((json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")),
+                   key=lambda t: int(t["SLURM_PROCID"]))
+    assert len(tasks) == len(expected), out.stdout
+    for rank, task in enumerate(tasks):
+        assert task["SLURM_STEP_NODELIST"] == "node[9-10]"  # node9 before node10: rank order, not text order
+        assert task["SLURM_STEP_TASKS_PER_NODE"] == tasks_per_node
+        assert task["workers"] == expected
+        assert task["address"] == expected[rank]
+        assert task["address"].split(":")[0] == task["SLURMD_NODENAME"]  # the node SLURM really ran it on
+        assert int(task["address"].split(":")[1]) - 23456 == int(task["SLURM_LOCALID"])
