@@ -143,6 +143,7 @@ def test_the_pods_read_one_cluster_without_tf_config(kind, workers, ps):
         assert pod.spec["volumes"] == [{"name": "backup", "persistentVolumeClaim": {"claimName": "ckpt"}}]
         assert pod.spec["containers"][0]["volumeMounts"][0]["mountPath"] == BACKUP_MOUNT
         assert pod.env["TFACCEL_JOB_ID"] == "mnist"
+        assert pod.env["TFACCEL_EXIT_ON_CONFIG_ERROR"] == "1"  # a ConfigError exits 2: the policy's FailJob
     assert len(tasks) == len(pods) and len(specs) == 1  # every pod one task, all of them one cluster
     if ps:
         chief = [p for p in pods if p.labels.get("jobset.sigs.k8s.io/replicatedjob-name") == "chief"]

@@ -144,3 +144,13 @@ def test_a_deleted_pod_exits_75_and_the_job_ends_with_the_uninterrupted_weights(
     for name, got in weights.items():
         assert same(got, reference[name.replace("preempt", "mnist")], 1e-6), name
     print(f"preempted 2 pods: {seconds:.1f} s, pod deleted -> exit in {deleted['seconds']:.2f} s")
+
+
+def test_a_configuration_error_fails_the_job_at_once(network, tmp_path):
+    """A ConfigError ends the pod with 2 (TFACCEL_EXIT_ON_CONFIG_ERROR=1 from the manifest): FailJob, no retry."""
+    code = "import tfaccel; raise tfaccel.ConfigError('fit: batch_size 0')"
+    pods = pods_of(k8s_manifest("jobset", name="bad", image="i", command=["python", "-c", code], workers=2))
+    controller = JobController(network, pods, volumes={}, extra_env={"PYTHONPATH": str(ROOT)}, log=tmp_path / "log")
+    assert controller.run(timeout=120) == "Failed"
+    assert controller.exits[0][2:] == (2, "FailJob") and len(controller.exits) <= 2, controller.exits
+    assert "tfaccel.ConfigError" in (tmp_path / "log").read_text()
