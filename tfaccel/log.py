@@ -1,7 +1,8 @@
 """tfaccel's logger: speaks on the chief only by default, and can prefix lines with the task.
 
 Library code never prints; it logs through :func:`get_logger`. Whether this process is the chief is
-read from TF_CONFIG / Horovod's / SLURM's environment when the logger is set up (it never writes the environment).
+read from TF_CONFIG / a Kubernetes pod's / Horovod's / SLURM's environment when the logger is set up (it never writes
+the environment).
 """
 
 import json
@@ -15,6 +16,7 @@ PREFIXED_BY_LAUNCHER_ENV = "TFACCEL_OUTPUT_PREFIXED"
 _configured = False
 _MAX_TF_CONFIG = 1024 * 1024  # tfaccel.cluster's limit too; this module imports nothing of tfaccel
 _SLURM_STEP_VARS = ("SLURM_STEP_NODELIST", "SLURM_STEP_ID", "SLURM_STEPID")  # set by srun, not in a batch script
+_K8S_TASKS = "TFACCEL_K8S_TASKS"  # tfaccel.cluster.kubernetes.TASKS_ENV: the shape a Kubernetes manifest carries
 
 
 def _task_from_environment() -> Tuple[Optional[str], Optional[int]]:
@@ -28,6 +30,9 @@ def _task_from_environment() -> Tuple[Optional[str], Optional[int]]:
                 return str(task["type"])[:40], int(task.get("index", 0))
         except (ValueError, AttributeError, TypeError, OverflowError, RecursionError):
             return None, None  # a malformed TF_CONFIG is reported by the cluster module, not here
+    pod = _k8s_task()
+    if pod[0] is not None:
+        return pod
     rank_vars = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
     if any(os.environ.get(v) for v in _SLURM_STEP_VARS):  # a task of a SLURM job step: rank 0 is worker 0 or the chief
         rank_vars += ("SLURM_PROCID",)
@@ -37,6 +42,31 @@ def _task_from_environment() -> Tuple[Optional[str], Optional[int]]:
                 return "rank", int(os.environ[var])
             except ValueError:
                 return None, None
+    return None, None
+
+
+def _k8s_task() -> Tuple[Optional[str], Optional[int]]:
+    """(role, index) of a pod of tfaccel's Kubernetes manifests, from the variables and in the order
+    tfaccel.cluster.kubernetes reads them (``TFACCEL_K8S_TASKS``, the JobSet labels, ``JOB_COMPLETION_INDEX``);
+    (None, None) elsewhere or when they are malformed (the cluster module says why)."""
+    env = os.environ
+    pod, parts = env.get("JOB_COMPLETION_INDEX", ""), [p.split("=", 1) for p in env.get(_K8S_TASKS, "").split(",")]
+    if not pod.isdigit() or any(len(p) != 2 for p in parts):
+        return None, None
+    if env.get("TFACCEL_JOBSET_NAME"):  # role = replicated job (Trainer v2's "node": workers); jobs, then pods
+        mine, job = env.get("TFACCEL_REPLICATED_JOB", ""), env.get("TFACCEL_JOB_INDEX", "")
+        for name, size in parts:
+            per = size.split("x", 1)[1] if "x" in size else "1"
+            if name == mine and job.isdigit() and per.isdigit():
+                return ("worker" if name == "node" else name), int(job) * int(per) + int(pod)
+    elif env.get("TFACCEL_K8S_JOB_NAME"):  # an Indexed Job: the roles take the indices in the order given
+        index = int(pod)
+        for name, size in parts:
+            if not size.isdigit():
+                break
+            if index < int(size):
+                return name, index
+            index -= int(size)
     return None, None
 
 
@@ -75,7 +105,8 @@ def is_chief() -> bool:
             cluster = _loads_bounded(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
         except (ValueError, AttributeError, RecursionError):
             return False
-        return "chief" not in cluster and "master" not in cluster
+        in_pod = any(part.split("=", 1)[0] == "chief" for part in os.environ.get(_K8S_TASKS, "").split(","))
+        return "chief" not in cluster and "master" not in cluster and not in_pod
     return False
 
 

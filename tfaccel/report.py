@@ -214,7 +214,8 @@ def _cluster_items(report: Dict[str, Any]) -> List[Tuple[str, Any]]:
         ("TPU", report["tpu"]["address_hint"] or "none found (COLAB_TPU_ADDR / TPU_NAME unset)")]
     tfc = report["tf_config"]
     if not tfc["set"]:
-        items.append(("TF_CONFIG", "not set (single process)"))
+        items.append(("TF_CONFIG", "not set (a Kubernetes pod, a cloud trainer or SLURM may still describe a "
+                                   "cluster: `tfaccel tf-config --explain` says which)"))
     elif not tfc["valid"]:
         items.append(("TF_CONFIG", tfc["error"]))
     else:

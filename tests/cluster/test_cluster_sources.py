@@ -25,7 +25,8 @@ TRAINJOB = {"TFACCEL_JOBSET_NAME": "tj", "TFACCEL_REPLICATED_JOB": "node", "TFAC
             "JOB_COMPLETION_INDEX": "3", "TFACCEL_K8S_TASKS": "node=1x4", "TFACCEL_TRAINER_STEP": "trainer"}
 # Vertex AI's documented CLUSTER_SPEC (https://cloud.google.com/vertex-ai/docs/training/distributed-training)
 VERTEX_SPEC = {"cluster": {"workerpool0": ["cmle-training-workerpool0-ab-0:2222"],
-                           "workerpool1": ["cmle-training-workerpool1-ab-0:2222", "cmle-training-workerpool1-ab-1:2222"],
+                           "workerpool1": ["cmle-training-workerpool1-ab-0:2222",
+                                           "cmle-training-workerpool1-ab-1:2222"],
                            "workerpool2": ["cmle-training-workerpool2-ab-0:2222"]},
                "environment": "cloud", "task": {"type": "workerpool1", "index": 1, "trial": "7"},
                "job": {"worker_pool_specs": [{"replica_count": 1}]}}
@@ -93,10 +94,17 @@ def test_indexed_job_hosts_and_its_service_subdomain():
     (dict(JOBSET, TFACCEL_K8S_PORT="http"), r"TFACCEL_K8S_PORT \"http\": must be a port 1-65535"),
     (dict(INDEXED, JOB_COMPLETION_INDEX="3"), r"Indexed Job 'train': JOB_COMPLETION_INDEX=3 is outside its 3 tasks"),
     (dict(INDEXED, TFACCEL_K8S_TASKS="worker=2x1"), r"part \"worker=2x1\" is not NAME=COUNT;"),
+    (dict(JOBSET, HOSTNAME="mnist-worker-0-0"), r"JobSet: this pod's HOSTNAME \"mnist-worker-0-0\" is not "
+                                                r"'mnist-worker-1-0', the name computed from its labels"),
 ])
 def test_malformed_kubernetes_variables_are_named(env, message):
     with pytest.raises(ClusterConfigError, match=message):
         read_env(env, resolve=False)
+
+
+def test_the_pods_own_hostname_is_checked_and_listed():
+    found = read_env(dict(INDEXED, HOSTNAME="train-2"), resolve=False)
+    assert facts(found)["hostname"] == "train-2"
 
 
 def test_a_jobset_pod_is_read_by_the_jobset_reader_alone():
@@ -224,6 +232,13 @@ def test_a_tf_config_that_agrees_with_the_pod_wins_and_one_that_does_not_is_an_e
                                                  r"worker x2; this task worker:1\); tfaccel does not pick one"):
         task_from_env(dict(JOBSET, TF_CONFIG=json.dumps(other)))
     assert task_from_env(dict(JOBSET, TF_CONFIG="{}")) is None  # the user's explicit "no cluster"
+    with pytest.raises(ClusterConfigError, match=r"^TF_CONFIG: "):  # malformed: TF_CONFIG's own error, not a conflict
+        task_from_env(dict(JOBSET, TF_CONFIG='{"cluster": ["a:1"], "task": {"type": "worker", "index": 1}}'))
+    vertex_master = dict(VERTEX_TF_CONFIG, cluster={"master": VERTEX_TF_CONFIG["cluster"]["chief"],
+                                                    "worker": VERTEX_TF_CONFIG["cluster"]["worker"],
+                                                    "ps": VERTEX_TF_CONFIG["cluster"]["ps"]})
+    info = task_from_env({"CLUSTER_SPEC": json.dumps(VERTEX_SPEC), "TF_CONFIG": json.dumps(vertex_master)})
+    assert info.name == "worker:1" and "chief" in info.spec.roles  # TF 1.x's master is the chief
 
 
 def test_two_platforms_at_once_are_an_error():
@@ -273,8 +288,8 @@ def explain(monkeypatch, env):
      ["source: TF_CONFIG", "task: chief:0 of chief x1, worker x1 (chief)",
       "  environment  cloud  <- TF_CONFIG environment (\"cloud\": Kubeflow TFJob, SageMaker, Vertex AI)"]),
     ({"SLURM_PROCID": "1", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
-      "SLURM_STEP_ID": "0"}, ["source: SLURM", "task: worker:1 of worker x2", "  procid              1  <- SLURM_PROCID",
-                              "  step_nodelist       n[1-2]  <- SLURM_STEP_NODELIST"]),
+      "SLURM_STEP_ID": "0"}, ["source: SLURM", "task: worker:1 of worker x2", "  procid 1 <- SLURM_PROCID",
+                              "  step_nodelist n[1-2] <- SLURM_STEP_NODELIST"]),
     ({}, ["no cluster: none of the sources is present, so this is a single process"]),
 ])
 def test_explain_names_the_source_and_where_each_fact_came_from(monkeypatch, env, lines):

@@ -4,6 +4,7 @@ named there); the pods it makes read their cluster without a TF_CONFIG; the docs
 
 import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -142,6 +143,7 @@ def test_the_pods_read_one_cluster_without_tf_config(kind, workers, ps):
         assert pod.spec["volumes"] == [{"name": "backup", "persistentVolumeClaim": {"claimName": "ckpt"}}]
         assert pod.spec["containers"][0]["volumeMounts"][0]["mountPath"] == BACKUP_MOUNT
         assert pod.env["TFACCEL_JOB_ID"] == "mnist"
+        assert pod.env["TFACCEL_EXIT_ON_CONFIG_ERROR"] == "1"  # a ConfigError exits 2: the policy's FailJob
     assert len(tasks) == len(pods) and len(specs) == 1  # every pod one task, all of them one cluster
     if ps:
         chief = [p for p in pods if p.labels.get("jobset.sigs.k8s.io/replicatedjob-name") == "chief"]
@@ -238,3 +240,23 @@ def test_bad_shapes_in_a_pod_are_refused_with_the_variable_named():
     with pytest.raises(ClusterConfigError, match=r"TFACCEL_GLOBAL_REPLICAS=3 \(label jobset.sigs.k8s.io/global-replicas"
                                                  r"\) but TFACCEL_K8S_TASKS='worker=2x1' says 2"):
         read_env(env, resolve=False)
+
+
+@pytest.mark.parametrize("kind,workers,ps", CASES)
+def test_exactly_one_pod_is_the_chief_for_the_logger_and_is_chief(monkeypatch, kind, workers, ps):
+    """tfaccel.is_chief() and the logger (tfaccel.log, which imports nothing of tfaccel) agree with the cluster."""
+    from tfaccel.log import _task_from_environment, is_chief  # _task_from_environment: the logger's [role N] tag
+
+    for name in list(os.environ):
+        if name.startswith(("TF_CONFIG", "SLURM_", "HOROVOD_", "OMPI_", "PMI_", "TFACCEL_", "JOB_COMPLETION")):
+            monkeypatch.delenv(name)
+    chiefs = []
+    for pod in pods_of(manifest(kind, workers, ps)):
+        with monkeypatch.context() as patch:
+            for name, value in pod.env.items():
+                patch.setenv(name, value)
+            info = TaskInfo.from_env_cluster(read_env(pod.env, resolve=False))
+            assert is_chief() is info.is_chief, pod.name
+            assert _task_from_environment() == (info.task_type, info.task_index), pod.name
+            chiefs += [pod.name] if is_chief() else []
+    assert len(chiefs) == 1, chiefs

@@ -91,19 +91,27 @@ def test_two_pods_train_multi_worker_from_the_jobset_labels_alone(two_pods):
     print(f"2 pods: {seconds:.1f} s")
 
 
-def test_explain_inside_a_pod_names_the_jobset_and_its_labels(network):
-    pods = pods_of(jobset(2, "explain"))
+@pytest.mark.parametrize("kind,source,host", [
+    ("jobset", "JobSet", "x{n}-worker-1-0.x{n}"), ("indexed-job", "Indexed Job", "x{n}-1.x{n}"),
+    ("trainjob", "TrainJob", "x{n}-node-0-1.x{n}")])
+def test_explain_inside_a_pod_names_the_source_and_its_labels(network, kind, source, host):
+    name = f"x{len(network.namespaces)}"
+    host = host.format(n=name[1:])
+    pods = pods_of(k8s_manifest(kind, name=name, image="i", command=["python", "t.py"], workers=2))
     namespaces = [network.add(pod)[0] for pod in pods]
     out = subprocess.run(["ip", "netns", "exec", namespaces[1], sys.executable, "-m", "tfaccel", "tf-config",
                           "--explain"], env={"PATH": "/usr/sbin:/usr/bin:/bin", **pods[1].env, "PYTHONPATH": str(ROOT)},
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     lines = [" ".join(line.split()) for line in out.stdout.splitlines()]
-    assert lines[0].startswith("source: JobSet (sources, first present wins: TF_CONFIG, JobSet")
-    assert lines[1] == "task: worker:1 of worker x2" and lines[2] == "address: explain-worker-1-0.explain:2222"
-    assert "job-index 1 <- TFACCEL_JOB_INDEX (label jobset.sigs.k8s.io/job-index)" in lines
-    assert any(line.startswith("resolved explain-worker-0-0.explain=10.213.0.") for line in lines), lines
-    assert lines[-1].startswith('TF_CONFIG: {"cluster":{"worker":["explain-worker-0-0.explain:2222"')
+    assert lines[0].startswith(f"source: {source} (sources, first present wins: TF_CONFIG, JobSet")
+    assert lines[1] == "task: worker:1 of worker x2" and lines[2] == f"address: {host}:2222"
+    assert f"hostname {host.split('.')[0]} <- HOSTNAME (set by Kubernetes; checked)" in lines
+    if kind != "indexed-job":  # JobSet: pod 1 is Job 1's pod 0; TrainJob: Job 0's pod 1
+        job_index = "1" if kind == "jobset" else "0"
+        assert f"job-index {job_index} <- TFACCEL_JOB_INDEX (label jobset.sigs.k8s.io/job-index)" in lines
+    assert any(line.startswith(f"resolved {pods[0].fqdn}=10.213.0.") for line in lines), lines
+    assert lines[-1].startswith(f'TF_CONFIG: {{"cluster":{{"worker":["{pods[0].fqdn}:2222"')
 
 
 def test_four_pods_train_to_identical_weights(network, tmp_path):
@@ -136,3 +144,13 @@ def test_a_deleted_pod_exits_75_and_the_job_ends_with_the_uninterrupted_weights(
     for name, got in weights.items():
         assert same(got, reference[name.replace("preempt", "mnist")], 1e-6), name
     print(f"preempted 2 pods: {seconds:.1f} s, pod deleted -> exit in {deleted['seconds']:.2f} s")
+
+
+def test_a_configuration_error_fails_the_job_at_once(network, tmp_path):
+    """A ConfigError ends the pod with 2 (TFACCEL_EXIT_ON_CONFIG_ERROR=1 from the manifest): FailJob, no retry."""
+    code = "import tfaccel; raise tfaccel.ConfigError('fit: batch_size 0')"
+    pods = pods_of(k8s_manifest("jobset", name="bad", image="i", command=["python", "-c", code], workers=2))
+    controller = JobController(network, pods, volumes={}, extra_env={"PYTHONPATH": str(ROOT)}, log=tmp_path / "log")
+    assert controller.run(timeout=120) == "Failed"
+    assert controller.exits[0][2:] == (2, "FailJob") and len(controller.exits) <= 2, controller.exits
+    assert "tfaccel.ConfigError" in (tmp_path / "log").read_text()

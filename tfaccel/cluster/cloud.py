@@ -61,13 +61,13 @@ def read_vertex(environ: Optional[Mapping[str, str]] = None) -> Optional[EnvClus
     cluster = doc.get("cluster") if isinstance(doc, dict) else None
     task = doc.get("task") if isinstance(doc, dict) else None
     if not isinstance(cluster, dict) or not isinstance(task, dict):
-        raise ClusterConfigError(f"{source}: CLUSTER_SPEC must be an object with \"cluster\" and \"task\" ({_VERTEX_DOC})"
-                                 f"; received {show(doc)}")
+        raise ClusterConfigError(f"{source}: CLUSTER_SPEC must be an object with \"cluster\" and \"task\" "
+                                 f"({_VERTEX_DOC}); received {show(doc)}")
     roles: Dict[str, List[str]] = {}
     for pool, addresses in cluster.items():
         if pool not in VERTEX_POOLS:
-            raise ClusterConfigError(f"{source}: CLUSTER_SPEC cluster {show(pool)}: not a Vertex AI worker pool; valid: "
-                                     f"{', '.join(VERTEX_POOLS)} ({_VERTEX_DOC})")
+            raise ClusterConfigError(f"{source}: CLUSTER_SPEC cluster {show(pool)}: not a Vertex AI worker pool; "
+                                     f"valid: {', '.join(VERTEX_POOLS)} ({_VERTEX_DOC})")
         if addresses:
             roles[VERTEX_POOLS[pool]] = addresses
     pool = task.get("type")

@@ -22,7 +22,7 @@ from tfaccel.cluster.errors import ClusterConfigError
 from tfaccel.cluster.kubernetes import (DEFAULT_PORT, JOB_NAME_ENV, JOB_NAME_LABEL, JOBSET_LABELS, KINDS, PORT_ENV,
                                         SUBDOMAIN_ENV, TASKS_ENV, TRAINER_STEP_ENV, TRAINER_STEP_LABEL)
 from tfaccel.cluster.limits import shorten
-from tfaccel.errors import EXIT_PREEMPTED
+from tfaccel.errors import EXIT_CONFIG, EXIT_PREEMPTED, LAUNCHED_ENV
 from tfaccel.job_id import JOB_ID_ENV
 from tfaccel.train.preemption import DEFAULT_TIMEOUT_S, TIMEOUT_ENV  # no TensorFlow there
 
@@ -35,7 +35,6 @@ RUNTIME_NAME = "tfaccel-tensorflow"  # the plainML TrainingRuntime the TrainJob 
 CONTAINER = "tensorflow"
 TRAINER_CONTAINER = "node"  # Trainer v2 finds the trainer's container by this name (pkg/constants)
 SERVER_COMMAND = ("python", "-m", "tfaccel.launch.server")
-EXIT_CONFIG = 2  # how tfaccel's commands end on a configuration error (tfaccel.cli.main)
 
 
 def _check(kind: str, name: str, image: str, workers: int, ps: int, port: int) -> None:
@@ -96,7 +95,8 @@ def _job_spec(pod: Dict[str, Any], container: str, count: int, labels: Optional[
 
 
 def _common(name: str) -> Dict[str, str]:
-    return {JOB_ID_ENV: name, TIMEOUT_ENV: f"{DEFAULT_TIMEOUT_S:g}"}
+    # a ConfigError ends the pod with exit 2 (not Python's 1), which the podFailurePolicy fails the job on
+    return {JOB_ID_ENV: name, TIMEOUT_ENV: f"{DEFAULT_TIMEOUT_S:g}", LAUNCHED_ENV: "1"}
 
 
 def _indexed_job(name: str, image: str, command: Sequence[str], workers: int, port: int,

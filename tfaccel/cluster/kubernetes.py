@@ -31,9 +31,9 @@ from tfaccel.cluster.described import EnvCluster, Fact
 from tfaccel.cluster.errors import ClusterConfigError
 from tfaccel.cluster.limits import show
 
-__all__ = ["TASKS_ENV", "PORT_ENV", "SUBDOMAIN_ENV", "DNS_TIMEOUT_ENV", "INDEX_ENV", "JOB_NAME_ENV", "JOBSET_ENV",
-           "JOBSET_LABELS", "TRAINER_STEP_ENV", "TRAINER_STEP_LABEL", "DEFAULT_PORT", "KINDS", "read_indexed_job",
-           "read_jobset", "wait_resolvable", "parse_tasks"]
+__all__ = ["TASKS_ENV", "PORT_ENV", "SUBDOMAIN_ENV", "DNS_TIMEOUT_ENV", "INDEX_ENV", "JOB_NAME_ENV", "JOB_NAME_LABEL",
+           "JOBSET_ENV", "JOBSET_LABELS", "TRAINER_STEP_ENV", "TRAINER_STEP_LABEL", "DEFAULT_PORT", "KINDS",
+           "read_indexed_job", "read_jobset", "wait_resolvable", "parse_tasks"]
 
 TASKS_ENV = "TFACCEL_K8S_TASKS"
 PORT_ENV = "TFACCEL_K8S_PORT"
@@ -149,7 +149,7 @@ def read_indexed_job(environ: Optional[Mapping[str, str]] = None) -> Optional[En
              Fact("tasks", env.get(TASKS_ENV, ""), f"{TASKS_ENV} (the manifest)"),
              Fact("subdomain", subdomain, f"{SUBDOMAIN_ENV}" if env.get(SUBDOMAIN_ENV) else "the job's name"),
              Fact("port", str(port), PORT_ENV if env.get(PORT_ENV) else "default"))
-    return EnvCluster(_ordered(cluster), task, source, source, facts)
+    return _check_hostname(env, EnvCluster(_ordered(cluster), task, source, source, facts))
 
 
 def read_jobset(environ: Optional[Mapping[str, str]] = None) -> Optional[EnvCluster]:
@@ -193,7 +193,7 @@ def read_jobset(environ: Optional[Mapping[str, str]] = None) -> Optional[EnvClus
               Fact("port", str(port), PORT_ENV if env.get(PORT_ENV) else "default")]
     if source == "TrainJob":
         facts.append(Fact("trainer step", env[TRAINER_STEP_ENV], f"{TRAINER_STEP_ENV} (label {TRAINER_STEP_LABEL})"))
-    return EnvCluster(_ordered(cluster), task, source, source, tuple(facts))
+    return _check_hostname(env, EnvCluster(_ordered(cluster), task, source, source, tuple(facts)))
 
 
 def _check_labels(env: Mapping[str, str], source: str, shape: Sequence[Tuple[str, int, int]], mine: str) -> None:
@@ -209,6 +209,21 @@ def _check_labels(env: Mapping[str, str], source: str, shape: Sequence[Tuple[str
         if raw and raw != str(expected):
             raise ClusterConfigError(f"{source}: {var}={raw} (label {JOBSET_LABELS[var]}) but {TASKS_ENV}="
                                      f"{env.get(TASKS_ENV)!r} says {expected}; regenerate the manifest so both agree")
+
+
+def _check_hostname(env: Mapping[str, str], found: EnvCluster) -> EnvCluster:
+    """The pod's own ``HOSTNAME`` (set by Kubernetes) against the name tfaccel computed for it: a mismatch means the
+    cluster's names are wrong, and the job would wait for DNS in vain; without ``HOSTNAME`` nothing to check."""
+    role, index = found.task  # type: ignore[misc]
+    computed = found.document[role][index].split(".", 1)[0]
+    given = env.get("HOSTNAME", "").strip()
+    if given and given.split(".", 1)[0] != computed:
+        raise ClusterConfigError(f"{found.source}: this pod's HOSTNAME {show(given)} is not {computed!r}, the name "
+                                 f"computed from its labels and {TASKS_ENV}={env.get(TASKS_ENV)!r}; the manifest and "
+                                 "the job disagree: regenerate it with `tfaccel k8s manifest`")
+    if not given:
+        return found
+    return found._replace(facts=found.facts + (Fact("hostname", given, "HOSTNAME (set by Kubernetes; checked)"),))
 
 
 def _ordered(cluster: Dict[str, List[str]]) -> Dict[str, List[str]]:

@@ -14,12 +14,13 @@ cluster is handed out.
 """
 
 import os
-from typing import Callable, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from tfaccel.cluster.cloud import read_sagemaker, read_vertex, without_vertex_keys
 from tfaccel.cluster.described import EnvCluster, Fact, read_slurm, read_tf_config
 from tfaccel.cluster.errors import ClusterConfigError
 from tfaccel.cluster.kubernetes import read_indexed_job, read_jobset, wait_resolvable
+from tfaccel.cluster.validate import LEGACY_ROLES
 
 __all__ = ["read_env", "SOURCES", "KUBERNETES_SOURCES"]
 
@@ -107,21 +108,25 @@ def _shape(found: EnvCluster) -> str:
            f"{':'.join(map(str, _task(found)))}"
 
 
-def _sizes(found: EnvCluster) -> dict:
+def _sizes(found: EnvCluster) -> Dict[str, int]:
+    """``{role: number of tasks}``, TF 1.x's ``master`` read as ``chief`` (as the TF_CONFIG reader does)."""
     roles = found.document["cluster"] if "cluster" in found.document else found.document
-    return {role: len(addrs) for role, addrs in roles.items() if isinstance(addrs, list) and addrs}
+    return {LEGACY_ROLES.get(role, role): len(addrs) for role, addrs in roles.items()
+            if isinstance(addrs, list) and addrs}
 
 
-def _task(found: EnvCluster) -> tuple:
+def _task(found: EnvCluster) -> Tuple[Any, Any]:
     if found.task is not None:
-        return tuple(found.task)
+        return found.task[0], found.task[1]
     task = found.document.get("task") or {}
-    return task.get("type"), task.get("index", 0)
+    return LEGACY_ROLES.get(task.get("type"), task.get("type")), task.get("index", 0)
 
 
 def _check_agrees(tf_config: EnvCluster, platform: EnvCluster) -> None:
     """Raises when the platform present beside a TF_CONFIG describes another cluster or another task."""
     cluster = tf_config.document["cluster"]
+    if not isinstance(cluster, dict) or not isinstance(tf_config.document.get("task", {}), dict):
+        return  # a malformed TF_CONFIG: its own validation says what is wrong
     if platform.origin == "SageMaker":
         hosts = {a.rsplit(":", 1)[0] for a in platform.document["worker"]}
         outside = sorted({str(a).rsplit(":", 1)[0] for addrs in cluster.values() if isinstance(addrs, list)
