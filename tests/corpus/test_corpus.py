@@ -1,0 +1,144 @@
+"""The keras-io corpus: each case (corpus_cases) trained with the README's 3-line change on default, mirrored (2
+virtual CPUs) and multi_worker (2 worker processes started by tfaccel.launch.run_local on loopback), compared with
+the plain Keras script under the same strategy: one device, or 2 replicas of Keras' MirroredStrategy for the
+mirrored and multi_worker paths (Keras' own fit cannot run under MultiWorkerMirroredStrategy, keras-team/keras#20585),
+or one device where plain Keras fails under MirroredStrategy or a case asks for it. The rule is tests/parity's
+(parity_compare.differences: history keys and per-epoch values rel 1e-5, final weights abs 1e-5), plus the files a
+case's callbacks wrote, what its callbacks logged and the model's dtype policy and optimizer class.
+
+Every path runs all cases in one process (one pair of processes for multi_worker), once per session. Cases in
+corpus_cases.LEAD_FIX wait for a fix on main and are expected to differ (strict: the test fails once they pass, so
+the mark goes with the fix). ``TFACCEL_CORPUS_JSON=path`` also writes the outcome table (docs/data/corpus.json,
+rendered by scripts/corpus_table.py in docs/guides/keras-parity.md).
+"""
+
+import os
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "parity")]
+
+import corpus_cases  # noqa: E402
+import harness  # noqa: E402
+import parity_compare as pc  # noqa: E402
+from tfaccel.launch import run_local  # noqa: E402
+from tfaccel.train.atomic_io import atomic_write_json  # noqa: E402
+
+PROGRAM = HERE / "corpus_program.py"
+CASES = list(corpus_cases.CASES)
+OUTCOMES: Dict[str, Dict[str, str]] = {}
+TIMEOUT = 900
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    kept = os.environ.get("TFACCEL_CORPUS_DIR")  # keep a run's records for inspection
+    return Path(kept) if kept else tmp_path_factory.mktemp("corpus")
+
+
+_RUNS: Dict[str, Path] = {}
+
+
+def _one_process(path: str, corpus_dir: Path) -> Path:
+    if path not in _RUNS:
+        out = corpus_dir / path
+        results = harness.run_tasks(PROGRAM, tasks=[("worker", 0, None)], args=[path, str(out)], timeout=TIMEOUT)
+        harness.assert_all_ok(results)
+        _RUNS[path] = out
+    return _RUNS[path]
+
+
+def _multi_worker(corpus_dir: Path) -> Path:
+    if "multi_worker" not in _RUNS:
+        out = corpus_dir / "multi_worker"
+        env = {**harness.CHILD_ENV, "PYTHONPATH": os.pathsep.join(filter(None, [str(harness.REPO_ROOT),
+                                                                               os.environ.get("PYTHONPATH")]))}
+        result = run_local([sys.executable, str(PROGRAM), "multi_worker", str(out)], workers=2, timeout=TIMEOUT,
+                           env=env, echo=False, capture_lines=400)
+        harness.STARTED_PIDS.extend(result.pids)
+        assert result.ok, result.message + "\n" + "\n".join(t.stderr[-3000:] for t in result.tasks)
+        _RUNS["multi_worker"] = out
+    return _RUNS["multi_worker"]
+
+
+def _reference(case: str, path: str, corpus_dir: Path) -> dict:
+    """Plain Keras: one device for default (and for a case whose reference is one device, or where plain Keras
+    failed under MirroredStrategy), else Keras' MirroredStrategy over 2 virtual CPUs."""
+    one = pc.load(str(_one_process("default", corpus_dir) / "keras"), "main", case)
+    if path == "default" or corpus_cases.CASES[case].reference == "one_device":
+        return one
+    mirrored = pc.load(str(_one_process("mirrored", corpus_dir) / "keras"), "main", case)
+    return mirrored if mirrored["status"] == "ok" else one
+
+
+def _more_differences(ref: dict, got: dict, *, chief: bool) -> List[str]:
+    problems = []
+    for key in ("dtype", "optimizer", "extras") + (("files",) if chief else ()):
+        if ref.get(key) != got.get(key):
+            problems.append(f"{key}: {got.get(key)} != Keras' {ref.get(key)}")
+    return problems
+
+
+def _check(path: str, case: str, got: dict, ref: dict, *, chief: bool = True) -> None:
+    assert ref["status"] == "ok", f"plain Keras failed {case!r} on one device:\n{ref.get('message', '')[-3000:]}"
+    problems = pc.differences(ref, got, case)
+    if got["status"] == "ok":
+        problems += _more_differences(ref, got, chief=chief)
+        if got.get("plan_strategy") != path:
+            problems.append(f"tfaccel.scope() planned {got.get('plan_strategy')!r}, not {path!r}")
+    OUTCOMES.setdefault(path, {})[case] = "equal" if not problems else (
+        ("refused: " if got["status"] == "refused" else "DIFFERENT: ") + "; ".join(problems))
+    assert not problems, f"{path}, {case!r} ({got.get('loop')}):\n" + "\n".join(p[-3000:] for p in problems)
+
+
+def _params(path: str) -> list:
+    return [pytest.param(case, marks=pytest.mark.xfail(reason=corpus_cases.LEAD_FIX[(path, case)], strict=True))
+            if (path, case) in corpus_cases.LEAD_FIX else case for case in CASES]
+
+
+@pytest.mark.timeout(2 * TIMEOUT)  # the first test of a path pays for the whole path's run
+@pytest.mark.parametrize("case", _params("default"))
+def test_default(case: str, corpus_dir: Path) -> None:
+    got = pc.load(str(_one_process("default", corpus_dir) / "tfaccel"), "main", case)
+    _check("default", case, got, _reference(case, "default", corpus_dir))
+
+
+@pytest.mark.timeout(2 * TIMEOUT)
+@pytest.mark.parametrize("case", _params("mirrored"))
+def test_mirrored(case: str, corpus_dir: Path) -> None:
+    got = pc.load(str(_one_process("mirrored", corpus_dir) / "tfaccel"), "main", case)
+    _check("mirrored", case, got, _reference(case, "mirrored", corpus_dir))
+
+
+@pytest.mark.timeout(3 * TIMEOUT)
+@pytest.mark.parametrize("case", _params("multi_worker"))
+def test_multi_worker(case: str, corpus_dir: Path) -> None:
+    out = _multi_worker(corpus_dir) / "tfaccel"
+    chief, other = pc.load(str(out), "worker0", case), pc.load(str(out), "worker1", case)
+    _check("multi_worker", case, chief, _reference(case, "multi_worker", corpus_dir))
+    assert other["status"] == "ok", other.get("message", "")[-3000:]
+    for name, a, b in zip(chief["weight_paths"], chief["weights"], other["weights"]):
+        assert "moving_" in name or a == b, f"the two workers ended with different values of {name}"
+
+
+def test_the_corpus_is_big_enough_and_names_its_sources() -> None:
+    assert len(CASES) >= 25
+    for case in corpus_cases.CASES.values():
+        assert case.source.startswith(("guides/", "examples/", "templates/")), case.name
+        assert len(case.adaptation) > 20 and len(case.proves) > 20, case.name
+
+
+def teardown_module() -> None:
+    """Writes the outcomes and every case's source and claim to ``TFACCEL_CORPUS_JSON`` (no variable: nothing)."""
+    target = os.environ.get("TFACCEL_CORPUS_JSON")
+    if target and OUTCOMES:
+        cases = {name: {"source": c.source, "proves": c.proves} for name, c in corpus_cases.CASES.items()}
+        pending: Dict[str, Dict[str, str]] = {}
+        for (path, name), why in corpus_cases.LEAD_FIX.items():
+            if not OUTCOMES.get(path, {}).get(name, "").startswith("equal"):
+                pending.setdefault(path, {})[name] = why
+        atomic_write_json(target, {"cases": cases, "outcomes": OUTCOMES, "pending": pending})
