@@ -31,7 +31,7 @@ def run_case(runner: Runner, case: Case) -> dict:
     import keras
 
     keras.utils.set_random_seed(corpus_cases.SEED)
-    started = time.monotonic()
+    started, cpu = time.monotonic(), time.process_time()
     try:
         model = case.run(runner)
     except Exception as exc:  # recorded; the test shows it
@@ -39,14 +39,15 @@ def run_case(runner: Runner, case: Case) -> dict:
 
         status = "refused" if isinstance(exc, tfaccel.ConfigError) else "error"
         return {"status": status, "message": traceback.format_exc() if status == "error" else str(exc),
-                "seconds": time.monotonic() - started, "plan_strategy": runner.plan_strategy}
+                "seconds": time.monotonic() - started, "cpu_seconds": time.process_time() - cpu,
+                "plan_strategy": runner.plan_strategy}
     return {"status": "ok", "history": runner.history, "weights": [np.asarray(w).tolist() for w in model.get_weights()],
             "weight_paths": [w.path for w in model.weights], "jit": bool(getattr(model, "jit_compile", False)),
             "loop": ",".join(runner.loops) or "keras model.fit", "plan_strategy": runner.plan_strategy,
             "policy": keras.mixed_precision.global_policy().name, "dtype": model.dtype_policy.name,
             "optimizer": type(getattr(model, "optimizer", None)).__name__, "extras": runner.extras,
             "files": sorted(os.listdir(runner.out)) if os.path.isdir(runner.out) else [],
-            "seconds": time.monotonic() - started}
+            "seconds": time.monotonic() - started, "cpu_seconds": time.process_time() - cpu}
 
 
 def _write(out_dir: str, runner: str, name: str, record: dict) -> None:

@@ -6,12 +6,14 @@ or one device where plain Keras fails under MirroredStrategy or a case asks for 
 (parity_compare.differences: history keys and per-epoch values rel 1e-5, final weights abs 1e-5), plus the files a
 case's callbacks wrote, what its callbacks logged and the model's dtype policy and optimizer class.
 
-Every path runs all cases in one process (one pair of processes for multi_worker), once per session. Cases in
-corpus_cases.LEAD_FIX wait for a fix on main and are expected to differ (strict: the test fails once they pass, so
-the mark goes with the fix). ``TFACCEL_CORPUS_JSON=path`` also writes the outcome table (docs/data/corpus.json,
+Every path runs all cases in one process (one pair of processes for multi_worker), the three paths at once, once
+per module. Cases in corpus_cases.LEAD_FIX wait for a fix on main, those in corpus_cases.OPEN are differences found
+here and not fixed yet: both are expected to differ (strict: the test fails once they pass, so the mark goes with
+the fix). ``TFACCEL_CORPUS_JSON=path`` also writes the outcome table (docs/data/corpus.json,
 rendered by scripts/corpus_table.py in docs/guides/keras-parity.md).
 """
 
+import concurrent.futures
 import os
 import sys
 from pathlib import Path
@@ -31,7 +33,7 @@ from tfaccel.train.atomic_io import atomic_write_json  # noqa: E402
 PROGRAM = HERE / "corpus_program.py"
 CASES = list(corpus_cases.CASES)
 OUTCOMES: Dict[str, Dict[str, str]] = {}
-TIMEOUT = 900
+TIMEOUT = 1800  # a bound on a path's process(es); about 2 minutes on an idle 2-core machine
 
 
 @pytest.fixture(scope="module")
@@ -40,38 +42,39 @@ def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(kept) if kept else tmp_path_factory.mktemp("corpus")
 
 
-_RUNS: Dict[str, Path] = {}
+def _one_process(path: str, out: Path) -> None:
+    results = harness.run_tasks(PROGRAM, tasks=[("worker", 0, None)], args=[path, str(out)], timeout=TIMEOUT)
+    harness.assert_all_ok(results)
 
 
-def _one_process(path: str, corpus_dir: Path) -> Path:
-    if path not in _RUNS:
-        out = corpus_dir / path
-        results = harness.run_tasks(PROGRAM, tasks=[("worker", 0, None)], args=[path, str(out)], timeout=TIMEOUT)
-        harness.assert_all_ok(results)
-        _RUNS[path] = out
-    return _RUNS[path]
+def _two_workers(out: Path) -> None:
+    env = {**harness.CHILD_ENV, "PYTHONPATH": os.pathsep.join(filter(None, [str(harness.REPO_ROOT),
+                                                                           os.environ.get("PYTHONPATH")]))}
+    result = run_local([sys.executable, str(PROGRAM), "multi_worker", str(out)], workers=2, timeout=TIMEOUT,
+                       env=env, echo=False, capture_lines=400)
+    harness.STARTED_PIDS.extend(result.pids)
+    assert result.ok, result.message + "\n" + "\n".join(t.stderr[-3000:] for t in result.tasks)
 
 
-def _multi_worker(corpus_dir: Path) -> Path:
-    if "multi_worker" not in _RUNS:
-        out = corpus_dir / "multi_worker"
-        env = {**harness.CHILD_ENV, "PYTHONPATH": os.pathsep.join(filter(None, [str(harness.REPO_ROOT),
-                                                                               os.environ.get("PYTHONPATH")]))}
-        result = run_local([sys.executable, str(PROGRAM), "multi_worker", str(out)], workers=2, timeout=TIMEOUT,
-                           env=env, echo=False, capture_lines=400)
-        harness.STARTED_PIDS.extend(result.pids)
-        assert result.ok, result.message + "\n" + "\n".join(t.stderr[-3000:] for t in result.tasks)
-        _RUNS["multi_worker"] = out
-    return _RUNS["multi_worker"]
+@pytest.fixture(scope="module")
+def runs(corpus_dir: Path) -> Dict[str, Path]:
+    """The three paths' processes, started together (the corpus's wall time is its slowest path's)."""
+    jobs = {"default": lambda: _one_process("default", corpus_dir / "default"),
+            "mirrored": lambda: _one_process("mirrored", corpus_dir / "mirrored"),
+            "multi_worker": lambda: _two_workers(corpus_dir / "multi_worker")}
+    with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+        for future in [pool.submit(job) for job in jobs.values()]:
+            future.result()
+    return {path: corpus_dir / path for path in jobs}
 
 
-def _reference(case: str, path: str, corpus_dir: Path) -> dict:
+def _reference(case: str, path: str, runs: Dict[str, Path]) -> dict:
     """Plain Keras: one device for default (and for a case whose reference is one device, or where plain Keras
     failed under MirroredStrategy), else Keras' MirroredStrategy over 2 virtual CPUs."""
-    one = pc.load(str(_one_process("default", corpus_dir) / "keras"), "main", case)
+    one = pc.load(str(runs["default"] / "keras"), "main", case)
     if path == "default" or corpus_cases.CASES[case].reference == "one_device":
         return one
-    mirrored = pc.load(str(_one_process("mirrored", corpus_dir) / "keras"), "main", case)
+    mirrored = pc.load(str(runs["mirrored"] / "keras"), "main", case)
     return mirrored if mirrored["status"] == "ok" else one
 
 
@@ -95,31 +98,35 @@ def _check(path: str, case: str, got: dict, ref: dict, *, chief: bool = True) ->
     assert not problems, f"{path}, {case!r} ({got.get('loop')}):\n" + "\n".join(p[-3000:] for p in problems)
 
 
+def _expected_to_differ(path: str, case: str) -> str:
+    return corpus_cases.LEAD_FIX.get((path, case)) or corpus_cases.OPEN.get((path, case), "")
+
+
 def _params(path: str) -> list:
-    return [pytest.param(case, marks=pytest.mark.xfail(reason=corpus_cases.LEAD_FIX[(path, case)], strict=True))
-            if (path, case) in corpus_cases.LEAD_FIX else case for case in CASES]
+    return [pytest.param(case, marks=pytest.mark.xfail(reason=_expected_to_differ(path, case), strict=True))
+            if _expected_to_differ(path, case) else case for case in CASES]
 
 
-@pytest.mark.timeout(2 * TIMEOUT)  # the first test of a path pays for the whole path's run
+@pytest.mark.timeout(2 * TIMEOUT)  # the first test pays for every path's run
 @pytest.mark.parametrize("case", _params("default"))
-def test_default(case: str, corpus_dir: Path) -> None:
-    got = pc.load(str(_one_process("default", corpus_dir) / "tfaccel"), "main", case)
-    _check("default", case, got, _reference(case, "default", corpus_dir))
+def test_default(case: str, runs: Dict[str, Path]) -> None:
+    got = pc.load(str(runs["default"] / "tfaccel"), "main", case)
+    _check("default", case, got, _reference(case, "default", runs))
 
 
 @pytest.mark.timeout(2 * TIMEOUT)
 @pytest.mark.parametrize("case", _params("mirrored"))
-def test_mirrored(case: str, corpus_dir: Path) -> None:
-    got = pc.load(str(_one_process("mirrored", corpus_dir) / "tfaccel"), "main", case)
-    _check("mirrored", case, got, _reference(case, "mirrored", corpus_dir))
+def test_mirrored(case: str, runs: Dict[str, Path]) -> None:
+    got = pc.load(str(runs["mirrored"] / "tfaccel"), "main", case)
+    _check("mirrored", case, got, _reference(case, "mirrored", runs))
 
 
 @pytest.mark.timeout(3 * TIMEOUT)
 @pytest.mark.parametrize("case", _params("multi_worker"))
-def test_multi_worker(case: str, corpus_dir: Path) -> None:
-    out = _multi_worker(corpus_dir) / "tfaccel"
+def test_multi_worker(case: str, runs: Dict[str, Path]) -> None:
+    out = runs["multi_worker"] / "tfaccel"
     chief, other = pc.load(str(out), "worker0", case), pc.load(str(out), "worker1", case)
-    _check("multi_worker", case, chief, _reference(case, "multi_worker", corpus_dir))
+    _check("multi_worker", case, chief, _reference(case, "multi_worker", runs))
     assert other["status"] == "ok", other.get("message", "")[-3000:]
     for name, a, b in zip(chief["weight_paths"], chief["weights"], other["weights"]):
         assert "moving_" in name or a == b, f"the two workers ended with different values of {name}"
@@ -138,7 +145,7 @@ def teardown_module() -> None:
     if target and OUTCOMES:
         cases = {name: {"source": c.source, "proves": c.proves} for name, c in corpus_cases.CASES.items()}
         pending: Dict[str, Dict[str, str]] = {}
-        for (path, name), why in corpus_cases.LEAD_FIX.items():
+        for (path, name), why in {**corpus_cases.LEAD_FIX, **corpus_cases.OPEN}.items():
             if not OUTCOMES.get(path, {}).get(name, "").startswith("equal"):
                 pending.setdefault(path, {})[name] = why
         atomic_write_json(target, {"cases": cases, "outcomes": OUTCOMES, "pending": pending})
