@@ -22,7 +22,9 @@ def _cell(outcome: str, pending: str) -> str:
     if outcome == "equal":
         return "equal"
     if pending:
-        return f"waits for a fix on main: {pending}"
+        return f"waits for a fix: {pending}"
+    if outcome.startswith("refused: "):
+        return "refused: " + outcome.split("refused: ", 1)[1].split(";")[0][:120]
     return outcome.split(":")[0].lower()
 
 

@@ -212,7 +212,8 @@ def _callback_data() -> tuple:
 
 @case("own callbacks: EarlyStoppingAtMinLoss (get/set_weights, stop_training), batch logging, steps_per_epoch",
       CALLBACKS, "a callback that reads and restores the model's weights and stops training, one with per-batch "
-      "hooks (their log lines compared), and steps_per_epoch over arrays")
+      "hooks (their log lines compared), and steps_per_epoch over arrays",
+      refuses={"multi_worker": "cannot keep a fixed example order; leave steps_per_epoch unset"})
 def callbacks_early_stopping_at_min_loss(run: Runner) -> Any:
     """"Early stopping at minimum loss" with LossAndErrorPrintingCallback. Adaptation: 160 generated 784-feature
     examples (not MNIST) scaled by 1/4, batch 16, steps_per_epoch 5, at most 8 epochs (the guide: 30); the

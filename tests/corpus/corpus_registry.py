@@ -44,10 +44,13 @@ CASES: Dict[str, Case] = {}
 LEAD_FIX: Dict[Tuple[str, str], str] = {}
 # Differences found here and not fixed yet: (path, case) -> why (each reported to the lead).
 OPEN: Dict[Tuple[str, str], str] = {}
+# Intended refusals: (path, case) -> a phrase of the ConfigError tfaccel raises before training.
+REFUSES: Dict[Tuple[str, str], str] = {}
 
 
 def case(name: str, source: str, proves: str, *, reference: str = "keras",
-         lead_fix: Optional[Dict[str, str]] = None, open_difference: Optional[Dict[str, str]] = None) -> Callable:
+         lead_fix: Optional[Dict[str, str]] = None, open_difference: Optional[Dict[str, str]] = None,
+         refuses: Optional[Dict[str, str]] = None) -> Callable:
     """Registers a case function under ``name``."""
     def register(run: Callable[["Runner"], Any]) -> Callable[["Runner"], Any]:
         assert "Adaptation:" in (run.__doc__ or ""), f"{name}: the docstring must say how the source was adapted"
@@ -56,6 +59,8 @@ def case(name: str, source: str, proves: str, *, reference: str = "keras",
             LEAD_FIX[(path, name)] = why
         for path, why in (open_difference or {}).items():
             OPEN[(path, name)] = why
+        for path, phrase in (refuses or {}).items():
+            REFUSES[(path, name)] = phrase
         return run
     return register
 
