@@ -1,5 +1,6 @@
 """Every keras-io corpus case (``CASES``, in registration order) and the ones waiting for a fix on main
-(``LEAD_FIX``) or on a difference found here and not fixed yet (``OPEN``), and the intended refusals (``REFUSES``): importing the case modules registers them."""
+(``LEAD_FIX``) or on a difference found here and not fixed yet (``OPEN``), and the intended refusals
+(``REFUSES``): importing the case modules registers them."""
 
 import corpus_guides  # noqa: F401  (registers its cases)
 import corpus_guides_training  # noqa: F401  (registers its cases)

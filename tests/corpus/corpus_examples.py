@@ -234,7 +234,8 @@ def preprocessing_multi_hot(run: Runner) -> Any:
     return model
 
 
-@case("timeseries classification: Conv1D + BatchNorm, three callbacks", "examples/timeseries/timeseries_classification_from_scratch.py",
+@case("timeseries classification: Conv1D + BatchNorm, three callbacks",
+      "examples/timeseries/timeseries_classification_from_scratch.py",
       "a fully convolutional network with BatchNormalization, ModelCheckpoint(save_best_only), ReduceLROnPlateau "
       "and EarlyStopping on val_loss, and validation_split")
 def timeseries_classification(run: Runner) -> Any:
@@ -265,7 +266,8 @@ def timeseries_classification(run: Runner) -> Any:
     return model
 
 
-@case("timeseries forecasting: timeseries_dataset_from_array + LSTM", "examples/timeseries/timeseries_weather_forecasting.py",
+@case("timeseries forecasting: timeseries_dataset_from_array + LSTM",
+      "examples/timeseries/timeseries_weather_forecasting.py",
       "windows from keras.utils.timeseries_dataset_from_array into an LSTM, EarlyStopping and a weights-only "
       "ModelCheckpoint on val_loss")
 def timeseries_forecasting(run: Runner) -> Any:

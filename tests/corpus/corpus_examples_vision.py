@@ -324,7 +324,8 @@ def antirectifier(run: Runner) -> Any:
     return model
 
 
-@case("subclassed Conv2D: call() override and convolution_op override", "examples/keras_recipes/subclassing_conv_layers.py",
+@case("subclassed Conv2D: call() override and convolution_op override",
+      "examples/keras_recipes/subclassing_conv_layers.py",
       "two weight-standardised Conv2D subclasses (one overriding call, one convolution_op) train as fit does")
 def subclassing_conv_layers(run: Runner) -> Any:
     """Adaptation: 64 generated 16x16x1 images (not MNIST), filters 4/8 (not 32/64), batch 16, 2 epochs (the

@@ -12,8 +12,6 @@ from corpus_registry import SEED, Runner, case, classes, images, rng, seed_weigh
 
 FUNCTIONAL = "guides/functional_api.py"
 CUSTOM_FIT = "guides/custom_train_step_in_tensorflow.py"
-BUILT_IN = "guides/training_with_built_in_methods.py"
-CALLBACKS = "guides/writing_your_own_callbacks.py"
 
 
 @case("functional MLP (from_logits, RMSprop, validation_split)", FUNCTIONAL,
@@ -101,7 +99,8 @@ def functional_toy_resnet(run: Runner) -> Any:
     return model
 
 
-@case("subclassed VAE (custom layers, add_loss, SeedGenerator)", "guides/making_new_layers_and_models_via_subclassing.py",
+@case("subclassed VAE (custom layers, add_loss, SeedGenerator)",
+      "guides/making_new_layers_and_models_via_subclassing.py",
       "a subclassed Model of subclassed Layers, a KL term through add_loss and sampling from a SeedGenerator "
       "train as fit does")
 def subclassing_vae(run: Runner) -> Any:
@@ -355,8 +354,9 @@ def gan(run: Runner) -> Any:
             return {"d_loss": self.d_loss_tracker.result(), "g_loss": self.g_loss_tracker.result()}
 
     g = rng()
-    data = (images(n, 28, 1, 4)[0], (g.normal(size=(n, latent_dim)).astype("float32"),
-                                     g.normal(size=(n, latent_dim)).astype("float32"), g.random((n, 2)).astype("float32")))
+    noise = (g.normal(size=(n, latent_dim)).astype("float32"), g.normal(size=(n, latent_dim)).astype("float32"),
+             g.random((n, 2)).astype("float32"))
+    data = (images(n, 28, 1, 4)[0], noise)
     dataset = tf.data.Dataset.from_tensor_slices(data).batch(16)
     with run.scope():
         discriminator = keras.Sequential([

@@ -24,7 +24,6 @@ sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "parity")]
 import corpus_cases  # noqa: E402
 import parity_compare  # noqa: E402
 from corpus_registry import Case, Runner  # noqa: E402
-from parity_program import _task  # noqa: E402
 
 
 def run_case(runner: Runner, case: Case) -> dict:
@@ -48,6 +47,12 @@ def run_case(runner: Runner, case: Case) -> dict:
             "optimizer": type(getattr(model, "optimizer", None)).__name__, "extras": runner.extras,
             "files": sorted(os.listdir(runner.out)) if os.path.isdir(runner.out) else [],
             "seconds": time.monotonic() - started, "cpu_seconds": time.process_time() - cpu}
+
+
+def _task() -> str:
+    """This process's records folder: ``worker0`` / ``worker1`` under TF_CONFIG, else ``main`` (parity_program's)."""
+    task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task")
+    return f"{task['type']}{task['index']}" if task else "main"
 
 
 def _write(out_dir: str, runner: str, name: str, record: dict) -> None:

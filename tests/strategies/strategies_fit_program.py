@@ -36,7 +36,7 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--steps-per-execution", type=int, default=1)
     parser.add_argument("--variable-metric", action="store_true",
-                        help="add a metric whose result() returns its state variable (keras-io's CategoricalTruePositives)")
+                        help="a metric whose result() returns its state variable (keras-io's CategoricalTruePositives)")
     parser.add_argument("--only-build-fix", action="store_true", help="undo the reduce_per_replica half of the fix")
     args = parser.parse_args()
 
