@@ -115,11 +115,16 @@ def structured_data_feature_space(run: Runner) -> Any:
 @case("wide & deep: StringLookup + Embedding inside the model on string inputs",
       "examples/structured_data/wide_deep_cross_networks.py",
       "string features go into the model as tensors; StringLookup (one-hot and int + Embedding), BatchNorm and "
-      "Dropout in the model", lead_fix={"mirrored": STRINGS_UNDER_A_STRATEGY, "multi_worker": STRINGS_UNDER_A_STRATEGY})
+      "Dropout in the model", reference="one_device", lead_fix={"mirrored": STRINGS_UNDER_A_STRATEGY},
+      open_difference={"multi_worker": "trains (the 'AddN' on strings is MirroredStrategy's only); history equal to "
+                                       "one device, final weights 1.8e-05 apart (the rule: 1e-05), the synchronized "
+                                       "BatchNorm's cross-worker sums in another order"})
 def wide_and_deep(run: Runner) -> Any:
     """"Experiment 2: Wide & Deep model". Adaptation: two string features (vocabularies of 3 and 4) and two
     numeric ones, 96 generated rows as a Dataset of batch 32 (not the UCI covertype CSV), 3 classes, hidden units
-    [8, 8], 2 epochs."""
+    [8, 8], 2 epochs; plain Keras cannot run the model under MirroredStrategy, so the multi-replica paths are
+    compared with one device, and for that BatchNormalization is synchronized (statistics of the global batch, as
+    on one device) and Dropout's rate 0.1 is 0 (per-replica mask streams are not one device's)."""
     import math
 
     import keras
@@ -152,11 +157,11 @@ def wide_and_deep(run: Runner) -> Any:
     with run.scope():
         inputs = {name: layers.Input(name=name, shape=(), dtype="string" if name in vocabulary else "float32")
                   for name in rows}
-        wide = layers.BatchNormalization()(encode_inputs(inputs))
+        wide = layers.BatchNormalization(synchronized=True)(encode_inputs(inputs))
         deep = encode_inputs(inputs, use_embedding=True)
         for units in [8, 8]:
             deep = layers.Dense(units)(deep)
-            deep = layers.Dropout(0.1, seed=SEED)(layers.ReLU()(layers.BatchNormalization()(deep)))
+            deep = layers.Dropout(0.0, seed=SEED)(layers.ReLU()(layers.BatchNormalization(synchronized=True)(deep)))
         outputs = layers.Dense(units=3, activation="softmax")(layers.concatenate([wide, deep]))
         model = keras.Model(inputs=inputs, outputs=outputs)
         model.compile(optimizer=keras.optimizers.Adam(learning_rate=0.001),
