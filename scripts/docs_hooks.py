@@ -6,6 +6,8 @@
   build warns (and ``--strict`` fails) where the file differs from what the parsers print now.
 - ``<!-- tfaccel:parity-table -->`` becomes the Keras-parity table that scripts/parity_table.py renders from
   docs/data/parity.json (a results file of `python scripts/parity_table.py --json docs/data/parity.json`).
+- ``<!-- tfaccel:corpus-table -->`` becomes the keras-io corpus table that scripts/corpus_table.py renders from
+  docs/data/corpus.json (a results file of `python scripts/corpus_table.py --json docs/data/corpus.json`).
 - Every public name (tfaccel.__all__, tfaccel.launch.__all__) must have a ``::: module.Name`` entry in the API
   reference, and every entry, and every public method of a documented class, a docstring: a warning otherwise,
   which fails `mkdocs build --strict`.
@@ -25,10 +27,12 @@ from typing import Any, Dict, Iterable, List, Set
 ROOT = Path(__file__).resolve().parent.parent
 API_PAGE = "reference/api.md"
 PARITY_JSON = ROOT / "docs" / "data" / "parity.json"
+CORPUS_JSON = ROOT / "docs" / "data" / "corpus.json"
 CLI_MARK = "<!-- tfaccel:cli-help -->"
 CLI_END = "<!-- tfaccel:cli-help-end -->"
 CLI_PAGE = ROOT / "docs" / "reference" / "cli.md"
 PARITY_MARK = "<!-- tfaccel:parity-table -->"
+CORPUS_MARK = "<!-- tfaccel:corpus-table -->"
 HELP_COLUMNS = "100"
 log = logging.getLogger("mkdocs.hooks.tfaccel")  # a warning here fails `mkdocs build --strict`
 if str(ROOT) not in sys.path:  # the checkout's tfaccel, also where it is not installed
@@ -71,9 +75,9 @@ def _help_of(parser: Any, argv: List[str]) -> str:
     return out.getvalue()
 
 
-def parity_table_markdown(path: Path = PARITY_JSON) -> str:
-    """The table scripts/parity_table.py prints for the results in ``path``."""
-    spec = importlib.util.spec_from_file_location("parity_table", ROOT / "scripts" / "parity_table.py")
+def _render(script: str, path: Path) -> str:
+    """``scripts/<script>.py``'s ``render`` of the results in ``path``."""
+    spec = importlib.util.spec_from_file_location(script, ROOT / "scripts" / f"{script}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.render(json.loads(path.read_text()))
@@ -95,6 +99,16 @@ def write_cli_page(path: Path = CLI_PAGE) -> bool:
     return new != old
 
 
+def parity_table_markdown(path: Path = PARITY_JSON) -> str:
+    """The table scripts/parity_table.py prints for the results in ``path``."""
+    return _render("parity_table", path)
+
+
+def corpus_table_markdown(path: Path = CORPUS_JSON) -> str:
+    """The table scripts/corpus_table.py prints for the results in ``path``."""
+    return _render("corpus_table", path)
+
+
 def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
     """Checks the generated parts that pages keep, and fills the others."""
     if CLI_MARK in markdown and cli_page(markdown) != markdown:
@@ -102,6 +116,8 @@ def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
                     "`python scripts/docs_hooks.py --write-cli`")
     if PARITY_MARK in markdown:
         markdown = markdown.replace(PARITY_MARK, parity_table_markdown())
+    if CORPUS_MARK in markdown:
+        markdown = markdown.replace(CORPUS_MARK, corpus_table_markdown())
     if page.file.src_uri == API_PAGE:
         for problem in api_problems(markdown):
             log.warning(problem)

@@ -1,5 +1,6 @@
 """The generated parts of the documentation site (scripts/docs_hooks.py): the CLI page is the parsers' own help,
-the Keras-parity table is scripts/parity_table.py's rendering of docs/data/parity.json, and the API page check
+the Keras-parity table is scripts/parity_table.py's rendering of docs/data/parity.json (the keras-io corpus table
+scripts/corpus_table.py's of docs/data/corpus.json), and the API page check
 finds a public name that has no entry."""
 
 import importlib.util
@@ -19,6 +20,7 @@ def _load(name: str, path: Path):
 
 hooks = _load("docs_hooks", REPO / "scripts" / "docs_hooks.py")
 parity_table = _load("parity_table", REPO / "scripts" / "parity_table.py")
+corpus_table = _load("corpus_table", REPO / "scripts" / "corpus_table.py")
 
 
 def test_the_cli_page_is_every_verbs_help() -> None:
@@ -45,6 +47,19 @@ def test_the_parity_table_is_rendered_from_the_recorded_results() -> None:
     assert "not run" not in cells, "a path of the recorded run did not run every case"
     page = (REPO / "docs" / "guides" / "keras-parity.md").read_text()
     assert hooks.PARITY_MARK in page and "| case |" not in page, "the page must hold the marker, not a pasted table"
+
+
+def test_the_corpus_table_is_rendered_from_the_recorded_results() -> None:
+    results = json.loads(hooks.CORPUS_JSON.read_text())
+    table = hooks.corpus_table_markdown()
+    assert table == corpus_table.render(results)
+    rows = table.splitlines()[2:]
+    assert len(rows) == len(results["cases"]) >= 25
+    cells = [cell.strip() for row in rows for cell in row.strip("|").split("|")]
+    assert "not run" not in cells, "a path of the recorded run did not run every case"
+    assert all(name in results["outcomes"] for name, _ in corpus_table.COLUMNS)
+    page = (REPO / "docs" / "guides" / "keras-parity.md").read_text()
+    assert hooks.CORPUS_MARK in page and "| case | source |" not in page, "the page must hold the marker, not a table"
 
 
 def test_the_api_page_check_finds_a_missing_entry() -> None:

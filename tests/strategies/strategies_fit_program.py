@@ -12,12 +12,31 @@ import sys
 import numpy as np
 
 
+def _variable_metric(keras: object) -> object:
+    """Counts the predictions below their target; result() returns the state variable itself."""
+
+    class Below(keras.metrics.Metric):
+        def __init__(self) -> None:
+            super().__init__(name="below")
+            self.count = self.add_variable(shape=(), name="count", initializer="zeros")
+
+        def update_state(self, y_true: object, y_pred: object, sample_weight: object = None) -> None:
+            self.count.assign_add(keras.ops.sum(keras.ops.cast(y_pred < y_true, "float32")))
+
+        def result(self) -> object:
+            return self.count
+
+    return Below()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--strategy", default="auto")
     parser.add_argument("--jit", action="store_true")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--steps-per-execution", type=int, default=1)
+    parser.add_argument("--variable-metric", action="store_true",
+                        help="a metric whose result() returns its state variable (keras-io's CategoricalTruePositives)")
     parser.add_argument("--only-build-fix", action="store_true", help="undo the reduce_per_replica half of the fix")
     args = parser.parse_args()
 
@@ -42,7 +61,8 @@ def main() -> int:
     keras.utils.set_random_seed(1234 + backend.worker_index)  # different initial weights: sync must fix them
     with strategy.scope():
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
-        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"], jit_compile=args.jit,
+        metrics = ["mae"] + ([_variable_metric(keras)] if args.variable_metric else [])
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=metrics, jit_compile=args.jit,
                       steps_per_execution=args.steps_per_execution)
     try:
         history = model.fit(data, epochs=args.epochs, verbose=0)
@@ -54,6 +74,7 @@ def main() -> int:
                       "replicas": backend.num_replicas_in_sync, "worker_index": backend.worker_index,
                       "is_chief": backend.is_chief, "num_workers": backend.num_workers,
                       "loss": history.history["loss"], "mae": history.history["mae"],
+                      "below": history.history.get("below"),
                       "weights_sha": hashlib.sha256(weights.tobytes()).hexdigest(),
                       "weights_sum": float(np.abs(weights).sum()),
                       "jit": bool(getattr(model, "jit_compile", False))}))

@@ -117,6 +117,18 @@ def test_both_halves_of_the_fix_are_needed() -> None:
         assert out["message"].startswith("Invalid reduction dimension 0 for input with 0 dimensions.")
 
 
+def test_a_metric_returning_its_variable_trains_under_multi_worker() -> None:
+    """keras-io's CategoricalTruePositives returns its state variable from result(): strategy.reduce cannot take a
+    variable (before the fix: "Cannot convert `input_tensor` to a `PerReplica` object"); it is synchronized, so it
+    is the count over both workers' examples, the same in each."""
+    results = harness.run_tasks(PROGRAM, workers=2, timeout=150, args=["--variable-metric", "--epochs", "1"],
+                                env={"TFACCEL_DISABLE_COMPAT": ""})
+    harness.assert_all_ok(results)
+    outs = [harness.last_json_line(r.stdout) for r in results]
+    assert outs[0]["below"] == outs[1]["below"] and outs[0]["weights_sha"] == outs[1]["weights_sha"]
+    assert outs[0]["below"][0] == int(outs[0]["below"][0]) and 0 < outs[0]["below"][0] <= 128
+
+
 def test_multi_step_loop_still_fails_under_multi_worker() -> None:
     """Not covered by the fix: Keras' steps_per_execution > 1 loop fails under MWMS (compile_and_fit uses 1 there).
 

@@ -14,7 +14,12 @@ only changing behaviour under a multi-worker collective strategy:
   ``strategy.reduce("MEAN", batch)``, which a multi-worker strategy cannot do outside ``strategy.run``.
   The batch is only needed for its shapes, so we build from the first local replica's values instead.
 * ``reduce_per_replica`` reduces every metric with ``strategy.reduce("MEAN", v, axis=0)``; the metrics are
-  scalars, which have no axis 0. Scalars are reduced with ``axis=None`` (a cross-replica mean).
+  scalars, which have no axis 0. Scalars are reduced with ``axis=None`` (a cross-replica mean). A metric whose
+  ``result()`` returns its state variable itself (keras-io's ``CategoricalTruePositives`` in
+  guides/training_with_built_in_methods.py) comes out of ``strategy.run`` as that variable, which
+  ``strategy.reduce`` cannot take ("Cannot convert `input_tensor` to a `PerReplica` object because it doesn't
+  have device set"); a metric variable is synchronized (its updates are summed over every replica of every
+  worker), so it is returned as it is, as Keras' own ``reduce_per_replica`` does under one-worker strategies.
 
 The first half serves every strategy, ``MirroredStrategy`` too: there the eager cross-replica ``reduce`` of the
 first batch fails whenever the replicas' parts cannot be summed, with ``AddN`` on strings (keras-io's
@@ -55,6 +60,14 @@ def _trainer_module() -> Any:
     from keras.src.backend.tensorflow import trainer
 
     return trainer
+
+
+def _is_variable(value: Any) -> bool:
+    """A Keras (or TensorFlow) variable, deferred like ``_trainer_module``: the fix is only loaded with Keras."""
+    import keras
+    import tensorflow as tf
+
+    return isinstance(value, (keras.Variable, tf.Variable))
 
 
 def why_not_needed() -> Optional[str]:
@@ -124,6 +137,8 @@ def _make_reduce_per_replica(original: Callable, module: Any) -> Callable:
             return original(values, strategy, reduction)
 
         def _reduce(value: Any) -> Any:
+            if _is_variable(value):  # a synchronized metric variable: the same on every replica and worker
+                return value
             first = (strategy.experimental_local_results(value)[0] if module._is_per_replica_instance(value)
                      else value)
             if getattr(getattr(first, "shape", None), "rank", None) == 0:
