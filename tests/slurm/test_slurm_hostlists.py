@@ -13,7 +13,7 @@ import pytest
 from tfaccel.cluster import expand_nodelist
 
 SHAPES = ["n[001-010]", "node[9-10]", "a[1-3,5],b7", "node[8-11],login1", "rack[1-2]-n[01-02]", "x[0-3,10-11]",
-          "gpu[099-101]", "c1,c10,c2", "host", "n[1-2]-ib", "a[9-10]b[1-2]", "sys[00007-00009]"]
+          "gpu[099-101]", "c1,c10,c2", "host", "a[9-10]b[1-2]", "sys[00007-00009]"]
 
 
 def test_expand_nodelist_matches_scontrol_show_hostnames(slurm) -> None:
@@ -21,6 +21,14 @@ def test_expand_nodelist_matches_scontrol_show_hostnames(slurm) -> None:
         out = slurm.run(["scontrol", "show", "hostnames", shape], timeout=30)
         assert out.returncode == 0, (shape, out.stderr)
         assert expand_nodelist(shape) == out.stdout.split(), shape
+
+
+def test_a_suffix_after_the_last_bracket_is_refused_by_slurm_but_read_by_tfaccel(slurm) -> None:
+    """SLURM 22.05 refuses ``n[1-2]-ib`` ("Invalid hostlist"), so no srun step ever has it; tfaccel reads it as the
+    text says (``n1-ib n2-ib``), like ``rack[1-2]-n[01-02]``, which both read the same."""
+    out = slurm.run(["scontrol", "show", "hostnames", "n[1-2]-ib"], timeout=30)
+    assert out.returncode != 0 and "Invalid hostlist" in out.stderr
+    assert expand_nodelist("n[1-2]-ib") == ["n1-ib", "n2-ib"]
 
 
 def test_scontrol_compresses_what_tfaccel_expands_back(slurm) -> None:
