@@ -159,6 +159,7 @@ print_env() {
 
 nodes_idle() {  # true when sinfo lists every node idle (or mixed/allocated: the cluster is usable)
     local states
+    [ -f "$SLURM_CONF" ] || return 1  # else sinfo retries for a minute
     states="$(sinfo -h -N -o '%N %t' 2>/dev/null)" || return 1
     [ "$(grep -cE ' (idle|mix|alloc)$' <<<"$states")" -eq "${#nodes[@]}" ]
 }
