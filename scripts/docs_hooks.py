@@ -1,7 +1,9 @@
 """MkDocs hooks (mkdocs.yml `hooks:`): the pages that are generated, not pasted, and the API-reference check.
 
-- ``<!-- tfaccel:cli-help -->`` in a page becomes ``tfaccel --help`` and every ``tfaccel VERB --help``, produced by
-  the real argparse parser (tfaccel.cli.main.build_parser), so the CLI page cannot drift from the CLI.
+- docs/reference/cli.md holds ``tfaccel --help`` and every ``tfaccel VERB --help`` between ``<!-- tfaccel:cli-help
+  -->`` and ``<!-- tfaccel:cli-help-end -->``, produced by the real argparse parser (tfaccel.cli.main.build_parser)
+  and written into the file (``python scripts/docs_hooks.py --write-cli``), so it reads in the repository too; the
+  build warns (and ``--strict`` fails) where the file differs from what the parsers print now.
 - ``<!-- tfaccel:parity-table -->`` becomes the Keras-parity table that scripts/parity_table.py renders from
   docs/data/parity.json (a results file of `python scripts/parity_table.py --json docs/data/parity.json`).
 - Every public name (tfaccel.__all__, tfaccel.launch.__all__) must have a ``::: module.Name`` entry in the API
@@ -24,6 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 API_PAGE = "reference/api.md"
 PARITY_JSON = ROOT / "docs" / "data" / "parity.json"
 CLI_MARK = "<!-- tfaccel:cli-help -->"
+CLI_END = "<!-- tfaccel:cli-help-end -->"
+CLI_PAGE = ROOT / "docs" / "reference" / "cli.md"
 PARITY_MARK = "<!-- tfaccel:parity-table -->"
 HELP_COLUMNS = "100"
 log = logging.getLogger("mkdocs.hooks.tfaccel")  # a warning here fails `mkdocs build --strict`
@@ -39,16 +43,24 @@ def cli_help_markdown() -> str:
     os.environ["COLUMNS"] = HELP_COLUMNS  # argparse wraps to the terminal: fix the width for a stable page
     try:
         parser = build_parser()
-        verbs = [name for action in parser._actions if hasattr(action, "choices") and isinstance(action.choices, dict)
-                 for name in action.choices]
         sections = [("tfaccel", _help_of(parser, ["--help"]))]
-        sections += [(f"tfaccel {verb}", _help_of(parser, [verb, "--help"])) for verb in verbs]
+        for verb, sub in _subcommands(parser):
+            sections.append((f"tfaccel {verb}", _help_of(parser, [verb, "--help"])))
+            # a verb with actions of its own (`tfaccel k8s manifest`): each action's --help too
+            sections += [(f"tfaccel {verb} {name}", _help_of(parser, [verb, name, "--help"]))
+                         for name, _ in _subcommands(sub)]
     finally:
         if old is None:
             os.environ.pop("COLUMNS", None)
         else:
             os.environ["COLUMNS"] = old
     return "\n".join(f"## `{title}`\n\n```text\n{text.rstrip()}\n```\n" for title, text in sections)
+
+
+def _subcommands(parser: Any) -> List[Any]:
+    """``[(name, subparser), ...]`` of an argparse parser's sub-commands, in the order they were added."""
+    return [(name, sub) for action in parser._actions if isinstance(getattr(action, "choices", None), dict)
+            for name, sub in action.choices.items()]
 
 
 def _help_of(parser: Any, argv: List[str]) -> str:
@@ -67,10 +79,27 @@ def parity_table_markdown(path: Path = PARITY_JSON) -> str:
     return module.render(json.loads(path.read_text()))
 
 
+def cli_page(markdown: str) -> str:
+    """``markdown`` (the CLI page) with its generated part between the markers replaced by ``cli_help_markdown()``."""
+    head, rest = markdown.split(CLI_MARK, 1)
+    tail = rest.split(CLI_END, 1)[1] if CLI_END in rest else "\n"
+    return f"{head}{CLI_MARK}\n\n{cli_help_markdown()}\n{CLI_END}{tail}"
+
+
+def write_cli_page(path: Path = CLI_PAGE) -> bool:
+    """Rewrites the generated part of the CLI page; returns whether the file changed."""
+    old = path.read_text()
+    new = cli_page(old)
+    if new != old:
+        path.write_text(new)
+    return new != old
+
+
 def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
-    """Fills the generated parts of a page."""
-    if CLI_MARK in markdown:
-        markdown = markdown.replace(CLI_MARK, cli_help_markdown())
+    """Checks the generated parts that pages keep, and fills the others."""
+    if CLI_MARK in markdown and cli_page(markdown) != markdown:
+        log.warning(f"{page.file.src_uri}: the command-line help differs from what the parsers print now; run "
+                    "`python scripts/docs_hooks.py --write-cli`")
     if PARITY_MARK in markdown:
         markdown = markdown.replace(PARITY_MARK, parity_table_markdown())
     if page.file.src_uri == API_PAGE:
@@ -119,3 +148,9 @@ def _undocumented(entry: str, obj: Any) -> Iterable[str]:
                 continue
             if not (member.docstring and member.docstring.value.strip()):
                 yield f"{entry}.{name}"
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--write-cli"]:
+        sys.exit("usage: python scripts/docs_hooks.py --write-cli   (rewrites docs/reference/cli.md's generated part)")
+    print(f"{CLI_PAGE}: {'rewritten' if write_cli_page() else 'already up to date'}")

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from tfaccel.log import configure_logging, is_chief_process
+from tfaccel.log import configure_logging, is_chief
 
 
 def _emit(capsys, **kwargs):
@@ -22,12 +22,12 @@ def _emit(capsys, **kwargs):
 ])
 def test_chief_detection(monkeypatch, cluster, task, chief):
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": task}))
-    assert is_chief_process() is chief
+    assert is_chief() is chief
 
 
 def test_horovod_rank(monkeypatch, clean_tf_config):
     monkeypatch.setenv("HOROVOD_RANK", "1")
-    assert is_chief_process() is False
+    assert is_chief() is False
 
 
 def test_non_chief_prints_only_warnings_with_prefix(monkeypatch, capsys):

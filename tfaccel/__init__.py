@@ -10,10 +10,8 @@ Example:
 
 from tfaccel._lazy import lazy_exports
 from tfaccel._version import __version__
-import os as _os
-
-from tfaccel.errors import (EXIT_CONFIG, EXIT_PREEMPTED, LAUNCHED_ENV, BackendUnavailableError, ConfigError, DeviceError,
-                            Preempted, TfaccelError, exit_on_config_error)
+from tfaccel.errors import (EXIT_CONFIG, EXIT_PREEMPTED, BackendUnavailableError, ConfigError, DeviceError, Preempted,
+                            TfaccelError, install_task_excepthook)
 
 # Public name -> module that defines it (loaded on first use, so `import tfaccel` does not import TensorFlow).
 _LAZY = {
@@ -22,6 +20,7 @@ _LAZY = {
     "detect_devices": "tfaccel.devices",
     "DeviceInfo": "tfaccel.devices",
     "get_logger": "tfaccel.log",
+    "is_chief": "tfaccel.log",
     "configure_logging": "tfaccel.log",
     "ClusterSpec": "tfaccel.cluster",
     "TaskInfo": "tfaccel.cluster",
@@ -46,8 +45,7 @@ _LAZY = {
 __all__ = ["__version__", "TfaccelError", "ConfigError", "DeviceError", "BackendUnavailableError", "Preempted",
            "EXIT_PREEMPTED", "EXIT_CONFIG", *_LAZY]
 
-if _os.environ.get(LAUNCHED_ENV) == "1":  # a task of `tfaccel launch`: a ConfigError exits 2, never restarted
-    exit_on_config_error()
-
-
+# Under `tfaccel launch` only: a tfaccel error is one line per worker, not a traceback, and a ConfigError exits 2
+# (the launcher never restarts it).
+install_task_excepthook()
 __getattr__, __dir__ = lazy_exports("tfaccel", globals(), _LAZY, __all__)

@@ -5,9 +5,12 @@ Every tfaccel error is a ``TfaccelError``. Errors about user input (a cluster fi
 """
 
 import contextlib
+import difflib
 import os
 import sys
-from typing import Any, Iterable, Optional
+import traceback
+from types import TracebackType
+from typing import Iterable, Optional, Type
 
 EXIT_PREEMPTED = 75
 """The exit status of a process that stopped because it was preempted (SIGTERM, or ``TFACCEL_PREEMPTION_SIGNAL``)
@@ -63,7 +66,8 @@ class BackendUnavailableError(TfaccelError, RuntimeError):
 
 
 def invalid_choice(what: str, received: object, valid: Iterable[str], hint: Optional[str] = None) -> ConfigError:
-    """Builds the standard "unknown choice" error: names the thing, shows what was received, lists what is valid.
+    """Builds the standard "unknown choice" error: names the thing, shows what was received, lists what is valid,
+    and suggests the closest valid value to a misspelt one (``did you mean 'mirrored'?``).
 
     Args:
         what: the name of the option or field, e.g. ``"strategy"``.
@@ -74,32 +78,67 @@ def invalid_choice(what: str, received: object, valid: Iterable[str], hint: Opti
     Returns:
         A ``ConfigError`` ready to raise.
     """
+    valid = list(valid)
     msg = f"{what}: unknown value {received!r}; valid values are: {', '.join(repr(v) for v in valid)}"
+    close = (difflib.get_close_matches(received.lower(), [str(v) for v in valid], n=1, cutoff=0.6)
+             if isinstance(received, str) else [])
+    if close:
+        msg += f"; did you mean {close[0]!r}?"
     if hint:
-        msg += f". {hint}"
+        msg += f"{' ' if close else '. '}{hint}"
     return ConfigError(msg)
 
 
-def exit_on_config_error() -> None:
-    """Makes a ``ConfigError`` that reaches the top level end this process with :data:`EXIT_CONFIG` (2), not 1.
+TRACEBACK_ENV = "TFACCEL_TRACEBACK"
 
-    Python's own hook prints the traceback first, as always; then standard output and error are flushed and the
-    process ends with status 2 (``os._exit``: the interpreter's clean-up, TensorFlow's included, is skipped; nothing
-    is left to save after a configuration error). Any other exception keeps Python's exit status 1. ``import
-    tfaccel`` installs it in the tasks that ``tfaccel launch`` starts (:data:`LAUNCHED_ENV`), so that the launcher
-    can tell a configuration error from a crash and does not restart the job. Installing it twice is a no-op.
+
+def _user_frame(tb: Optional[TracebackType]) -> str:
+    """``file:line`` of the innermost frame outside tfaccel's package (the user's call), or ``""``."""
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    where = ""
+    for frame in traceback.extract_tb(tb):
+        if not os.path.abspath(frame.filename).startswith(package):
+            where = f"{frame.filename}:{frame.lineno}"
+    return where
+
+
+def _short_line(kind: Type[BaseException], exc: BaseException, tb: Optional[TracebackType]) -> str:
+    where = _user_frame(tb)
+    return (f"tfaccel.{kind.__name__}{f' at {where}' if where else ''}: {exc} ({TRACEBACK_ENV}=1 shows the "
+            "traceback)\n")
+
+
+def install_task_excepthook(environ: Optional[dict] = None) -> bool:
+    """The top-level error handling of a task that ``tfaccel launch`` started (:data:`LAUNCHED_ENV` is ``1``).
+
+    An uncaught ``TfaccelError`` is one line (its type, the user's line that called tfaccel, the message) instead of
+    a traceback through tfaccel's internals printed by every worker; ``TFACCEL_TRACEBACK=1`` keeps Python's
+    traceback. A ``ConfigError`` then ends the process with :data:`EXIT_CONFIG` (2), after flushing standard output
+    and error (``os._exit``: nothing is left to save after a configuration error), so that the launcher tells it from
+    a crash and never restarts the job. Other exceptions keep the previous hook and Python's exit status 1. ``import
+    tfaccel`` installs it; installing it twice is a no-op.
+
+    Returns:
+        Whether the hook is installed.
     """
+    env = os.environ if environ is None else environ
+    if env.get(LAUNCHED_ENV) != "1":
+        return False
     previous = sys.excepthook
-    if getattr(previous, "_tfaccel_config_exit", False):
-        return
+    if getattr(previous, "_tfaccel_task_hook", False):
+        return True
 
-    def hook(exc_type: type, exc: BaseException, tb: Any) -> None:
-        previous(exc_type, exc, tb)
-        if isinstance(exc_type, type) and issubclass(exc_type, ConfigError):
+    def hook(kind: Type[BaseException], exc: BaseException, tb: Optional[TracebackType]) -> None:
+        if isinstance(exc, TfaccelError) and os.environ.get(TRACEBACK_ENV, "") in ("", "0"):
+            sys.stderr.write(_short_line(kind, exc, tb))
+        else:
+            previous(kind, exc, tb)
+        if isinstance(exc, ConfigError):
             for stream in (sys.stdout, sys.stderr):
                 with contextlib.suppress(Exception):
                     stream.flush()
             os._exit(EXIT_CONFIG)
 
-    hook._tfaccel_config_exit = True  # type: ignore[attr-defined]
+    hook._tfaccel_task_hook = True  # type: ignore[attr-defined]
     sys.excepthook = hook
+    return True

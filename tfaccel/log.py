@@ -47,8 +47,22 @@ def _loads_bounded(raw: str) -> Any:
     return json.loads(raw)
 
 
-def is_chief_process() -> bool:
-    """True when this process is the chief: no cluster, task ``chief``, or ``worker 0`` with no chief."""
+def is_chief() -> bool:
+    """Whether this process is the job's chief: no cluster, task ``chief``, ``worker 0`` of a cluster without a
+    chief, or Horovod/MPI rank 0. Read from the environment (TF_CONFIG, ``HOROVOD_RANK``, ...); builds nothing.
+
+    Every worker runs the whole script, so a plain ``print`` appears once per worker; print (or save, or plot) on
+    the chief only with it. tfaccel's own logger (:func:`get_logger`) speaks on the chief only already.
+
+    Returns:
+        True on the chief (and outside any cluster).
+
+    Example:
+        >>> import tfaccel
+        >>> if tfaccel.is_chief():
+        ...     print("once per job")
+        once per job
+    """
     task_type, index = _task_from_environment()
     if task_type is None:
         return True
@@ -96,7 +110,7 @@ def configure_logging(*, level: int = logging.INFO, all_tasks: bool = False, pre
     tag = f"[{task_type} {index}] " if prefix and task_type is not None else ""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(f"{tag}tfaccel %(levelname)s: %(message)s"))
-    handler.addFilter(_ChiefOnlyFilter(all_tasks or is_chief_process()))
+    handler.addFilter(_ChiefOnlyFilter(all_tasks or is_chief()))
     logger.addHandler(handler)
     logger.setLevel(level)
     logger.propagate = False

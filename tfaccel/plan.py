@@ -95,7 +95,9 @@ def resolve_plan(*, strategy: str = "auto", precision: str = "auto", jit_compile
     The backend comes from ``get_backend``: the one this process already built for the same request (a
     ``get_strategy("multi_worker")`` earlier in the script included), else a new one; a second, different
     collective strategy is a ``ConfigError`` (see ``tfaccel.strategies.registry``). Nothing is set globally:
-    call ``tfaccel.set_precision(plan.precision)`` before building the model.
+    call ``tfaccel.set_precision(plan.precision)`` before building the model. A global dtype policy other than
+    float32 that the user set before (``keras.mixed_precision.set_global_policy``) is kept by ``precision="auto"``
+    and conflicts with a different explicit ``precision``.
 
     Args:
         strategy: a registry name or ``"auto"``. Defaults to ``"auto"``.
@@ -119,7 +121,7 @@ def resolve_plan(*, strategy: str = "auto", precision: str = "auto", jit_compile
         >>> print(plan.summary())  # doctest: +SKIP
     """
     from tfaccel.devices import detect_devices
-    from tfaccel.precision import resolve_precision
+    from tfaccel.precision import resolve_precision, user_global_policy
     from tfaccel.strategies import get_backend
     from tfaccel.strategies._task import current_task
     from tfaccel.xla import resolve_jit
@@ -127,7 +129,8 @@ def resolve_plan(*, strategy: str = "auto", precision: str = "auto", jit_compile
     if strategy_options is not None and not isinstance(strategy_options, Mapping):
         raise ConfigError(f"strategy_options must be a dict of the strategy's options; received {strategy_options!r}")
     info = devices if devices is not None else detect_devices(initialise=False)
-    policy, policy_reason = resolve_precision(precision, devices=info)  # validates before anything is built
+    # validates before anything is built; a global dtype policy the user set is their choice and stands
+    policy, policy_reason = resolve_precision(precision, devices=info, global_policy=user_global_policy())
     if not (isinstance(jit_compile, bool) or jit_compile == "auto"):
         resolve_jit(jit_compile, backend=Backend("default", None), devices=info)  # raises the standard error
     if task is None:
@@ -141,11 +144,19 @@ def resolve_plan(*, strategy: str = "auto", precision: str = "auto", jit_compile
     jit, jit_reason = resolve_jit(jit_compile, backend=backend, devices=info)
     plan = Plan(**backend.plan_fields(), task=getattr(task, "name", None), precision=policy,
                 precision_reason=policy_reason, jit_compile=jit, jit_reason=jit_reason,
-                notes=_notes(backend, policy) + evaluator_notes)
+                notes=_notes(backend, policy) + evaluator_notes + _source_notes(task))
     return plan, backend
 
 
 CLUSTER_STRATEGIES = ("parameter_server", "multi_worker")
+
+
+def _source_notes(task: Any) -> Tuple[str, ...]:
+    """Where this process's cluster came from, with the facts its source read (a JobSet's labels, SLURM's ...);
+    nothing for a plain TF_CONFIG, which the strategy's reason names already."""
+    if task is None or not getattr(task, "facts", ()) or task.source == "TF_CONFIG":
+        return ()
+    return (f"cluster from {task.describe_source()}",)
 
 
 def _evaluator_note(strategy: str, strategy_options: Optional[Mapping[str, Any]]) -> str:

@@ -11,11 +11,11 @@ softmax, in float32); tfaccel does not insert a cast itself, so the model stays 
 
 from typing import Any, List, Literal, Optional, Tuple, get_args
 
-from tfaccel.errors import invalid_choice
+from tfaccel.errors import ConfigError, invalid_choice
 from tfaccel.log import get_logger
 
 __all__ = ["PrecisionName", "PRECISION_NAMES", "POLICY_NAMES", "resolve_precision", "set_precision",
-           "precision_warning", "wrap_loss_scale", "check_output_dtype"]
+           "precision_warning", "user_global_policy", "wrap_loss_scale", "check_output_dtype"]
 
 PrecisionName = Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"]
 # The one list of precision names (validation, CLI choices, docs); "auto" resolves to one of the others.
@@ -36,18 +36,38 @@ def _gpu_caps(devices: Any) -> str:
                      for g in devices.gpus)
 
 
-def resolve_precision(requested: str = "auto", *, devices: Any) -> Tuple[str, str]:
+def user_global_policy() -> Optional[str]:
+    """The global dtype policy the user chose before tfaccel decides, or None where Keras' default stands.
+
+    ``keras.mixed_precision.set_global_policy(...)`` (or ``keras.config.set_dtype_policy``, or a ``floatx`` other
+    than float32) is an explicit choice that ``precision="auto"`` keeps. A float32 policy is Keras' default and
+    cannot be told apart from one set on purpose: it counts as no choice (pass ``precision="float32"`` to keep
+    float32 where ``auto`` would pick a mixed policy).
+
+    Returns:
+        The policy's name (``"mixed_float16"``, ``"float64"``, ...), or None for float32.
+    """
+    import keras
+
+    name = keras.config.dtype_policy().name
+    return None if name == "float32" else name
+
+
+def resolve_precision(requested: str = "auto", *, devices: Any,
+                      global_policy: Optional[str] = None) -> Tuple[str, str]:
     """Decides the Keras dtype policy, without setting it.
 
     Args:
         requested: one of ``PRECISION_NAMES``. Defaults to ``"auto"``.
         devices: the ``tfaccel.devices.DeviceInfo`` to decide from.
+        global_policy: the global policy the user set (:func:`user_global_policy`); ``"auto"`` keeps it. Defaults
+            to None (none set).
 
     Returns:
         (policy name, reason).
 
     Raises:
-        ConfigError: ``requested`` is not a known name.
+        ConfigError: ``requested`` is not a known name, or it differs from the global policy the user set.
 
     Example:
         >>> from tfaccel.devices import DeviceInfo, GpuInfo
@@ -55,6 +75,8 @@ def resolve_precision(requested: str = "auto", *, devices: Any) -> Tuple[str, st
         'mixed_bfloat16'
     """
     requested = _check_name(requested)
+    if global_policy is not None:
+        return _keep_user_policy(requested, global_policy, devices)
     if requested != "auto":
         warning = precision_warning(requested, devices=devices)
         return requested, "requested explicitly" + (f" ({warning})" if warning else "")
@@ -70,6 +92,21 @@ def resolve_precision(requested: str = "auto", *, devices: Any) -> Tuple[str, st
             return "mixed_float16", f"GPUs with compute capability 7.x ({_gpu_caps(devices)}): float16 tensor cores"
         return "float32", f"GPUs older than compute capability 7.0 ({_gpu_caps(devices)}): no tensor cores"
     return "float32", "CPU only: mixed precision is slower than float32 on CPUs"
+
+
+def _keep_user_policy(requested: str, global_policy: str, devices: Any) -> Tuple[str, str]:
+    """The user's own global policy, kept for ``"auto"`` and for an equal request; a different request conflicts."""
+    if requested not in ("auto", global_policy):
+        raise ConfigError(f"precision={requested!r} conflicts with the global dtype policy {global_policy!r} set "
+                          f"before tfaccel.scope() (keras.mixed_precision.set_global_policy or keras.config."
+                          f"set_floatx); keep one: drop precision= to train in {global_policy!r}, or remove the "
+                          f"set_global_policy call to train in {requested!r}")
+    warning = precision_warning(global_policy, devices=devices) if global_policy in POLICY_NAMES else None
+    reason = f"the global dtype policy you set ({global_policy!r}), kept"
+    if warning:
+        get_logger().warning("precision: %s: %s; pass precision='auto' without setting a global policy to let "
+                             "tfaccel pick", reason, warning)
+    return global_policy, reason + (f" ({warning})" if warning else "")
 
 
 def precision_warning(policy: str, *, devices: Any) -> Optional[str]:

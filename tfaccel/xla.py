@@ -10,7 +10,8 @@ What was checked on this stack (TF 2.21, Keras 3.15, 2-core CPU; see docs/guides
   from device CPU:0").
 * MultiWorkerMirroredStrategy on CPUs + XLA fails ("Collectives are not yet implemented for CPU devices when
   compiling with XLA"), with the Keras compat fix in place.
-* One device on a CPU: see ``CPU_ONE_DEVICE_NOTE`` for the measurement behind the decision.
+* One device on a CPU: ``"auto"`` is decided per job, once the model and the data are known
+  (``tfaccel.train.xla_payback``); every plan made before that says so (``CPU_PER_JOB_NOTE``).
 * GPUs and TPUs were not available here; GPU "on" follows Keras' own default for one GPU without a strategy.
 """
 
@@ -19,17 +20,15 @@ from typing import Any, Tuple, Union
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
 
-__all__ = ["JIT_CHOICES", "resolve_jit", "has_convolutions", "CPU_ONE_DEVICE_JIT", "CPU_ONE_DEVICE_NOTE"]
+__all__ = ["JIT_CHOICES", "resolve_jit", "decided_per_job", "has_convolutions", "CPU_PER_JOB_NOTE"]
 
 JIT_CHOICES = ("auto", True, False)
 
-# Measured on this machine (MLP 784-128-10, batch 128, Keras fit on cached tf.data, 1 intra-op thread, 3 runs
-# each, median examples per CPU-second; a busy 2-core machine, so CPU time rather than wall time):
-#   steps_per_execution=1: 74k -> 70k with XLA (-6%); 16: 103k -> 126k (+22%); 64: 140k -> 141k (same).
-# compile_and_fit runs several steps per execution, where XLA helps or is neutral: on for one CPU device.
-CPU_ONE_DEVICE_JIT = True
-CPU_ONE_DEVICE_NOTE = ("one CPU device: XLA measured +22% examples/s for a small MLP at steps_per_execution=16 "
-                       "(same at 64, -6% at 1)")
+# On one CPU device "auto" is decided per job by tfaccel.fit (tfaccel.train.xla_payback): the plan made before the
+# model exists says so, and fit's plan says what the job started with and why.
+CPU_PER_JOB_NOTE = ("auto, one CPU device: decided per job by tfaccel.fit: off to start unless the decision cache "
+                    "holds figures of this model that predict a shorter job with XLA; the compiled loop may turn it on "
+                    "between epochs where the remaining steps pay its compilation back (FitResult.plan says what ran)")
 MULTI_WORKER_CPU_NOTE = ("MultiWorkerMirroredStrategy on CPUs: XLA cannot compile collectives for CPU devices "
                          "(\"Collectives are not yet implemented for CPU devices when compiling with XLA\", TF 2.21)")
 MULTI_WORKER_GPU_NOTE = ("MultiWorkerMirroredStrategy on GPUs: XLA was not measured on multi-GPU workers here; "
@@ -91,12 +90,19 @@ def _auto(backend: Any, traits: Any, devices: Any) -> Tuple[bool, str]:
     if traits.xla_one_replica and backend.num_replicas_in_sync == 1:
         if devices.num_gpus:
             return True, "one GPU replica: XLA fuses the step (Keras' own default for one GPU without a strategy)"
-        if CPU_ONE_DEVICE_JIT:
-            return True, CPU_ONE_DEVICE_NOTE
-        return False, CPU_ONE_DEVICE_NOTE
+        return False, CPU_PER_JOB_NOTE
     if traits.xla_several_replicas:
         return False, backend.jit_note or traits.xla_several_replicas
     return False, f"{backend.describe(quoted=True)}: XLA not measured with it; pass jit_compile=True to try it"
+
+
+def decided_per_job(requested: Union[str, bool], *, backend: Any, devices: Any) -> bool:
+    """Whether ``jit_compile=requested`` is left to ``tfaccel.fit``'s per-job decision: ``"auto"`` for one replica on
+    one CPU device of a backend where XLA can work (``CPU_PER_JOB_NOTE``)."""
+    traits = backend.traits
+    return (requested == "auto" and not isinstance(requested, bool) and not devices.num_gpus
+            and not devices.tpu_address and backend.supports_jit and not traits.compiled_by_xla
+            and not traits.xla_auto_off[0] and traits.xla_one_replica and backend.num_replicas_in_sync == 1)
 
 
 def has_convolutions(model: Any) -> bool:

@@ -131,7 +131,7 @@ def test_cli_summary_and_file_default_task(monkeypatch: pytest.MonkeyPatch, caps
                                                        "the cluster has no 'ps' role"),
     (["tf_config/two_workers.yaml", "--task", "worker:5"], "task index out of range"),
     (["tf_config/nope.yaml"], "cluster file tf_config/nope.yaml: no such file"),
-    (["--task", "worker:0"], "FILE: no cluster description given and neither TF_CONFIG nor SLURM"),
+    (["--task", "worker:0"], "FILE: no cluster description given and no source describes one here (TF_CONFIG, a JobSet"),
     (["tf_config/one_host.yaml", "--", "python"], "command after -- 'python': only used with --tfjob"),
     (["tf_config/one_host.yaml", "--tfjob", "x"], "--tfjob 'x': needs --image IMG"),
     (["tf_config/one_host.yaml", "--tfjob", "x", "--image", "i", "--format", "env"],

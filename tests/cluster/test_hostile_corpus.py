@@ -149,7 +149,7 @@ def test_a_deep_tf_config_leaves_the_logger_and_the_env_report_working(monkeypat
 
     monkeypatch.setenv("TF_CONFIG", "[" * 100000)
     logger = log.configure_logging(level=logging.INFO)
-    assert log.is_chief_process() and logger.name == "tfaccel"
+    assert log.is_chief() and logger.name == "tfaccel"
     monkeypatch.setenv("TF_CONFIG", '{"task": {"type": "worker", "index": 1e999}}')
     log.configure_logging(level=logging.INFO)
     monkeypatch.setenv("TF_CONFIG", "[" * 100000)

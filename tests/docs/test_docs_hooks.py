@@ -28,6 +28,13 @@ def test_the_cli_page_is_every_verbs_help() -> None:
     assert "--max-restarts K" in page and "--network {auto,private,host}" in page
 
 
+def test_the_cli_page_in_the_repository_is_the_parsers_help() -> None:
+    text = hooks.CLI_PAGE.read_text()
+    assert text.count(hooks.CLI_MARK) == 1 and text.count(hooks.CLI_END) == 1
+    assert hooks.cli_page(text) == text, "docs/reference/cli.md is stale: `python scripts/docs_hooks.py --write-cli`"
+    assert "## `tfaccel fit`" in text and "--scale-learning-rate {linear,sqrt,none}" in text
+
+
 def test_the_parity_table_is_rendered_from_the_recorded_results() -> None:
     results = json.loads(hooks.PARITY_JSON.read_text())
     table = hooks.parity_table_markdown()

@@ -48,11 +48,13 @@ def test_dry_run_prints_tasks_tf_configs_and_commands_and_starts_nothing(clean_t
 def test_dry_run_per_host_names_the_peers_it_waits_for(clean_tf_config, tmp_path):
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text("worker: ['10.0.0.1:2222', '10.0.0.2:2222']\n")
+    script = tmp_path / "train.py"  # this host's task runs it: it must exist here (checked before anything starts)
+    script.write_text("")
     rc, launcher = _launch("--cluster", str(cluster), "--task", "worker:1", "--connect-timeout", "7", "--dry-run",
-                           "--", PY, "train.py")
+                           "--", PY, str(script))
     assert rc == 0
     assert "per-host mode, task worker:1" in launcher.stdout
-    assert f"worker:1  10.0.0.2:2222  command: {PY} train.py" in launcher.stdout
+    assert f"worker:1  10.0.0.2:2222  command: {PY} {script}" in launcher.stdout
     assert "would wait up to 7 s for: worker:0 (10.0.0.1:2222)" in launcher.stdout
 
 
@@ -164,13 +166,15 @@ def test_per_host_missing_peer_is_a_clear_error_within_connect_timeout(clean_tf_
     (["--workers", "1", "--", "no-such-program-xyz", "-v"], "command: program 'no-such-program-xyz' not found on PATH "
                                                             "(received 'no-such-program-xyz -v')"),
     (["--workers", "1", "--", "./no/such/script.py"], "command: script './no/such/script.py' not found"),
+    (["--workers", "2", "--", PY, "-u", "nosuch.py"], f"command: script 'nosuch.py' not found (received '{PY} -u "
+                                                      "nosuch.py'"),
     (["--workers", "1", "--", "./no/such/tool"], "command: program './no/such/tool' not an executable file"),
     (["--backend", "horovod", "--workers", "2", "--", "x"], "--backend horovod: --workers are for --backend tf"),
     (["--backend", "horovod", "-np", "0", "--dry-run", "--", "x"], "np: the number of Horovod ranks must be"),
 ])
 def test_bad_options_are_one_line_errors_with_exit_2(clean_tf_config, args, message):
     rc, launcher = _launch(*args)
-    assert rc == 2
+    assert rc == 2 and not launcher.task_pids  # before anything starts
     line = _one_error_line(launcher)
     assert line.startswith("tfaccel launch: error: ") and message in line
 

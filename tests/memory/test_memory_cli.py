@@ -60,7 +60,8 @@ def test_table_under_parameter_server_without_recompute():
     (["--input-shape", "224,a"], "--input-shape: expected positive integers separated by commas, e.g. 224,224,3; "
                                  "received '224,a'"),
     (["--model", "resnet51"], "--model: unknown value 'resnet51'; valid values are: 'mnist_cnn', 'mlp', 'resnet20', "
-                              "'resnet50', 'transformer'. Or give path/to/file.py:build_model"),
+                              "'resnet50', 'transformer'; did you mean 'resnet50'? Or give "
+                              "path/to/file.py:build_model"),
     (["--model", "nowhere/net.py"], "model 'nowhere/net.py': file 'nowhere/net.py' not found"),
 ])
 def test_bad_input_is_one_line_naming_the_flag(args, message):

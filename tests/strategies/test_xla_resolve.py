@@ -16,7 +16,7 @@ from strategies_logs import tfaccel_records  # noqa: E402
 from tfaccel.devices import DeviceInfo, GpuInfo  # noqa: E402
 from tfaccel.errors import ConfigError  # noqa: E402
 from tfaccel.strategies import Backend, get_backend  # noqa: E402
-from tfaccel.xla import resolve_jit  # noqa: E402
+from tfaccel.xla import CPU_PER_JOB_NOTE, resolve_jit  # noqa: E402
 
 PROGRAM = Path(__file__).with_name("strategies_fit_program.py")
 CPU = DeviceInfo()
@@ -28,7 +28,7 @@ def _sketch(name, replicas=1, supports=True, note=""):
 
 
 @pytest.mark.parametrize("backend, devices, expected, words", [
-    (_sketch("default"), CPU, True, "one CPU device: XLA measured +22%"),
+    (_sketch("default"), CPU, False, "auto, one CPU device: decided per job by tfaccel.fit"),
     (_sketch("one_device"), GPU, True, "one GPU replica"),
     (_sketch("mirrored", 4, False, "several devices fail"), GPU, False, "several devices fail"),
     (_sketch("multi_worker", 4), GPU, False, "not measured on multi-GPU"),
@@ -80,7 +80,8 @@ def test_one_device_cpu_fit_with_jit(clean_tf_config) -> None:
     import tensorflow as tf
 
     backend = get_backend("one_device", devices=CPU)
-    assert resolve_jit("auto", backend=backend, devices=CPU)[0]
+    assert resolve_jit("auto", backend=backend, devices=CPU) == (False, CPU_PER_JOB_NOTE)  # fit decides per job
+    assert resolve_jit(True, backend=backend, devices=CPU) == (True, "requested on")
     x = np.random.default_rng(0).normal(size=(64, 3)).astype("float32")
     with backend.scope():
         model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])

@@ -106,11 +106,23 @@ def test_dataset_rules(clean_tf_config, caplog):
     assert "Keras fit (data is a tf.data.Dataset" in result.details["loop"] and result.steps == 5
 
 
+def test_batch_size_beside_a_dataset_trains_as_keras_fit(clean_tf_config):
+    """``fit(dataset, batch_size=64)`` runs in Keras (the batch size is ignored); after the 3-line change it must too."""
+    ds = tf.data.Dataset.from_tensor_slices((X, Y)).batch(8)
+    plain, ours = _scoped(), _scoped()
+    ours.set_weights(plain.get_weights())
+    expected = plain.fit(ds, batch_size=64, epochs=2, verbose=0).history
+    result = tfaccel.fit(ours, ds, batch_size=64, epochs=2, verbose=0)
+    assert result.steps == 2 * 5  # 40 examples in batches of 8, as the dataset has them
+    for key, values in expected.items():
+        np.testing.assert_allclose(result.history[key], values, rtol=1e-5, atol=1e-6)
+
+
 def test_seed_none_draws_a_fresh_seed_and_logs_it(clean_tf_config, caplog):
     with caplog.at_level(logging.INFO, logger="tfaccel"):
-        a = tfaccel.fit(_scoped(), X, Y, batch_size=8, verbose=0).details["seed"]
+        a = tfaccel.fit(_scoped(), X, Y, batch_size=8, verbose=2).details["seed"]
         b = tfaccel.fit(_scoped(), X, Y, batch_size=8, verbose=0).details["seed"]
-    assert a != b and f"drew seed {a}" in caplog.text and f"pass seed={b} to repeat it" in caplog.text
+    assert a != b and f"drew seed {a}" in caplog.text and f"seed={b}" not in caplog.text  # verbose=0: no seed line
 
 
 def test_models_outside_a_tfaccel_scope(clean_tf_config, cpu_replicas, monkeypatch):

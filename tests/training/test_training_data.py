@@ -151,7 +151,6 @@ def _dataset():
     (lambda: _arrays(8), {"validation_data": (1, 2, 3, 4)}, r"validation_data must be \(x, y\), \(x, y, "
                                                             r"sample_weight\) or a dataset; received a tuple of length 4"),
     (lambda: _arrays(8), {"seed": "abc"}, r"seed must be a whole number or None; received 'abc'"),
-    (lambda: (_dataset(), None), {"batch_size": 4}, r"fit: batch_size cannot be given when x is a tf.data.Dataset"),
     (lambda: (_dataset(), np.zeros(8)), {}, r"fit: y cannot be given when x is a tf.data.Dataset"),
     (lambda: (_dataset(), None), {"validation_split": 0.2}, r"validation_split needs arrays; x is a tf.data.Dataset. "
                                                             r"Pass validation_data instead"),
@@ -161,6 +160,15 @@ def test_bad_data(make, kwargs, message):
     x, y = make()
     with pytest.raises(ConfigError, match=message):
         prepare_data(x, y, **kwargs)
+
+
+def test_batch_size_beside_a_dataset_is_ignored_as_keras_does():
+    """Keras' fit accepts ``batch_size`` beside a batched dataset and ignores it; so does tfaccel, with one line."""
+    with tfaccel_records() as records:
+        data = prepare_data(_dataset(), None, batch_size=64)
+    assert data.kind == "dataset" and data.batch_size is None
+    assert [r.getMessage() for r in records if "batch_size" in r.getMessage()] == [
+        "fit: batch_size=64 is ignored: x is a tf.data.Dataset, whose elements are already batches (as in Keras' fit)"]
 
 
 def test_is_batched():

@@ -259,20 +259,25 @@ def _front_end(argv, timeout=240):
 
 
 def test_tfaccel_fit_cli_states_what_it_trained():
-    """`tfaccel fit` (the README's first command, one process here): the reference job opts in to linear LR
-    scaling by default, `--scale-learning-rate none` keeps the rate as given; jit is what the model trained with."""
+    """`tfaccel fit` (the README's first command, one process here): the rate as given by default (opt-in, as in
+    tfaccel.fit), `--scale-learning-rate linear` scales it; jit is what the model trained with."""
     common = ["-m", "tfaccel", "fit", "--model", "mnist_cnn", "--dataset", "digits", "--epochs", "1",
               "--num-examples", "256", "--strategy", "default", "--json"]
     proc = _front_end(common)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["strategy"] == "default" and summary["global_batch_size"] == 32 and summary["steps"] == 8
-    assert summary["learning_rate"] == "linear: x1 (global batch 32 / base batch 32)"
+    assert summary["learning_rate"] == "learning rate as compiled"
     assert summary["jit_compile"] is False  # convolutions on CPU: "auto" keeps XLA off for this model
-    proc = _front_end(common + ["--scale-learning-rate", "none", "--per-replica-batch-size", "64"])
+    assert "tfaccel INFO: trained 8 steps" in proc.stderr and "DEBUG" not in proc.stderr  # one line per job
+    proc = _front_end(common + ["--scale-learning-rate", "linear", "--per-replica-batch-size", "64",
+                                "--base-batch-size", "32", "--verbose"])
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "tfaccel DEBUG: plan: strategy default (1 replica; requested explicitly)" in proc.stderr  # the details
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert summary["learning_rate"] == "learning rate as compiled" and summary["global_batch_size"] == 64
+    assert summary["plan"]["strategy"] == "default" and summary["plan"]["jit_reason"]
+    assert summary["learning_rate"] == "linear: x2 (global batch 64 / base batch 32)"
+    assert summary["global_batch_size"] == 64
     bad = _front_end(common + ["--scale-learning-rate", "cubic"], timeout=120)
     assert bad.returncode == 2 and "--scale-learning-rate: invalid choice: 'cubic'" in bad.stderr
 

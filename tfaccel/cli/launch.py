@@ -43,6 +43,7 @@ from tfaccel.cli.launch_options import (DEFAULT_BACKEND, DEFAULT_CONNECT_TIMEOUT
                                         DEFAULT_WORKERS, LAUNCH_BACKENDS, launch_options)
 from tfaccel.job_id import JOB_ID_ENV
 from tfaccel.launch.netns import NETWORK_MODES
+from tfaccel.launch.tf_noise import TF_LOGS_ENV
 
 CAPTURE_LINES = 200  # the CLI streams output; it only keeps the tail of each task for its failure report
 
@@ -51,7 +52,7 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     """Adds the ``launch`` verb."""
     parser = subparsers.add_parser(
         "launch", help="run every task of a cluster locally on 127.0.0.1, or this host's task of a cluster",
-        description="Start one process per task with its own TF_CONFIG, prefix their output with the task, "
+        description="Start one process per task with its own TF_CONFIG, prefix their output with the task,\n"
                     "stop them all when one fails. Put the command after `--`.",
         epilog="examples:\n  tfaccel launch --workers 2 -- python train.py\n"
                "  tfaccel launch --ps 1 --workers 2 -- python coordinator.py\n"
@@ -64,6 +65,9 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     _add_backend_options(parser)
     parser.add_argument("--dry-run", action="store_true",
                         help="print the tasks, their TF_CONFIG and commands; start nothing")
+    parser.add_argument("--tf-logs", action="store_true",
+                        help="echo TensorFlow's start-up banners and its 'CollectiveAllReduceStrategy eagerly' "
+                             f"warning too (default: left out of the tasks' echoed output; same as {TF_LOGS_ENV}=1)")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command every task runs")
     parser.set_defaults(func=run_cli)
 
@@ -146,6 +150,8 @@ def run_cli(args: argparse.Namespace) -> int:
     from tfaccel.log import get_logger
 
     opts = launch_options(args)
+    if args.tf_logs:
+        os.environ[TF_LOGS_ENV] = "1"  # the launcher's own switch (tfaccel.launch.tf_noise); tasks inherit it
     if args.cluster is not None:
         from tfaccel.cluster import ClusterSpec
 

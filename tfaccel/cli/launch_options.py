@@ -10,6 +10,7 @@ from tfaccel.cli.launch_elastic import check_elastic, worker_range
 from tfaccel.cluster.slurm import SLURM_PS_ENV, in_job_step
 from tfaccel.errors import ConfigError
 from tfaccel.job_id import check_job_id
+from tfaccel.launch.tf_noise import show_tf_logs
 
 __all__ = ["LAUNCH_BACKENDS", "DEFAULT_BACKEND", "DEFAULT_WORKERS", "DEFAULT_RANKS", "DEFAULT_GRACE_S",
            "DEFAULT_CONNECT_TIMEOUT_LOCAL_S", "DEFAULT_CONNECT_TIMEOUT_HOST_S", "launch_options"]
@@ -172,6 +173,8 @@ def _filled(args: argparse.Namespace, backend: str, connect_default: float, *, s
             filled.append(option)
     if args.connect_timeout is None and backend == "tf":
         filled.append(f"--connect-timeout {connect_default:g}")
+    if not getattr(args, "tf_logs", False) and not show_tf_logs():
+        filled.append("TensorFlow's start-up banners left out (--tf-logs shows them)")
     return filled
 
 

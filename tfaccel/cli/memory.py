@@ -19,13 +19,19 @@ PROCESS_PEAK_CHOICES = ("auto", "yes", "no")
 
 def register(subparsers: "argparse._SubParsersAction") -> None:
     from tfaccel.models import MODEL_NAMES
+    from tfaccel.precision import POLICY_NAMES
+    from tfaccel.strategies.registry import STRATEGY_NAMES
+    from tfaccel.train.optim import OPTIMIZER_NAMES
 
     parser = subparsers.add_parser("memory", help="estimate the memory of a training step (per replica, per ps shard)")
     parser.add_argument("--model", required=True, help=f"built-in ({', '.join(MODEL_NAMES)}) or path/to/file.py:fn")
     parser.add_argument("--batch-size", required=True, help="global batch size")
-    parser.add_argument("--precision", default="float32", help="float32, mixed_float16 or mixed_bfloat16")
-    parser.add_argument("--strategy", default="default", help="a strategy name (tfaccel env lists them)")
-    parser.add_argument("--optimizer", default="adam")
+    parser.add_argument("--precision", default="float32",
+                        help=f"{', '.join(POLICY_NAMES)} (default: float32)")
+    parser.add_argument("--strategy", default="default",
+                        help=f"one of {', '.join(STRATEGY_NAMES[1:])} (default: default)")
+    parser.add_argument("--optimizer", default="adam",
+                        help=f"one of {', '.join(OPTIMIZER_NAMES)} (its slots count; default: adam)")
     parser.add_argument("--recompute", default="auto",
                         help="auto (largest blocks, if the model can be split), all (every block) or none")
     parser.add_argument("--replicas", default="1", help="replicas in sync (workers under parameter_server)")

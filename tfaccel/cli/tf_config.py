@@ -7,6 +7,7 @@ Examples::
     eval "$(tfaccel tf-config tf_config/two_workers.yaml --task worker:1 --format env)"
     tfaccel tf-config tf_config/two_workers.yaml --all --format env
     tfaccel tf-config --format env                                     # this SLURM task (inside srun)
+    tfaccel tf-config --explain                     # this pod's / task's cluster, and where each fact came from
     tfaccel tf-config tf_config/chief_workers_ps.yaml --tfjob mnist --image IMG -- python train.py
 
 Never imports TensorFlow, so it answers in well under a second.
@@ -34,7 +35,11 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     which.add_argument("--task", metavar="ROLE:INDEX", help="the task, e.g. worker:1 or chief; defaults to "
                        "the task in a TF_CONFIG document / this SLURM task")
     which.add_argument("--all", action="store_true", help="print the TF_CONFIG of every task")
-    which.add_argument("--tfjob", metavar="NAME", help="print a Kubeflow TFJob manifest (YAML) with this name")
+    which.add_argument("--tfjob", metavar="NAME", help="print a Kubeflow TFJob manifest (YAML) with this name "
+                       "(legacy: see `tfaccel k8s manifest` for Indexed Job, JobSet and TrainJob)")
+    which.add_argument("--explain", action="store_true", help="print this process's task, which source described "
+                       "it (TF_CONFIG, JobSet, TrainJob, Indexed Job, Vertex AI, SageMaker, SLURM) and where each "
+                       "fact came from (variable, label)")
     parser.add_argument("--format", choices=FORMATS, default="json",
                         help="json: the TF_CONFIG JSON; env: an `export TF_CONFIG='...'` line safe to eval. "
                         "Defaults to json")
@@ -80,9 +85,36 @@ def _render(doc: dict, fmt: str) -> str:
     return _env_line(doc) if fmt == "env" else json.dumps(doc, separators=(",", ":"))
 
 
+def _explain(info: Any) -> str:
+    """The ``--explain`` text: the source, the task, each fact with where it came from, the TF_CONFIG it amounts to."""
+    from tfaccel.cluster.sources import SOURCES
+
+    order = f"sources, first present wins: {', '.join(SOURCES)}"
+    if info is None:
+        return f"no cluster: none of the sources is present, so this is a single process ({order})\n"
+    roles = ", ".join(f"{role} x{len(addrs)}" for role, addrs in info.spec.roles.items())
+    lines = [f"source: {info.source} ({order})", f"task: {info.name} of {roles}{' (chief)' if info.is_chief else ''}",
+             f"address: {info.address}"]
+    width = max((len(f.what) for f in info.facts), default=0)
+    lines += [f"  {f.what:<{width}}  {f.value}  <- {f.origin}" for f in info.facts]
+    lines.append("TF_CONFIG: " + json.dumps(info.tf_config(), separators=(",", ":")))
+    return "\n".join(lines) + "\n"
+
+
+def _run_explain(args: argparse.Namespace) -> int:
+    from tfaccel.cluster import ClusterConfigError, task_from_env
+
+    if args.file is not None:
+        raise ClusterConfigError(f"--explain: reads this process's environment, not FILE {args.file!r}; drop FILE")
+    sys.stdout.write(_explain(task_from_env(port=args.slurm_port, ps=args.slurm_ps)))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from tfaccel.cluster import ClusterConfigError, ClusterSpec, task_from_env, tfjob_yaml
 
+    if args.explain:
+        return _run_explain(args)
     if args.file is not None:
         spec = ClusterSpec.from_file(args.file)
         default_task = spec.task
@@ -91,8 +123,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         info = task_from_env(port=args.slurm_port, ps=args.slurm_ps)
         if info is None:
-            raise ClusterConfigError("FILE: no cluster description given and neither TF_CONFIG nor SLURM "
-                                     "(srun) variables are set; give FILE, e.g. tf_config/two_workers.yaml")
+            raise ClusterConfigError("FILE: no cluster description given and no source describes one here (TF_CONFIG, "
+                                     "a JobSet / TrainJob / Indexed Job pod, Vertex AI, SageMaker, SLURM's srun); "
+                                     "give FILE, e.g. tf_config/two_workers.yaml")
         spec = info.spec
         default_task = (info.task_type, info.task_index)
         label = info.source

@@ -1,7 +1,9 @@
-"""The cluster this process's environment describes (TF_CONFIG, else SLURM), read but not yet validated.
+"""The cluster this process's environment describes, read but not yet validated: TF_CONFIG and SLURM here, the
+Kubernetes and cloud trainers' readers beside it (``tfaccel.cluster.kubernetes``, ``.cloud``), the order among them in
+``tfaccel.cluster.sources``.
 
-The readers here stop short of a ``ClusterSpec``: ``ClusterSpec.from_env`` and ``tfaccel.cluster.env`` validate
-what they return (``TaskInfo.from_env_cluster``), so the dependency runs one way, from the spec to its readers.
+The readers stop short of a ``ClusterSpec``: ``ClusterSpec.from_env`` and ``tfaccel.cluster.env`` validate what they
+return (``TaskInfo.from_env_cluster``), so the dependency runs one way, from the spec to its readers.
 """
 
 import os
@@ -11,7 +13,21 @@ from tfaccel.cluster.errors import ClusterConfigError
 from tfaccel.cluster.limits import MAX_BYTES, loads_json, nesting_problem, show
 from tfaccel.cluster.slurm import slurm_cluster
 
-__all__ = ["EnvCluster", "read_env", "read_tf_config", "read_slurm"]
+__all__ = ["EnvCluster", "Fact", "read_tf_config", "read_slurm"]
+
+
+class Fact(NamedTuple):
+    """One thing a reader learnt from the environment, and where (``tfaccel tf-config --explain`` lists them).
+
+    Attributes:
+        what: ``"jobset"``, ``"index"``, ``"hosts"``, ...
+        value: what was read.
+        origin: the variable (and the label or document it carries), e.g. ``"TFACCEL_JOBSET_NAME (label ...)"``.
+    """
+
+    what: str
+    value: str
+    origin: str
 
 
 class EnvCluster(NamedTuple):
@@ -21,13 +37,16 @@ class EnvCluster(NamedTuple):
         document: what ``ClusterSpec.from_dict`` reads: a whole TF_CONFIG document, or SLURM's roles.
         task: SLURM's ``(type, index)``; None for a TF_CONFIG, whose document names its task.
         source: what error messages name first (``"TF_CONFIG"``, ``"SLURM"``, ...).
-        origin: ``"TF_CONFIG"`` or ``"SLURM"`` (``TaskInfo.source``).
+        origin: the kind of source (``TaskInfo.source``): ``"TF_CONFIG"``, ``"SLURM"``, ``"Indexed Job"``,
+            ``"JobSet"``, ``"TrainJob"``, ``"Vertex AI"``, ``"SageMaker"``.
+        facts: what was read, and from where.
     """
 
     document: Any
     task: Optional[Tuple[str, int]]
     source: str
     origin: str
+    facts: Tuple[Fact, ...] = ()
 
 
 def read_tf_config(raw: str, *, source: str = "TF_CONFIG") -> Optional[EnvCluster]:
@@ -104,25 +123,3 @@ def read_slurm(environ: Optional[Mapping[str, str]] = None, *, port: Optional[in
     """
     found = slurm_cluster(environ, port=port, ps=ps)
     return None if found is None else EnvCluster(found[0], found[1], "SLURM", "SLURM")
-
-
-def read_env(environ: Optional[Mapping[str, str]] = None, *, port: Optional[int] = None,
-             ps: Optional[int] = None) -> Optional[EnvCluster]:
-    """The environment's cluster: TF_CONFIG when it is set and not blank, else SLURM (inside srun), else None.
-
-    Args:
-        environ: the environment to read (never written). Defaults to ``os.environ``.
-        port: SLURM only: first port on each node. Defaults to ``$TFACCEL_SLURM_PORT``, else 8888.
-        ps: SLURM only: number of parameter servers. Defaults to ``$TFACCEL_SLURM_PS``, else 0.
-
-    Returns:
-        The cluster as read, or None for a single process.
-
-    Raises:
-        ClusterConfigError: TF_CONFIG or the SLURM variables are set but invalid.
-    """
-    env = os.environ if environ is None else environ
-    raw = env.get("TF_CONFIG")
-    if raw is not None and raw.strip():
-        return read_tf_config(raw)
-    return read_slurm(env, port=port, ps=ps)

@@ -1,8 +1,9 @@
-"""Where am I? This process's task from TF_CONFIG (plain or Kubeflow TFJob), else from SLURM."""
+"""Where am I? This process's task from TF_CONFIG, a Kubernetes Job / JobSet / TrainJob, a cloud trainer or SLURM."""
 
 from typing import Mapping, Optional
 
-from tfaccel.cluster.described import read_env, read_slurm, read_tf_config
+from tfaccel.cluster.described import read_slurm, read_tf_config
+from tfaccel.cluster.sources import read_env
 from tfaccel.cluster.task import TaskInfo
 
 __all__ = ["task_from_env", "task_from_tf_config", "slurm_task"]
@@ -64,7 +65,8 @@ def slurm_task(environ: Optional[Mapping[str, str]] = None, *, port: Optional[in
 
 def task_from_env(environ: Optional[Mapping[str, str]] = None, *, port: Optional[int] = None,
                   ps: Optional[int] = None) -> Optional[TaskInfo]:
-    """This process's task: from TF_CONFIG when it is set, else from SLURM (inside ``srun``), else None.
+    """This process's task from the first source present (``tfaccel.cluster.sources``): TF_CONFIG, a JobSet or
+    TrainJob, an Indexed Job, Vertex AI, SageMaker, SLURM (inside ``srun``); else None.
 
     Args:
         environ: the environment to read (never written). Defaults to ``os.environ``.
@@ -72,10 +74,10 @@ def task_from_env(environ: Optional[Mapping[str, str]] = None, *, port: Optional
         ps: SLURM only: number of parameter servers. Defaults to ``$TFACCEL_SLURM_PS``, else 0.
 
     Returns:
-        A ``TaskInfo`` (``source`` ``"TF_CONFIG"`` or ``"SLURM"``), or None for a single process.
+        A ``TaskInfo`` (``source`` names where it came from, ``facts`` what was read), or None for a single process.
 
     Raises:
-        ClusterConfigError: TF_CONFIG or the SLURM variables are set but invalid.
+        ClusterConfigError: a source is set but invalid, two sources disagree, or a Kubernetes host never resolved.
 
     Example:
         >>> task_from_env({}) is None

@@ -15,7 +15,8 @@ import json
 import os
 from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Sequence, Tuple, Union
 
-from tfaccel.cluster.described import EnvCluster, read_env
+from tfaccel.cluster.described import EnvCluster
+from tfaccel.cluster.sources import read_env
 from tfaccel.cluster.errors import ClusterConfigError, fail
 from tfaccel.cluster.text import read_cluster_file
 from tfaccel.cluster.validate import (ROLES, TF_CONFIG_KEYS, TaskLike, parse_task, validate_cluster,
@@ -166,7 +167,8 @@ class ClusterSpec:
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None, *, port: Optional[int] = None,
                  ps: Optional[int] = None) -> Optional["ClusterSpec"]:
-        """The cluster of this process: from TF_CONFIG, else from SLURM; None when neither is set.
+        """The cluster of this process (``tfaccel.cluster.sources.read_env``: TF_CONFIG, Kubernetes, cloud trainers,
+        SLURM); None when none is set.
 
         Args:
             environ: the environment to read. Defaults to ``os.environ``.

@@ -1,9 +1,9 @@
 """This process's place in a cluster: a ``TaskInfo`` (its spec, role and index)."""
 
 import dataclasses
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
-from tfaccel.cluster.described import EnvCluster
+from tfaccel.cluster.described import EnvCluster, Fact
 from tfaccel.cluster.spec import ClusterSpec, env_cluster_task
 
 __all__ = ["TaskInfo"]
@@ -18,7 +18,9 @@ class TaskInfo:
         task_type: ``"chief"``, ``"worker"``, ``"ps"`` or ``"evaluator"``.
         task_index: the index within the role.
         environment: TF_CONFIG ``environment`` (``"cloud"`` under Kubeflow TFJob), or None.
-        source: ``"TF_CONFIG"`` or ``"SLURM"``.
+        source: where the cluster came from: ``"TF_CONFIG"``, ``"SLURM"``, ``"Indexed Job"``, ``"JobSet"``,
+            ``"TrainJob"``, ``"Vertex AI"`` or ``"SageMaker"`` (``tfaccel.cluster.sources.SOURCES``).
+        facts: what the source read, and from which variable or label.
     """
 
     spec: ClusterSpec
@@ -26,25 +28,27 @@ class TaskInfo:
     task_index: int
     environment: Optional[str] = None
     source: str = "TF_CONFIG"
+    facts: Tuple[Fact, ...] = dataclasses.field(default=(), compare=False)  # provenance, not identity
 
     def __post_init__(self) -> None:
         self.spec.check_task((self.task_type, self.task_index))
 
     @classmethod
     def from_env_cluster(cls, found: EnvCluster) -> "TaskInfo":
-        """Validates a cluster read from TF_CONFIG or SLURM into this process's task.
+        """Validates a cluster read from the environment into this process's task.
 
         Args:
             found: what ``tfaccel.cluster.described`` read from the environment.
 
         Returns:
-            The task, its ``source`` ``"TF_CONFIG"`` or ``"SLURM"``.
+            The task, its ``source`` and ``facts`` those of ``found``.
 
         Raises:
             ClusterConfigError: the cluster is invalid, or a TF_CONFIG names no task or one not in the cluster.
         """
         spec, task = env_cluster_task(found)
-        return cls(spec, task[0], task[1], environment=spec.environment, source=found.origin)
+        return cls(spec, task[0], task[1], environment=spec.environment, source=found.origin,
+                   facts=tuple(found.facts))
 
     @property
     def name(self) -> str:
@@ -67,6 +71,12 @@ class TaskInfo:
     def address(self) -> str:
         """This task's ``"host:port"``."""
         return self.spec.roles[self.task_type][self.task_index]
+
+    def describe_source(self) -> str:
+        """``"JobSet (jobset x from TFACCEL_JOBSET_NAME (label ...); ...)"``: where this task came from."""
+        if not self.facts:
+            return self.source
+        return f"{self.source} ({'; '.join(f'{f.what} {f.value} from {f.origin}' for f in self.facts)})"
 
     def tf_config(self) -> Dict[str, Any]:
         """The TF_CONFIG dict of this task."""

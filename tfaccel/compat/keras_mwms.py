@@ -16,6 +16,12 @@ only changing behaviour under a multi-worker collective strategy:
 * ``reduce_per_replica`` reduces every metric with ``strategy.reduce("MEAN", v, axis=0)``; the metrics are
   scalars, which have no axis 0. Scalars are reduced with ``axis=None`` (a cross-replica mean).
 
+The first half serves every strategy, ``MirroredStrategy`` too: there the eager cross-replica ``reduce`` of the
+first batch fails whenever the replicas' parts cannot be summed, with ``AddN`` on strings (keras-io's
+structured-data examples with ``StringLookup``) or on parts of different sizes (a global batch of 21 over 2
+replicas: ``Input 0: [11,4] != input 1: [10,4]``). ``tfaccel.train.loops.keras_fit`` applies the fix for every job
+of Keras fit over several replicas.
+
 The fix is applied by the ``multi_worker`` strategy factory, is idempotent and reversible
 (:func:`remove`), and can be switched off with ``TFACCEL_DISABLE_COMPAT=keras_mwms``.
 
@@ -91,7 +97,7 @@ def is_applied() -> bool:
 def _make_symbolic_build(original: Callable, module: Any) -> Callable:
     def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = None) -> None:
         strategy = self._distribute_strategy
-        if strategy is None or iterator is None or not module._collective_all_reduce_multi_worker(strategy):
+        if strategy is None or iterator is None:
             return original(self, iterator=iterator, data_batch=data_batch)
         import tensorflow as tf
 

@@ -21,6 +21,7 @@ from tfaccel.launch.outcome import (EXIT_TIMEOUT, EXIT_UNREACHABLE, LaunchTask, 
                                     exit_code)
 from tfaccel.launch.procs import exit_status, port_open, start_process, terminate, wait_for_ports
 from tfaccel.launch.restarts import is_preempted, preempted_attempt, signals_to_forward
+from tfaccel.launch.tf_noise import is_tf_noise, show_tf_logs
 from tfaccel.log import get_logger
 
 __all__ = ["Attempt", "Verdict", "SignalWatch", "forwarded_signal", "TAIL_LINES"]
@@ -68,13 +69,14 @@ class SignalWatch:
 
 
 def _pump(stream: IO[bytes], prefix: str, sink: Optional[IO[str]], lock: threading.Lock,
-          keep: Deque[str]) -> None:
-    """Copies one output stream of a task line by line: kept in ``keep``, echoed to ``sink`` with a prefix."""
+          keep: Deque[str], quiet: bool = False) -> None:
+    """Copies one output stream of a task line by line: kept in ``keep``, echoed to ``sink`` with a prefix (but
+    TensorFlow's start-up noise where ``quiet``: :mod:`tfaccel.launch.tf_noise`)."""
     try:
         for raw in iter(stream.readline, b""):
             line = raw.decode("utf-8", errors="replace")
             keep.append(line)
-            if sink is not None:
+            if sink is not None and not (quiet and is_tf_noise(line)):
                 text = prefix + (line if line.endswith("\n") else line + "\n")
                 with lock, contextlib.suppress(ValueError, OSError):  # a closed sink must not kill the pump
                     sink.write(text)
@@ -96,6 +98,8 @@ class _Running:
 
     def tail(self, lines: int = TAIL_LINES) -> str:
         source = list(self.err) or list(self.out)
+        if not show_tf_logs():
+            source = [line for line in source if not is_tf_noise(line)]
         return "".join(source[-lines:]).rstrip("\n")
 
     def outcome(self) -> TaskOutcome:
@@ -131,7 +135,8 @@ class Attempt:
         err: Deque[str] = collections.deque(maxlen=self.capture_lines)
         threads = []
         for stream, sink, keep in ((proc.stdout, self.stdout, out), (proc.stderr, self.stderr, err)):
-            thread = threading.Thread(target=_pump, args=(stream, task.prefix, sink, self.lock, keep),
+            thread = threading.Thread(target=_pump, args=(stream, task.prefix, sink, self.lock, keep,
+                                                          not show_tf_logs()),
                                       name=f"tfaccel-launch-{task.name}", daemon=True)
             thread.start()
             threads.append(thread)

@@ -2,6 +2,7 @@
 the environment every task starts from."""
 
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -11,8 +12,8 @@ from tfaccel.errors import LAUNCHED_ENV, ConfigError
 from tfaccel.job_id import JOB_ID_ENV, launch_job_id
 from tfaccel.log import get_logger
 
-__all__ = ["CHILD_DEFAULT_ENV", "server_command", "normalize_command", "child_base_env", "warn_inherited_tf_config",
-           "export_job_id"]
+__all__ = ["CHILD_DEFAULT_ENV", "server_command", "normalize_command", "script_operand", "child_base_env",
+           "warn_inherited_tf_config", "export_job_id"]
 
 
 # Set in every child unless the caller's environment already has them.
@@ -37,7 +38,8 @@ def normalize_command(cmd: Union[str, Sequence[str]], *, check_exists: bool = Fa
     Args:
         cmd: the command.
         check_exists: raise when the program is not found here (on ``PATH`` of ``env``, or as a path).
-            Defaults to False (e.g. a command for other hosts).
+            Defaults to False (e.g. a command for other hosts). An interpreter's script operand is checked too
+            (``python nosuch.py``, ``.venv/bin/python3 -u train.py``, ``bash run.sh``; see ``script_operand``).
         env: the environment whose ``PATH`` is searched. Defaults to this process's.
 
     Returns:
@@ -65,7 +67,43 @@ def normalize_command(cmd: Union[str, Sequence[str]], *, check_exists: bool = Fa
             where = "not an executable file" if os.sep in argv[0] else "not found on PATH"
             raise ConfigError(f"command: program {argv[0]!r} {where} (received {shlex.join(argv)!r}); give its full "
                               "path or install it")
+    if check_exists:
+        _check_script(argv)
     return tuple(argv), notes
+
+
+# Interpreters whose first operand is a script file, and their options that take the next word as a value.
+_PYTHON_RE = re.compile(r"python(\d+(\.\d+)?)?$")
+_SHELLS = ("bash", "sh", "dash", "zsh")
+_VALUE_OPTIONS = {"python": ("-W", "-X", "--check-hash-based-pycs"), "shell": ("-o", "+o", "-O", "+O")}
+
+
+def script_operand(argv: Sequence[str]) -> Optional[str]:
+    """The script file an interpreter command runs (``python [options] SCRIPT ...``, ``bash [options] SCRIPT ...``),
+    or None: another program, ``python -m MODULE`` / ``-c CODE`` (a module is found by the task's own Python), a
+    script read from stdin, or no operand at all."""
+    name = os.path.basename(argv[0])
+    kind = "python" if _PYTHON_RE.match(name) else "shell" if name in _SHELLS else None
+    if kind is None:
+        return None
+    words = iter(argv[1:])
+    for word in words:
+        inline = word.startswith(("-c", "-m")) if kind == "python" else (word[:1] == "-" and "c" in word[1:])
+        if word in ("-", "--") or inline:
+            return None  # stdin, end of options (rare), a module, inline code (`bash -ec '...'` too)
+        if word in _VALUE_OPTIONS[kind]:
+            next(words, None)
+        elif not word.startswith(("-", "+")):
+            return word
+    return None
+
+
+def _check_script(argv: Sequence[str]) -> None:
+    """Refuses ``python nosuch.py`` (and other interpreters' script operands) before any task starts."""
+    script = script_operand(argv)
+    if script is not None and not os.path.isfile(script):
+        raise ConfigError(f"command: script {script!r} not found (received {shlex.join(argv)!r}, working directory "
+                          f"{os.getcwd()}); check the path")
 
 
 def child_base_env(env: Optional[Mapping[str, str]] = None) -> Dict[str, str]:

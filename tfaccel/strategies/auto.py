@@ -3,8 +3,8 @@
 Order (first match wins):
 
 1. a TPU is reachable (``COLAB_TPU_ADDR``, ``TPU_NAME``, a TPU VM) -> ``tpu``
-2. the cluster (TF_CONFIG or SLURM) has more than one training task -> ``parameter_server`` if it has ps
-   tasks, else ``multi_worker``
+2. the cluster (``tfaccel.cluster.sources``: TF_CONFIG, Kubernetes, Vertex AI, SageMaker, SLURM) has more than one
+   training task -> ``parameter_server`` if it has ps tasks, else ``multi_worker``
 3. Horovod's launch environment (``HOROVOD_RANK``/``HOROVOD_SIZE``, ``OMPI_COMM_WORLD_SIZE``) -> ``horovod``
 4. two or more GPUs -> ``mirrored``
 5. one GPU -> ``one_device`` on it

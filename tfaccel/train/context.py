@@ -106,8 +106,10 @@ def prepare(model: Any, request: FitRequest) -> Tuple[FitContext, "Loop"]:
     ctx = FitContext(model, request, plan, backend, requested_jit, data, _verbose(request.verbose, backend.is_chief),
                      user_callbacks=list(request.callbacks))
     loop, loop_reason, rejected = choose(ctx)
+    _warn_slow_path(ctx, loop)
     if loop.orders_examples(ctx):
-        ctx.data = dataclasses.replace(data, seed=agree_on_seed(data.seed, backend=backend))
+        ctx.data = dataclasses.replace(data, seed=agree_on_seed(data.seed, backend=backend,
+                                                                announce=request.verbose != 0))
     changes = _adapt(ctx, loop.name)
     if request.recompute is not None:
         from tfaccel.memory import enable_recompute
@@ -128,7 +130,8 @@ def prepare(model: Any, request: FitRequest) -> Tuple[FitContext, "Loop"]:
             model.steps_per_execution, model.train_function = spe[0], None
         changes["steps_per_execution"] = f"{spe[0]} ({spe[1]})"
     _announce(ctx, loop_reason=loop_reason, changes=changes)
-    ctx.details = {"loop": loop_reason, "loops_rejected": rejected, "data": ctx.data.note, "seed": ctx.data.seed,
+    ctx.details = {"loop": loop_reason, "loop_name": loop.name, "loops_rejected": rejected, "data": ctx.data.note,
+                   "seed": ctx.data.seed,
                    **changes, "restarts": restarts}
     if "journal" in ctx.named:
         ctx.details["world_size"] = ctx.named["journal"].record(ctx.start_epoch, ctx.start_step)["world_size_changes"]
@@ -189,11 +192,16 @@ def _adapt(ctx: FitContext, loop_name: str) -> Dict[str, Any]:
     if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False):
         raise ConfigError("fit: the model is not compiled; call model.compile(optimizer=..., loss=...) inside "
                           "`with tfaccel.scope():` first")
+    from tfaccel.compat.keras_callless import build_callless_container
+
+    changes: Dict[str, Any] = {}
+    built = build_callless_container(model)  # keras-io's GAN / VAE: no call(), unbuildable under a strategy
+    if built:
+        changes["build"] = built
     if backend.uses_keras_fit:  # the coordinator loop warns itself
         from tfaccel.precision import check_output_dtype
 
         check_output_dtype(model)  # float16/bfloat16 outputs: the Keras mixed precision guide's warning
-    changes: Dict[str, Any] = {}
     accumulation = request.loop.gradient_accumulation_steps
     note = adapt_optimizer(model, replicas=backend.num_replicas_in_sync, accumulation_steps=accumulation)
     if note:
@@ -207,10 +215,11 @@ def _adapt(ctx: FitContext, loop_name: str) -> Dict[str, Any]:
     if backend.optimizer_change:
         changes[backend.optimizer_change[0]] = backend.optimizer_change[1]
     from tfaccel.devices import detect_devices
+    from tfaccel.xla import decided_per_job
 
     devices = detect_devices()
     jit, jit_reason = bool(ctx.plan.jit_compile), ctx.plan.jit_reason
-    if jit and ctx.requested_jit == "auto" and not devices.num_gpus and not devices.tpu_address:
+    if decided_per_job(ctx.requested_jit, backend=backend, devices=devices):
         from tfaccel.train.xla_payback import job_decision
 
         jit, jit_reason, ctx.xla_auto = job_decision(model, backend=backend, data=data, epochs=request.epochs,
@@ -290,12 +299,22 @@ def _journal(ctx: FitContext, state: Optional[Dict[str, Any]]) -> Any:
                             metric_state=not backend.traits.shards_by_rank)
 
 
+def _warn_slow_path(ctx: FitContext, loop: "Loop") -> None:
+    """A WARNING (on the chief) where the job leaves tfaccel's multi-step loop for a reason the user can change."""
+    from tfaccel.train.loops.multi_step import uneven_batch_warning
+
+    if loop.name != "multi_step" and ctx.backend.is_chief and ctx.request.loop.loop != "keras":
+        warning = uneven_batch_warning(ctx.backend, ctx.data)
+        if warning:
+            get_logger().warning("%s", warning)
+
+
 def _announce(ctx: FitContext, *, loop_reason: str, changes: Dict[str, Any]) -> None:
     if not ctx.backend.is_chief:
         return
-    say = get_logger().info if ctx.request.verbose != 0 else get_logger().debug  # verbose=0: quiet, like Keras
-    say("plan: %s", ctx.plan.summary())
-    say("data: %s; loop: %s%s", ctx.data.note, loop_reason, "".join(f"; {k}: {v}" for k, v in changes.items()))
+    log = get_logger()  # the details at DEBUG; the one INFO line of a job is its result's summary (train())
+    log.debug("plan: %s", ctx.plan.summary())
+    log.debug("data: %s; loop: %s%s", ctx.data.note, loop_reason, "".join(f"; {k}: {v}" for k, v in changes.items()))
 
 
 def train(ctx: FitContext, loop: "Loop") -> FitResult:
@@ -318,14 +337,25 @@ def train(ctx: FitContext, loop: "Loop") -> FitResult:
     return result
 
 
+def _timed_epochs(start_epoch: int, epochs_run: int) -> str:
+    """What ``examples_per_sec`` is measured over: the epochs after the first one run (which traces and compiles)."""
+    first, last = start_epoch + (2 if epochs_run > 1 else 1), start_epoch + epochs_run
+    if epochs_run == 0:
+        return "no epoch run"
+    return (f"epoch {first}" if first == last else f"epochs {first}-{last}") + (
+        ", the first left out (it traces and compiles)" if epochs_run > 1 else ", tracing and compiling included")
+
+
 def _result(ctx: FitContext, outcome: Optional["LoopResult"], seconds: float) -> FitResult:
     data, details = ctx.data, ctx.details
     epoch_seconds = outcome.epoch_seconds if outcome else []
     timed = epoch_seconds[1:] if len(epoch_seconds) > 1 else epoch_seconds
     per_epoch = data.num_examples or (data.batch_size or 0) * (data.steps_per_epoch or 0)
     examples_per_sec = len(timed) * per_epoch / sum(timed) if timed and sum(timed) > 0 else 0.0
+    details["examples_per_sec_over"] = _timed_epochs(ctx.start_epoch, len(epoch_seconds))
     if outcome is not None and "examples_per_sec" in outcome.details:  # parameter_server: counted on the ps
         examples_per_sec = outcome.details.pop("examples_per_sec")
+        details["examples_per_sec_over"] = "every epoch, examples counted on the ps"
     if outcome is not None:
         details.update(outcome.details)
     if not ctx.backend.uses_keras_fit:  # parameter_server: how each large variable was placed over the ps tasks

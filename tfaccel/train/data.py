@@ -85,11 +85,12 @@ def check_seed(seed: Any) -> Optional[int]:
     return int(seed)
 
 
-def agree_on_seed(seed: Optional[int], *, backend: Any) -> int:
+def agree_on_seed(seed: Optional[int], *, backend: Any, announce: bool = True) -> int:
     """The seed of the example order, the same in every process of the job.
 
-    ``None`` draws a fresh seed on the first worker (logged, so the run can be repeated with it) and shares it
-    with the others: a MultiWorkerMirrored all-reduce, or a Horovod broadcast.
+    ``None`` draws a fresh seed on the first worker (logged at INFO where ``announce``, else at DEBUG: ``fit``'s
+    ``verbose=0``; ``FitResult.details["seed"]`` holds it either way) and shares it with the others: a
+    MultiWorkerMirrored all-reduce, or a Horovod broadcast.
     """
     if seed is not None:
         return int(seed)
@@ -107,7 +108,8 @@ def agree_on_seed(seed: Optional[int], *, backend: Any) -> int:
         shared = strategy.run(first_replica_only)
         fresh = int(strategy.reduce(tf.distribute.ReduceOp.SUM, shared, axis=None))
     if backend.is_chief:
-        get_logger().info("seed=None: drew seed %d for the example order (pass seed=%d to repeat it)", fresh, fresh)
+        say = get_logger().info if announce else get_logger().debug
+        say("seed=None: drew seed %d for the example order (pass seed=%d to repeat it)", fresh, fresh)
     return fresh
 
 
@@ -182,8 +184,9 @@ def prepare_data(x: Any, y: Any = None, *, sample_weight: Any = None, class_weig
     """Turns ``fit``'s data arguments into a :class:`FitData`.
 
     Raises:
-        ConfigError: a combination Keras refuses too (batch_size with a batched dataset, validation_split or
-            sample_weight beside a dataset, class_weight with sample_weight), mismatched lengths.
+        ConfigError: a combination Keras refuses too (y, validation_split or sample_weight beside a dataset,
+            class_weight with sample_weight), mismatched lengths. A ``batch_size`` beside a batched dataset is
+            ignored with a log line, as Keras ignores it.
     """
     import keras
     import tensorflow as tf
@@ -227,7 +230,10 @@ def _not_arrays(kind: str, x: Any, y: Any, sample_weight: Any, validation_split:
                 validation: Any) -> FitData:
     what = {"dataset": "a tf.data.Dataset", "py_dataset": "a keras.utils.PyDataset",
             "distributed": "a dataset_fn / distributed dataset"}[kind]
-    for name, value in (("y", y), ("sample_weight", sample_weight), ("batch_size", batch_size)):
+    if batch_size is not None:  # Keras' fit ignores it beside a dataset too (its elements are the batches)
+        get_logger().info("fit: batch_size=%s is ignored: x is %s, whose elements are already batches (as in "
+                          "Keras' fit)", batch_size, what)
+    for name, value in (("y", y), ("sample_weight", sample_weight)):
         if value is not None:
             raise ConfigError(f"fit: {name} cannot be given when x is {what} (its elements carry the batch, the "
                               f"targets and the weights); received {name}={type(value).__name__}")

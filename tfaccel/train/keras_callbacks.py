@@ -23,6 +23,7 @@ import tempfile
 from typing import Any, List, Optional, Sequence
 
 from tfaccel.launch.procs import pid_alive
+from tfaccel.log import get_logger
 
 __all__ = ["worker_callbacks", "keras_resume_epoch"]
 
@@ -48,10 +49,21 @@ def _private_backup(user_cb: Any, directory: str) -> Any:
 
 
 def _private_checkpoint(user_cb: Any, directory: str) -> Any:
-    """A copy of the user's ModelCheckpoint whose files go into ``directory`` (same file names)."""
+    """A copy of the user's ModelCheckpoint whose files go into ``directory`` (same file names), silent: Keras'
+    ``saving model to PATH`` would show the scratch path as if it were the user's checkpoint; this worker says once
+    what it is instead (:func:`_say_scratch`), and the chief's own callback logs the user's path."""
     clone = copy.copy(user_cb)
     clone.filepath = os.path.join(directory, os.path.basename(user_cb.filepath))
+    if getattr(user_cb, "verbose", 0):
+        clone.verbose = 0
+        _say_scratch(user_cb.filepath, clone.filepath)
     return clone
+
+
+def _say_scratch(user_path: str, scratch_path: str) -> None:
+    """One line on a worker other than the chief: where its ModelCheckpoint copy writes, and why."""
+    get_logger().info("ModelCheckpoint(%r) is written by the chief; this worker (not the chief) saves its scratch copy "
+                      "to %s, removed when training ends", user_path, scratch_path, extra={"all_tasks": True})
 
 
 def _private_tensorboard(user_cb: Any, directory: str) -> Any:

@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterator, Mapping, Optional, Tuple, Union
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
 
-__all__ = ["scope", "plan_for_model"]
+__all__ = ["scope", "plan_for_model", "outside_scope_error", "STARTUP_STRATEGIES"]
 
 # Plans entered in this process, by the id of their tf.distribute strategy.
 _PLANS: Dict[int, Tuple[Any, Any, Any]] = {}
@@ -33,7 +33,9 @@ def scope(strategy: str = "auto", precision: str = "auto", jit_compile: Union[st
     Args:
         strategy: a registry name (``tfaccel.strategies.STRATEGY_NAMES``) or ``"auto"``. Defaults to "auto".
         precision: ``"auto"``, ``"float32"``, ``"mixed_float16"`` or ``"mixed_bfloat16"``; the Keras dtype policy
-            while the block runs (restored after it). Defaults to "auto".
+            while the block runs (restored after it). ``"auto"`` keeps a global policy you set before
+            (``keras.mixed_precision.set_global_policy``); a different explicit value conflicts with it.
+            Defaults to "auto".
         jit_compile: ``"auto"``, True or False: XLA for the train step, applied by ``fit``. Defaults to "auto".
         strategy_options: options of the strategy entry, e.g. ``{"device_names": ["/gpu:0", "/gpu:1"]}``.
 
@@ -58,7 +60,8 @@ def scope(strategy: str = "auto", precision: str = "auto", jit_compile: Union[st
     plan, backend = resolve_plan(strategy=strategy, precision=precision, jit_compile=jit_compile,
                                  strategy_options=strategy_options)
     previous = keras.config.dtype_policy()
-    set_precision(plan.precision)
+    if plan.precision != previous.name:  # else the policy the user set (or Keras' default) stands as it is
+        set_precision(plan.precision)
     _PLANS[id(backend.strategy)] = (plan, backend, jit_compile)
     get_logger().debug("scope: %s", plan.summary())
     try:
@@ -88,8 +91,11 @@ def plan_for_model(model: Any) -> Tuple[Any, Any, Union[str, bool]]:
         raise ConfigError(f"fit: the model was built under a {type(strategy).__name__} that tfaccel did not make. "
                           "Build and compile it inside `with tfaccel.scope():` (the same strategy is returned by "
                           "tfaccel.get_strategy()), then call tfaccel.fit outside that block")
-    from tfaccel.plan import resolve_plan
+    from tfaccel.plan import describe_auto, resolve_plan
 
+    auto = describe_auto()
+    if auto["strategy"] in STARTUP_STRATEGIES:  # building the model started TF: too late for this strategy
+        raise outside_scope_error(auto)
     plan, backend = resolve_plan(strategy="auto")
     if backend.strategy is not strategy:
         raise ConfigError(f"fit: the model was built outside tfaccel.scope(), so its variables live on one device, but "
@@ -97,3 +103,18 @@ def plan_for_model(model: Any) -> Tuple[Any, Any, Union[str, bool]]:
                           "compile the model inside `with tfaccel.scope():`")
     _PLANS[id(strategy)] = (plan, backend, "auto")
     return plan, backend, "auto"
+
+
+# Strategies that must exist before TensorFlow's runtime starts ("Collective ops must be configured at program
+# startup"); a model built outside tfaccel.scope() has started it, so "auto" picking one of them is the user's
+# missing scope, said before TensorFlow's own error.
+STARTUP_STRATEGIES = ("multi_worker",)
+
+
+def outside_scope_error(auto: Mapping[str, Any]) -> ConfigError:
+    """The error for a model built outside ``tfaccel.scope()`` where ``"auto"`` (``auto``: ``describe_auto()``)
+    picks a strategy that must be set up before TensorFlow runs (MultiWorkerMirroredStrategy under ``tfaccel
+    launch``)."""
+    return ConfigError(f"fit: the model was built outside tfaccel.scope(), but this process's strategy "
+                       f"{auto['strategy']!r} ({auto['strategy_reason']}) must be set up before TensorFlow runs, and "
+                       "building the model started it. Build and compile the model inside `with tfaccel.scope():`")

@@ -115,6 +115,8 @@ def step_data(x: Any, y: Any, sample_weight: Any, *, constants: bool = False) ->
     import tensorflow as tf
 
     def convert(a: Any) -> Any:
+        if tf.is_tensor(a) and a.dtype == tf.string:  # as numpy it would be an object array, which Keras refuses
+            return a
         a = np.asarray(a)
         if np.issubdtype(a.dtype, np.floating) and a.dtype != np.dtype(keras.config.floatx()):
             a = a.astype(keras.config.floatx())

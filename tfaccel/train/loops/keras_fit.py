@@ -12,13 +12,15 @@ go through ``tfaccel.train.data.example_stream`` instead, whose order is a funct
 
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
+from tfaccel.compat import keras_mwms
+from tfaccel.errors import ConfigError
 from tfaccel.train.data import FitData, example_stream
 from tfaccel.train.loops.base import Loop, LoopResult, steps_per_execution
 
 if TYPE_CHECKING:
     from tfaccel.train.context import FitContext
 
-__all__ = ["KerasFitLoop", "uses_stream", "run_keras_fit"]
+__all__ = ["KerasFitLoop", "uses_stream", "run_keras_fit", "fix_symbolic_build"]
 
 
 def uses_stream(data: FitData, *, backend: Any, backups: bool) -> bool:
@@ -89,6 +91,35 @@ def run_keras_fit(model: Any, *, data: FitData, backend: Any, epochs: int, initi
                       steps=int(sum(step_counter.epoch_steps)))
 
 
+def fix_symbolic_build(model: Any, *, replicas: int, keras_loop: str) -> Optional[str]:
+    """Lets Keras fit build the model over several replicas from one replica's batch, or refuses before training.
+
+    Keras 3.15's fit under MirroredStrategy / MultiWorkerMirroredStrategy sums the first distributed batch across
+    the replicas (``strategy.reduce("MEAN", batch)`` in ``TensorFlowTrainer._maybe_symbolic_build``) to build the
+    model, which fails on strings (``AddN`` has no string kernel) and on a global batch that does not split evenly
+    (``AddN`` of [11, 4] and [10, 4]). ``tfaccel.compat.keras_mwms`` builds from the first replica's batch instead.
+
+    Returns:
+        What was done, for the plan; None on one replica.
+
+    Raises:
+        ConfigError: the fix cannot be applied here (switched off, another Keras version) and the model takes strings.
+    """
+    if replicas <= 1:
+        return None
+    if keras_mwms.apply():
+        return f"Keras fit over {replicas} replicas builds the model from one replica's batch ({keras_mwms.NAME})"
+    names = [getattr(t, "name", "?") for t in getattr(model, "inputs", None) or []
+             if str(getattr(t, "dtype", "")) == "string"]
+    if not names:
+        return None
+    raise ConfigError(
+        f"fit: model input(s) {', '.join(names)} take strings, and this job runs Keras fit over {replicas} replicas "
+        f"({keras_loop}) without tfaccel's fix {keras_mwms.NAME}; Keras 3 fit reduces the first batch across "
+        "replicas to build the model, which fails on strings (AddN). Pass the string features as arrays or tensors "
+        "(x=tf.constant(strings), y=...) so tfaccel's multi-step loop trains them, or leave the fix switched on")
+
+
 class KerasFitLoop(Loop):
     """Keras ``fit`` itself: every job the loops before it cannot train exactly, and whatever asks for it."""
 
@@ -116,6 +147,11 @@ class KerasFitLoop(Loop):
         return uses_stream(ctx.data, backend=ctx.backend, backups=bool(ctx.request.backups.backup_dir))
 
     def run(self, ctx: "FitContext") -> LoopResult:
+        # the model's own strategy: a Horovod rank trains one replica per process under the default strategy
+        note = fix_symbolic_build(ctx.model, replicas=ctx.model.distribute_strategy.num_replicas_in_sync,
+                                  keras_loop=ctx.details.get("loop", "Keras fit"))
+        if note:
+            ctx.details["symbolic_build"] = note
         validation = ctx.request.validation
         return run_keras_fit(ctx.model, data=ctx.data, backend=ctx.backend, epochs=ctx.request.epochs,
                              initial_epoch=ctx.start_epoch, start_step=ctx.start_step,
