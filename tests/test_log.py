@@ -55,11 +55,11 @@ def test_a_slurm_task_logs_as_its_rank_and_the_batch_script_as_the_chief(monkeyp
     prefixed with their rank. The batch script (SLURM_PROCID=0, no step) is a single process."""
     monkeypatch.setenv("SLURM_PROCID", "1")
     monkeypatch.setenv("SLURM_STEP_ID", "0")
-    assert is_chief_process() is False
+    assert is_chief() is False
     err = _emit(capsys)
     assert "hello" not in err and "[rank 1] tfaccel WARNING: careful" in err
     monkeypatch.setenv("SLURM_PROCID", "0")
-    assert is_chief_process() is True
+    assert is_chief() is True
     monkeypatch.delenv("SLURM_STEP_ID")
     monkeypatch.setenv("SLURM_PROCID", "3")
-    assert is_chief_process() is True and "[" not in _emit(capsys).split("tfaccel")[0]
+    assert is_chief() is True and "[" not in _emit(capsys).split("tfaccel")[0]
