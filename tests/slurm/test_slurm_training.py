@@ -116,5 +116,6 @@ def test_the_documented_batch_script_survives_a_preemption_and_its_requeue(slurm
     assert [r["rank"] for r in final] == ["0", "1"], text[-4000:]
     assert all(r["reason"] == "TF_CONFIG describes 2 tasks (worker x2) without ps tasks" for r in final)
     assert all(r["resumed_from"] for r in final), final  # the second run started from the backup
-    for rank in ("0", "1"):
-        assert _same(_weights(tmp_path, rank), _weights(reference["out"], "0")) <= 1e-6
+    diffs = [_same(_weights(tmp_path, rank), _weights(reference["out"], "0")) for rank in ("0", "1")]
+    print(f"\nslurm: preempted + requeued job against the uninterrupted run: max weight difference {max(diffs)}")
+    assert max(diffs) <= 1e-6
