@@ -86,7 +86,15 @@ down() {
     echo "local_slurm: stopped the cluster in $dir"
 }
 
-install_packages() {
+install_packages() {  # one install at a time on this machine (two test sessions may start a cluster at once)
+    exec 9>/tmp/tfaccel-slurm-install.lock
+    flock -w 600 9 || die "another local_slurm.sh has held /tmp/tfaccel-slurm-install.lock for 10 minutes"
+    install_missing
+    flock -u 9
+    exec 9>&-
+}
+
+install_missing() {
     local missing=()
     command -v slurmctld >/dev/null || missing+=(slurmctld)
     command -v slurmd >/dev/null || missing+=(slurmd)
