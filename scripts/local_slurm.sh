@@ -128,8 +128,9 @@ write_config() {
         echo "SlurmdPort=$((base_port + 1))"
         echo "AuthType=auth/munge"
         echo "CredType=cred/munge"
-        # cred_expire: also how long a requeued job waits before it may start again (SLURM's default: 120 s)
-        echo "AuthInfo=socket=$dir/run/munge.socket,cred_expire=10"
+        # cred_expire: also bounds how long a requeued job waits before it starts again (SLURM's default: 120 s;
+        # with 5 s a requeued job restarted 30 s after its requeue here)
+        echo "AuthInfo=socket=$dir/run/munge.socket,cred_expire=5"
         echo "StateSaveLocation=$dir/state"
         echo "SlurmdSpoolDir=$dir/spool/%n"
         echo "SlurmctldPidFile=$dir/run/slurmctld.pid"
@@ -147,6 +148,7 @@ write_config() {
         echo "SlurmUser=root"
         echo "SlurmdUser=root"
         echo "MpiDefault=none"
+        echo "KillWait=12"  # TERM to KILL: above tfaccel launch's --grace (10 s), so its tasks end first
         echo "MinJobAge=30"
         echo "JobRequeue=1"
         for n in "${nodes[@]}"; do
