@@ -86,7 +86,15 @@ down() {
     echo "local_slurm: stopped the cluster in $dir"
 }
 
-install_packages() {
+install_packages() {  # one install at a time on this machine (two test sessions may start a cluster at once)
+    exec 9>/tmp/tfaccel-slurm-install.lock
+    flock -w 600 9 || die "another local_slurm.sh has held /tmp/tfaccel-slurm-install.lock for 10 minutes"
+    install_missing
+    flock -u 9
+    exec 9>&-
+}
+
+install_missing() {
     local missing=()
     command -v slurmctld >/dev/null || missing+=(slurmctld)
     command -v slurmd >/dev/null || missing+=(slurmd)
@@ -120,8 +128,9 @@ write_config() {
         echo "SlurmdPort=$((base_port + 1))"
         echo "AuthType=auth/munge"
         echo "CredType=cred/munge"
-        # cred_expire: also how long a requeued job waits before it may start again (SLURM's default: 120 s)
-        echo "AuthInfo=socket=$dir/run/munge.socket,cred_expire=10"
+        # cred_expire: also bounds how long a requeued job waits before it starts again (SLURM's default: 120 s;
+        # with 5 s a requeued job restarted 30 s after its requeue here)
+        echo "AuthInfo=socket=$dir/run/munge.socket,cred_expire=5"
         echo "StateSaveLocation=$dir/state"
         echo "SlurmdSpoolDir=$dir/spool/%n"
         echo "SlurmctldPidFile=$dir/run/slurmctld.pid"
@@ -139,6 +148,7 @@ write_config() {
         echo "SlurmUser=root"
         echo "SlurmdUser=root"
         echo "MpiDefault=none"
+        echo "KillWait=12"  # TERM to KILL: above tfaccel launch's --grace (10 s), so its tasks end first
         echo "MinJobAge=30"
         echo "JobRequeue=1"
         for n in "${nodes[@]}"; do
@@ -159,6 +169,7 @@ print_env() {
 
 nodes_idle() {  # true when sinfo lists every node idle (or mixed/allocated: the cluster is usable)
     local states
+    [ -f "$SLURM_CONF" ] || return 1  # else sinfo retries for a minute
     states="$(sinfo -h -N -o '%N %t' 2>/dev/null)" || return 1
     [ "$(grep -cE ' (idle|mix|alloc)$' <<<"$states")" -eq "${#nodes[@]}" ]
 }

@@ -79,7 +79,8 @@ def _loads_bounded(raw: str) -> Any:
 
 def is_chief() -> bool:
     """Whether this process is the job's chief: no cluster, task ``chief``, ``worker 0`` of a cluster without a
-    chief, or Horovod/MPI rank 0. Read from the environment (TF_CONFIG, ``HOROVOD_RANK``, ...); builds nothing.
+    chief, or Horovod/MPI rank 0, or SLURM rank 0 inside ``srun``. Read from the environment (TF_CONFIG,
+    ``HOROVOD_RANK``, ``SLURM_PROCID``, ...); builds nothing.
 
     Every worker runs the whole script, so a plain ``print`` appears once per worker; print (or save, or plot) on
     the chief only with it. tfaccel's own logger (:func:`get_logger`) speaks on the chief only already.

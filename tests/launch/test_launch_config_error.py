@@ -53,7 +53,11 @@ def test_outside_a_launch_a_config_error_keeps_pythons_exit_status() -> None:
     assert out.returncode == 1 and "tfaccel.errors.ConfigError: batch_size 64" in out.stderr
     launched = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=60,
                               env={**env, LAUNCHED_ENV: "1"})
-    assert launched.returncode == EXIT_CONFIG and "Traceback" in launched.stderr  # Python's report, then exit 2
+    assert launched.returncode == EXIT_CONFIG and "Traceback" not in launched.stderr  # one line, then exit 2
+    assert "tfaccel.ConfigError at <string>:4: batch_size 64 does not split" in launched.stderr
+    full = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=60,
+                          env={**env, LAUNCHED_ENV: "1", "TFACCEL_TRACEBACK": "1"})
+    assert full.returncode == EXIT_CONFIG and "Traceback" in full.stderr  # Python's report kept, still exit 2
 
 
 def test_another_exception_in_a_launched_task_keeps_exit_status_1() -> None:

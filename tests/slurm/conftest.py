@@ -110,7 +110,7 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
         assert up.returncode == 0, (f"scripts/local_slurm.sh up failed (exit {up.returncode}): SLURM is required "
                                     f"for these tests\n{up.stdout}\n{up.stderr}")
         assert f"export SLURM_CONF={directory}/slurm.conf" in up.stdout, up.stdout
-        print(f"\nslurm: cluster up in {time.monotonic() - began:.1f} s ({up.stdout.strip().splitlines()[0]})")
+        print(f"\nslurm: cluster up in {time.monotonic() - began:.1f} s: " + " | ".join(up.stdout.strip().splitlines()))
         yield Slurm(directory, env, time.monotonic() - began)
     finally:
         down = subprocess.run(["bash", str(SCRIPT), "down", str(directory)], capture_output=True, text=True,

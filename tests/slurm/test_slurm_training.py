@@ -1,8 +1,8 @@
 """Issue 38 (1): tfaccel under a real SLURM (Debian's slurmctld/slurmd, started by scripts/local_slurm.sh).
 
-One tiny training script (tests/slurm/scripts/slurm_job.py, strategy "auto", no cluster code) run four ways:
-``srun -n 2 python job.py`` (the reference), ``srun -n 2 tfaccel launch -- python job.py``, ``srun -n 3 tfaccel
-launch --ps 1``, and the documented batch script (scripts/slurm_train.sbatch) under ``sbatch``, preempted with
+One tiny training script (tests/slurm/scripts/slurm_job.py, strategy "auto", no cluster code) run three ways:
+``srun -n 2 python job.py`` (the reference), ``srun -n 3 tfaccel launch --ps 1``, and the documented batch script
+(scripts/slurm_train.sbatch: ``srun tfaccel launch -- python job.py``) under ``sbatch``, preempted with
 ``scancel --signal=USR1`` mid-training and requeued by the script itself. Every job runs on the one node of
 partition ``debug`` (this host's name, which resolves), with ports from the OS (TFACCEL_SLURM_PORT).
 """
@@ -57,20 +57,6 @@ def test_srun_python_trains_one_multi_worker_job(reference) -> None:
     assert reports[0]["loss"] == reports[1]["loss"] and reports[0]["loss"][-1] < reports[0]["loss"][0]
 
 
-def test_srun_tfaccel_launch_runs_this_tasks_part_of_one_cluster(slurm, reference, tmp_path) -> None:
-    """Before issue 38 every srun task of `srun -n 2 tfaccel launch` started its own 2-worker local cluster: 4
-    processes in 2 separate trainings. Now each runs its SLURM task, with the TF_CONFIG SLURM implies."""
-    run = slurm.run(["srun", "-n", "2", "-N", "1", "tfaccel", "launch", "--", "python", str(JOB)], timeout=240,
-                    env={"JOB_OUT": str(tmp_path), "TFACCEL_SLURM_PORT": slurm.free_port()})
-    assert run.returncode == 0, run.stderr[-4000:]
-    reports = sorted(_reports(run.stdout), key=lambda r: r["rank"])
-    assert [r["rank"] for r in reports] == ["0", "1"], run.stdout[-3000:]
-    assert all(r["reason"] == "TF_CONFIG describes 2 tasks (worker x2) without ps tasks" for r in reports)
-    assert "launch: inside SLURM job step" in run.stderr and "this srun task is worker:0" in run.stderr
-    for rank in ("0", "1"):
-        assert _same(_weights(tmp_path, rank), _weights(reference["out"], "0")) == 0.0
-
-
 def test_srun_tfaccel_launch_ps_gives_rank_0_the_chief_and_rank_1_the_ps(slurm, tmp_path) -> None:
     run = slurm.run(["srun", "-n", "3", "-N", "1", "tfaccel", "launch", "--ps", "1", "--", "python", str(JOB)],
                     timeout=300, env={"JOB_OUT": str(tmp_path), "TFACCEL_SLURM_PORT": slurm.free_port(),
@@ -123,8 +109,13 @@ def test_the_documented_batch_script_survives_a_preemption_and_its_requeue(slurm
     assert "exit status 75" in text or "exiting with 75" in text, text[-4000:]
     show = slurm.run(["scontrol", "show", "job", job_id], timeout=30).stdout
     assert "Restarts=1" in show, show
+    # srun tfaccel launch: one cluster of srun's two tasks (before issue 38 each srun task started a 2-worker local
+    # cluster of its own: 4 processes in 2 separate trainings, 4 reports, ranks 0, 0, 1, 1)
+    assert "this srun task is worker:0" in text and "this srun task is worker:1" in text
     final = sorted(_reports(text), key=lambda r: r["rank"])
     assert [r["rank"] for r in final] == ["0", "1"], text[-4000:]
+    assert all(r["reason"] == "TF_CONFIG describes 2 tasks (worker x2) without ps tasks" for r in final)
     assert all(r["resumed_from"] for r in final), final  # the second run started from the backup
-    for rank in ("0", "1"):
-        assert _same(_weights(tmp_path, rank), _weights(reference["out"], "0")) <= 1e-6
+    diffs = [_same(_weights(tmp_path, rank), _weights(reference["out"], "0")) for rank in ("0", "1")]
+    print(f"\nslurm: preempted + requeued job against the uninterrupted run: max weight difference {max(diffs)}")
+    assert max(diffs) <= 1e-6

@@ -183,7 +183,7 @@ def horovod_env(environ: Mapping[str, str], names: Sequence[str] = ()) -> Dict[s
 
     Example:
         >>> sorted(horovod_env({"PATH": "/bin", "HOROVOD_LOG_LEVEL": "INFO", "AWS_SECRET_ACCESS_KEY": "s"}))
-        ['HOROVOD_LOG_LEVEL', 'PATH', 'PYTHONUNBUFFERED', 'TFACCEL_OUTPUT_PREFIXED']
+        ['HOROVOD_LOG_LEVEL', 'PATH', 'PYTHONUNBUFFERED', 'TFACCEL_EXIT_ON_CONFIG_ERROR', 'TFACCEL_OUTPUT_PREFIXED']
     """
     env = runtime_env(environ, names, CHILD_DEFAULT_ENV)
     env.update({k: v for k, v in environ.items() if k.startswith(HOROVOD_PREFIXES) or k in HOROVOD_NAMES})
