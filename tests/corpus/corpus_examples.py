@@ -7,8 +7,6 @@ import numpy as np
 
 from corpus_registry import SEED, Runner, case, rng, seed_weights
 
-STRINGS_UNDER_A_STRATEGY = "string tensors into a model holding StringLookup under a strategy ('AddN' on strings)"
-
 
 def _heart(n: int) -> Dict[str, np.ndarray]:
     """Generated rows with the heart-disease columns the structured-data examples use."""
@@ -115,10 +113,10 @@ def structured_data_feature_space(run: Runner) -> Any:
 @case("wide & deep: StringLookup + Embedding inside the model on string inputs",
       "examples/structured_data/wide_deep_cross_networks.py",
       "string features go into the model as tensors; StringLookup (one-hot and int + Embedding), BatchNorm and "
-      "Dropout in the model", reference="one_device", lead_fix={"mirrored": STRINGS_UNDER_A_STRATEGY},
-      open_difference={"multi_worker": "trains (the 'AddN' on strings is MirroredStrategy's only); history equal to "
-                                       "one device, final weights 1.8e-05 apart (the rule: 1e-05), the synchronized "
-                                       "BatchNorm's cross-worker sums in another order"})
+      "Dropout in the model", reference="one_device",
+      open_difference={p: "trains (under mirrored through tfaccel.compat.keras_mwms); history equal to one device, "
+                          "final weights 1.8e-05 apart (the rule: 1e-05), the synchronized BatchNorm's cross-replica "
+                          "sums in another order" for p in ("mirrored", "multi_worker")})
 def wide_and_deep(run: Runner) -> Any:
     """"Experiment 2: Wide & Deep model". Adaptation: two string features (vocabularies of 3 and 4) and two
     numeric ones, 96 generated rows as a Dataset of batch 32 (not the UCI covertype CSV), 3 classes, hidden units

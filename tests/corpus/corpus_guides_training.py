@@ -316,9 +316,7 @@ def save_and_load(run: Runner) -> Any:
 
 
 @case("mixed precision: set_global_policy('mixed_float16') before the scope", "templates/api/mixed_precision/index.md",
-      "the user's global dtype policy stands: float16 compute, float32 variables, a LossScaleOptimizer, as in fit",
-      lead_fix={p: "the user's global dtype policy replaced by tfaccel's choice" for p in ("default", "mirrored",
-                                                                                         "multi_worker")})
+      "the user's global dtype policy stands: float16 compute, float32 variables, a LossScaleOptimizer, as in fit")
 def mixed_precision(run: Runner) -> Any:
     """Keras' mixed precision API page: keras.mixed_precision.set_global_policy("mixed_float16"), the output
     layer's softmax in float32 (dtype="float32"). Adaptation: an MLP 784-64-10 on 96 generated examples,

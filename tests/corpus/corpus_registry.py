@@ -9,9 +9,7 @@ generator (nothing is downloaded), tiny sizes and epochs, and initial weights se
 (``seed_weights``) so that every path starts from the same weights; every fit gets ``shuffle=False`` (a case's
 own value aside): with ``shuffle=True`` Keras and tfaccel each draw a permutation of their own (tfaccel's order
 is a function of ``(seed, epoch)``, documented in docs/guides/your-script.md), so histories are only comparable
-in one order. ``LEAD_FIX``: the (path, case) pairs that
-wait for a fix on main (the user's global dtype policy kept; a GAN-style model without ``call()`` and string
-tensors into ``StringLookup`` under a strategy), expected to fail until it lands.
+in one order.
 """
 
 import contextlib
@@ -40,8 +38,6 @@ class Case:
 
 
 CASES: Dict[str, Case] = {}
-# Waiting for the lead's fixes on main (issue 32 points 3-5): (path, case) -> what is missing.
-LEAD_FIX: Dict[Tuple[str, str], str] = {}
 # Differences found here and not fixed yet: (path, case) -> why (each reported to the lead).
 OPEN: Dict[Tuple[str, str], str] = {}
 # Intended refusals: (path, case) -> a phrase of the ConfigError tfaccel raises before training.
@@ -49,14 +45,12 @@ REFUSES: Dict[Tuple[str, str], str] = {}
 
 
 def case(name: str, source: str, proves: str, *, reference: str = "keras",
-         lead_fix: Optional[Dict[str, str]] = None, open_difference: Optional[Dict[str, str]] = None,
+         open_difference: Optional[Dict[str, str]] = None,
          refuses: Optional[Dict[str, str]] = None) -> Callable:
     """Registers a case function under ``name``."""
     def register(run: Callable[["Runner"], Any]) -> Callable[["Runner"], Any]:
         assert "Adaptation:" in (run.__doc__ or ""), f"{name}: the docstring must say how the source was adapted"
         CASES[name] = Case(name, run, source, proves, reference)
-        for path, why in (lead_fix or {}).items():
-            LEAD_FIX[(path, name)] = why
         for path, why in (open_difference or {}).items():
             OPEN[(path, name)] = why
         for path, phrase in (refuses or {}).items():

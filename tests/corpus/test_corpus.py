@@ -7,9 +7,8 @@ or one device where plain Keras fails under MirroredStrategy or a case asks for 
 case's callbacks wrote, what its callbacks logged and the model's dtype policy and optimizer class.
 
 Every path runs all cases in one process (one pair of processes for multi_worker), the three paths at once, once
-per module. Cases in corpus_cases.LEAD_FIX wait for a fix on main, those in corpus_cases.OPEN are differences found
-here and not fixed yet: both are expected to differ (strict: the test fails once they pass, so the mark goes with
-the fix). ``TFACCEL_CORPUS_JSON=path`` also writes the outcome table (docs/data/corpus.json,
+per module. Cases in corpus_cases.OPEN are differences found here and not fixed yet: they are expected to differ
+(strict: the test fails once they pass, so the mark goes with the fix). ``TFACCEL_CORPUS_JSON=path`` also writes the outcome table (docs/data/corpus.json,
 rendered by scripts/corpus_table.py in docs/guides/keras-parity.md).
 """
 
@@ -107,7 +106,7 @@ def _check(path: str, case: str, got: dict, ref: dict, *, chief: bool = True) ->
 
 
 def _expected_to_differ(path: str, case: str) -> str:
-    return corpus_cases.LEAD_FIX.get((path, case)) or corpus_cases.OPEN.get((path, case), "")
+    return corpus_cases.OPEN.get((path, case), "")
 
 
 def _params(path: str) -> list:
@@ -153,7 +152,7 @@ def teardown_module() -> None:
     if target and OUTCOMES:
         cases = {name: {"source": c.source, "proves": c.proves} for name, c in corpus_cases.CASES.items()}
         pending: Dict[str, Dict[str, str]] = {}
-        for (path, name), why in {**corpus_cases.LEAD_FIX, **corpus_cases.OPEN}.items():
+        for (path, name), why in corpus_cases.OPEN.items():
             if not OUTCOMES.get(path, {}).get(name, "").startswith("equal"):
                 pending.setdefault(path, {})[name] = why
         atomic_write_json(target, {"cases": cases, "outcomes": OUTCOMES, "pending": pending})
