@@ -83,7 +83,7 @@ def reference(single_process_dirs: dict, parity_dir: Path) -> dict:
 def _xla_reference(out: Path, task: str, xla_dir: Path) -> None:
     """Plain Keras with ``jit_compile=True`` for every case the path in ``out`` ran with XLA and that has no such
     reference yet, in one process. tfaccel's "auto" leaves XLA off for these short jobs unless cached figures say
-    it pays, so this usually trains nothing: it replaced a reference path of 23 XLA compilations that no case used."""
+    it pays, so this usually trains nothing, where an XLA reference of every case would be compiled and unused."""
     with_xla = [case for case in CASES if pc.load(str(out), task, case).get("jit")]
     missing = [case for case in with_xla if not (xla_dir / "main" / f"{pc.safe(case)}.json").exists()]
     if missing:
