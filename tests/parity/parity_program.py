@@ -1,6 +1,8 @@
 """Runs every parity case on one path and writes one JSON file per case (history, weights, what tfaccel did).
 
     python parity_program.py PATH OUT_DIR [CASE ...]
+    python parity_program.py PATH,PATH,... OUT_PARENT [CASE ...]      (several paths, one after the other)
+    PARITY_PATHS=PATH,PATH,... PARITY_OUT=OUT_PARENT python parity_program.py   (the same, from the environment)
 
 PATH: ``keras_one`` (plain model.fit, one device), ``keras_one_xla`` (the same with ``jit_compile=True``),
 ``keras_mirrored`` (plain model.fit under TF's own
@@ -8,6 +10,11 @@ MirroredStrategy over 2 virtual CPUs), or ``tfaccel:<strategy>:<loop>`` (tfaccel
 ``tfaccel:default:compiled``, ``tfaccel:mirrored:auto``, ``tfaccel:multi_worker:auto`` (run under TF_CONFIG),
 ``tfaccel:horovod:auto`` (run under horovodrun), ``tfaccel:parameter_server:auto`` (every task of a chief + worker
 + ps cluster runs it: the ps and worker tasks serve until the chief creates $PS_TEST_DONE). Every process of a path writes ``OUT_DIR/<task>/<case>.json``.
+
+Several single-process paths in one process (one TensorFlow start-up, not one per path) each write under
+``OUT_PARENT/<path, ':' -> '_'>``. The plain-Keras paths must come before every ``tfaccel:`` path: tfaccel.fit may
+patch Keras internals (tfaccel.compat) for the rest of the process, and a reference must be Keras' own fit. The
+paths of one process must agree on the devices (2 virtual CPUs for the mirrored ones, one device otherwise).
 """
 
 import json
@@ -87,19 +94,20 @@ def run_case(path: str, case: parity_cases.Case, out: str) -> dict:
     return record
 
 
-_STRATEGY = []
+_STRATEGY: dict = {}  # path -> the strategy its cases share
 
 
 def _keras_strategy(path: str) -> object:
     import tensorflow as tf
 
-    if not _STRATEGY:
+    if path not in _STRATEGY:
         if path == "keras_mirrored":
             devices = [d.name for d in tf.config.list_logical_devices("CPU")]
-            _STRATEGY.append(tf.distribute.MirroredStrategy(devices, cross_device_ops=tf.distribute.ReductionToOneDevice()))
+            _STRATEGY[path] = tf.distribute.MirroredStrategy(devices,
+                                                            cross_device_ops=tf.distribute.ReductionToOneDevice())
         else:
-            _STRATEGY.append(tf.distribute.get_strategy())
-    return _STRATEGY[0]
+            _STRATEGY[path] = tf.distribute.get_strategy()
+    return _STRATEGY[path]
 
 
 def serve_until_done(done: str) -> None:
@@ -117,15 +125,28 @@ def serve_until_done(done: str) -> None:
     os._exit(0)  # a gRPC server has no clean shutdown; the chief is done with us
 
 
-def main(argv: list) -> int:
-    path, out_dir, names = argv[0], argv[1], argv[2:] or list(parity_cases.CASES)
-    task_type = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task", {}).get("type")
-    if path.startswith("tfaccel:parameter_server") and task_type in ("ps", "worker"):
-        serve_until_done(os.environ["PS_TEST_DONE"])
-    if path == "keras_mirrored" or path.startswith("tfaccel:mirrored"):
-        import tfaccel
+def _mirrored(path: str) -> bool:
+    return path == "keras_mirrored" or path.startswith("tfaccel:mirrored")
 
-        tfaccel.configure_devices(virtual_cpus=2)
+
+def _paths(argv: list) -> tuple:
+    """``([(path, out_dir), ...], case names)`` from the command line or, without one, the environment."""
+    if not argv:
+        argv = [os.environ["PARITY_PATHS"], os.environ["PARITY_OUT"]]
+    paths, out_dir, names = argv[0].split(","), argv[1], argv[2:] or list(parity_cases.CASES)
+    if len(paths) == 1:
+        return [(paths[0], out_dir)], names
+    keras_after = [p for i, p in enumerate(paths) if p.startswith("keras_") and
+                   any(q.startswith("tfaccel:") for q in paths[:i])]
+    if keras_after or len({_mirrored(p) for p in paths}) > 1 or any("multi_worker" in p or "horovod" in p
+                                                                   or "parameter_server" in p for p in paths):
+        raise SystemExit(f"parity_program: cannot run {paths} in one process (plain Keras first, one device kind, "
+                         "single-process paths only)")
+    return [(p, os.path.join(out_dir, p.replace(":", "_"))) for p in paths], names
+
+
+def run_path(path: str, out_dir: str, names: list) -> None:
+    """Runs every case of ``names`` on ``path``, one JSON record per case under ``out_dir/<task>``."""
     task_dir = os.path.join(out_dir, _task())
     for name in names:
         safe = "".join(c if c.isalnum() else "_" for c in name)
@@ -136,6 +157,20 @@ def main(argv: list) -> int:
         with open(os.path.join(task_dir, f"{safe}.json"), "w") as fh:
             json.dump(record, fh)
         print(f"parity {path} {name}: {record['status']}", flush=True)
+
+
+def main(argv: list) -> int:
+    runs, names = _paths(argv)
+    path = runs[0][0]
+    task_type = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task", {}).get("type")
+    if path.startswith("tfaccel:parameter_server") and task_type in ("ps", "worker"):
+        serve_until_done(os.environ["PS_TEST_DONE"])
+    if _mirrored(path):
+        import tfaccel
+
+        tfaccel.configure_devices(virtual_cpus=2)
+    for path, out_dir in runs:
+        run_path(path, out_dir, names)
     if os.environ.get("PS_TEST_DONE"):
         open(os.environ["PS_TEST_DONE"], "w").close()
     return 0
