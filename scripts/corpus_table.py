@@ -7,12 +7,7 @@
 The documentation build renders the page's table from docs/data/corpus.json with ``render`` (scripts/docs_hooks.py).
 """
 
-import argparse
-import json
-import os
-import subprocess
 import sys
-import tempfile
 
 COLUMNS = [("default", "default"), ("mirrored", "mirrored (2 vCPUs)"), ("multi_worker", "multi_worker (2 processes)")]
 KERAS_IO = "https://github.com/keras-team/keras-io/blob/master/"
@@ -42,20 +37,11 @@ def render(results: dict) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", help="where to keep the results (default: a temporary file)")
-    parser.add_argument("--from", dest="source", help="render this results file instead of running the corpus")
-    args = parser.parse_args()
-    path = args.source or args.json or os.path.join(tempfile.mkdtemp(), "corpus.json")
-    if not args.source:
-        env = {**os.environ, "TFACCEL_CORPUS_JSON": path}
-        rc = subprocess.call([sys.executable, "-m", "pytest", "-q", "tests/corpus"], env=env)
-        if not os.path.exists(path):
-            sys.stderr.write(f"corpus_table: the corpus wrote no results (pytest exit {rc})\n")
-            return 1
-    with open(path) as fh:
-        print(render(json.load(fh)))
-    return 0
+    # here, not at the top: the docs build loads this file by its path for render() alone
+    from results_table import run_and_render
+
+    return run_and_render(__doc__, render, results_env="TFACCEL_CORPUS_JSON", pytest_args=["tests/corpus"],
+                          default_name="corpus.json")
 
 
 if __name__ == "__main__":

@@ -7,12 +7,7 @@
 The documentation build renders the page's table from docs/data/parity.json with ``render`` (scripts/docs_hooks.py).
 """
 
-import argparse
-import json
-import os
-import subprocess
 import sys
-import tempfile
 
 COLUMNS = [("tfaccel:default:compiled", "default, compiled loop"), ("tfaccel:default:keras", "default, Keras fit"),
            ("tfaccel:mirrored:auto", "mirrored (2 vCPUs)"), ("tfaccel:multi_worker:auto", "multi_worker (2 processes)"),
@@ -36,21 +31,11 @@ def render(outcomes: dict) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", help="where to keep the results (default: a temporary file)")
-    parser.add_argument("--from", dest="source", help="render this results file instead of running the suite")
-    args = parser.parse_args()
-    path = args.source or args.json or os.path.join(tempfile.mkdtemp(), "parity.json")
-    if not args.source:
-        env = {**os.environ, "TFACCEL_PARITY_JSON": path}
-        rc = subprocess.call([sys.executable, "-m", "pytest", "-q", "tests/parity", "tests/real/test_real_parity.py"],
-                             env=env)
-        if not os.path.exists(path):
-            sys.stderr.write(f"parity_table: the suite wrote no results (pytest exit {rc})\n")
-            return 1
-    with open(path) as fh:
-        print(render(json.load(fh)))
-    return 0
+    # here, not at the top: the docs build loads this file by its path for render() alone
+    from results_table import run_and_render
+
+    return run_and_render(__doc__, render, results_env="TFACCEL_PARITY_JSON", pytest_args=["tests/parity", "tests/real/test_real_parity.py"],
+                          default_name="parity.json")
 
 
 if __name__ == "__main__":
