@@ -81,6 +81,14 @@ def _weights(gan):
     return gan.discriminator.get_weights() + gan.generator.get_weights()
 
 
+def _assert_as_on_one_device(result, gan, one_device):
+    history, weights = one_device
+    for key in ("d_loss", "g_loss"):
+        np.testing.assert_allclose(result.history[key], history[key], rtol=1e-5, err_msg=key)
+    for got, ref in zip(_weights(gan), weights):
+        np.testing.assert_allclose(got, ref, atol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def one_device():
     gan = _gan()
@@ -95,11 +103,7 @@ def test_the_gan_trains_under_mirrored_as_on_one_device(one_device, clean_tf_con
     assert plan.num_replicas == 2 and gan.built
     assert result.details["build"] == ("GAN has no call(): marked built (its layers are), as Keras' symbolic build "
                                        "under a strategy cannot call it")
-    history, weights = one_device
-    for key in ("d_loss", "g_loss"):
-        np.testing.assert_allclose(result.history[key], history[key], rtol=1e-5, err_msg=key)
-    for got, ref in zip(_weights(gan), weights):
-        np.testing.assert_allclose(got, ref, atol=1e-5)
+    _assert_as_on_one_device(result, gan, one_device)
 
 
 def test_a_dataset_goes_through_keras_fit_under_mirrored(clean_tf_config, cpu_replicas):
@@ -114,11 +118,7 @@ def test_one_device_is_unchanged(one_device, clean_tf_config):
     with tfaccel.scope(strategy="default"):
         gan = _gan()
     result = tfaccel.fit(gan, _data(), batch_size=16, epochs=2, shuffle=False, verbose=0)
-    history, weights = one_device
-    for key in ("d_loss", "g_loss"):
-        np.testing.assert_allclose(result.history[key], history[key], rtol=1e-5, err_msg=key)
-    for got, ref in zip(_weights(gan), weights):
-        np.testing.assert_allclose(got, ref, atol=1e-5)
+    _assert_as_on_one_device(result, gan, one_device)
 
 
 def test_an_unbuilt_inner_layer_is_refused_before_training(clean_tf_config, cpu_replicas):
