@@ -1,0 +1,127 @@
+"""Keras' own tests through ``tfaccel.fit``: every test plain Keras passes on the TensorFlow backend passes through
+tfaccel, on one device (``default``) and under ``mirrored`` over 2 virtual CPUs.
+
+Keras' tests (keras_tests/, copied unmodified from the Keras 3.15.1 source distribution; see keras_tests/NOTICE) run
+in one pytest process per mode (keras_mode_plugin.py): plain Keras, plain Keras inside a MirroredStrategy scope,
+and the README's 3-line change applied mechanically (each test body inside ``tfaccel.scope(strategy=...)``, every
+``fit`` through ``tfaccel.fit``). The plain-Keras outcomes are recorded in docs/data/keras_conformance.json (they
+depend only on the pinned Keras and TensorFlow, checked here; recording them costs two more full runs); this test
+runs the two tfaccel modes, side by side, and compares. A test plain Keras passes must pass through tfaccel, or be
+an intended refusal listed in INTENDED_REFUSALS: a tfaccel ConfigError that says why (checked), never a traceback.
+
+``TFACCEL_CONFORMANCE_RECORD=1`` runs the plain modes too and rewrites the JSON (scripts/keras_conformance_table.py
+does that and prints the table docs/guides/keras-parity.md shows).
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Dict, List, Mapping
+
+import keras
+import pytest
+import tensorflow as tf
+
+import harness
+
+HERE = Path(__file__).resolve().parent
+KERAS_TESTS = HERE / "keras_tests"
+RECORDED = harness.REPO_ROOT / "docs" / "data" / "keras_conformance.json"
+# In this order: Keras' backend/tensorflow distribute tests reset TensorFlow's context in their setUp, so they run last.
+TEST_PATHS = ("keras/src/trainers", "keras/src/callbacks", "keras/src/models", "keras/src/backend/tensorflow")
+PATHS = ("default", "mirrored")
+# {mode: {test id: the reason tfaccel's ConfigError gives}}: tests plain Keras passes that tfaccel refuses on purpose.
+INTENDED_REFUSALS: Dict[str, Dict[str, str]] = {"tfaccel:default": {}, "tfaccel:mirrored": {}}
+PROGRAM = "import sys, pytest; sys.exit(pytest.main(sys.argv[1:]))"
+RUN_SECONDS = 900
+
+
+def run_modes(modes: List[str], out_dir: Path, *, test_ids: Mapping[str, List[str]] = None) -> Dict[str, dict]:
+    """Runs Keras' tests in each mode, one pytest process per mode, all at once; returns ``{mode: {test: outcome}}``.
+
+    Args:
+        test_ids: per mode, only these tests (default: all of TEST_PATHS).
+    """
+    tasks, per_task = [], {}
+    for index, mode in enumerate(modes):
+        tasks.append(("worker", index, None))
+        per_task[f"worker:{index}"] = {"TFACCEL_CONFORMANCE_MODE": mode,
+                                       "TFACCEL_CONFORMANCE_OUT": str(out_dir / f"{mode.replace(':', '_')}.json"),
+                                       "TFACCEL_CACHE_DIR": str(out_dir / f"cache_{index}")}
+    env = {"PYTHONPATH": os.pathsep.join([str(harness.REPO_ROOT), str(HERE)]), "PYTHONDONTWRITEBYTECODE": "1"}
+    args = ["-q", "-p", "no:cacheprovider", "-p", "keras_mode_plugin", "-c", str(KERAS_TESTS / "pytest.ini"),
+            "--rootdir", str(KERAS_TESTS), "--confcutdir", str(KERAS_TESTS), "--continue-on-collection-errors"]
+    if test_ids:
+        assert len(modes) == 1
+        args += [str(KERAS_TESTS / t) for t in test_ids[modes[0]]]
+    else:
+        args += [str(KERAS_TESTS / p) for p in TEST_PATHS]
+    results = harness.run_tasks(PROGRAM, tasks=tasks, per_task_env=per_task, env=env, args=args,
+                                timeout=RUN_SECONDS, fail_fast_grace=RUN_SECONDS)
+    outcomes = {}
+    for mode, result in zip(modes, results):
+        path = out_dir / f"{mode.replace(':', '_')}.json"
+        assert result.returncode in (0, 1) and path.exists(), f"{mode}: pytest did not finish\n{result.describe()}"
+        outcomes[mode] = json.loads(path.read_text())
+    return outcomes
+
+
+def differences(plain: Mapping[str, str], routed: Mapping[str, str], refusals: Mapping[str, str]) -> List[str]:
+    """Every test plain Keras passes that does not pass through tfaccel, unless it is refused as intended."""
+    problems = []
+    for test, outcome in sorted(plain.items()):
+        if outcome != "passed":
+            continue
+        got = routed.get(test, "not run")
+        if got == "passed":
+            continue
+        reason = refusals.get(test)
+        if reason and got.startswith("failed: tfaccel.errors.ConfigError:") and reason in got:
+            continue
+        problems.append(f"{test}: {got}")
+    return problems
+
+
+@pytest.fixture(scope="module")
+def recorded() -> dict:
+    data = json.loads(RECORDED.read_text())
+    assert (data["keras"], data["tensorflow"]) == (keras.__version__, tf.__version__), \
+        "the recorded plain-Keras outcomes are of another Keras or TensorFlow: rerun scripts/keras_conformance_table.py"
+    return data
+
+
+@pytest.fixture(scope="module")
+def routed(recorded: dict, tmp_path_factory: pytest.TempPathFactory) -> Dict[str, dict]:
+    out = tmp_path_factory.mktemp("conformance")
+    if os.environ.get("TFACCEL_CONFORMANCE_RECORD") == "1":
+        outcomes = run_modes([f"{tool}:{path}" for tool in ("keras", "tfaccel") for path in PATHS], out)
+        record(outcomes)
+        return outcomes
+    return run_modes([f"tfaccel:{path}" for path in PATHS], out)
+
+
+def record(outcomes: Dict[str, dict]) -> None:
+    """Writes the outcomes of a full run with the versions and the intended refusals (the docs' table)."""
+    data = {"keras": keras.__version__, "tensorflow": tf.__version__, "python": sys.version.split()[0],
+            "intended_refusals": INTENDED_REFUSALS, "modes": outcomes}
+    RECORDED.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+@pytest.mark.timeout(RUN_SECONDS + 120)
+@pytest.mark.parametrize("path", PATHS)
+def test_what_plain_keras_passes_passes_through_tfaccel(path: str, recorded: dict, routed: Dict[str, dict]) -> None:
+    plain, got = recorded["modes"][f"keras:{path}"], routed[f"tfaccel:{path}"]
+    assert set(got) == set(plain), f"other tests ran than plain Keras ran: {sorted(set(got) ^ set(plain))[:10]}"
+    problems = differences(plain, got, INTENDED_REFUSALS[f"tfaccel:{path}"])
+    assert not problems, f"{len(problems)} tests plain Keras passes fail through tfaccel ({path}):\n" + \
+        "\n".join(problems)
+
+
+def test_the_intended_refusals_pass_in_plain_keras(tmp_path: Path) -> None:
+    """The refused tests still pass in plain Keras (cheap to check: only they run)."""
+    for path in PATHS:
+        tests = sorted(INTENDED_REFUSALS[f"tfaccel:{path}"])
+        if tests:
+            plain = run_modes([f"keras:{path}"], tmp_path, test_ids={f"keras:{path}": tests})[f"keras:{path}"]
+            assert all(plain[t] == "passed" for t in tests), plain
