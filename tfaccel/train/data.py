@@ -33,7 +33,8 @@ class FitData:
         kind: ``"arrays"`` (numpy / tensors / dicts of them), ``"dataset"`` (a batched ``tf.data.Dataset``),
             ``"py_dataset"`` (a ``keras.utils.PyDataset``), ``"distributed"`` (a ``dataset_fn(input_context)``
             or a ``tf.distribute.DistributedDataset``), or ``"keras"`` (what Keras' own data adapters take and
-            tfaccel does not prepare: a Python generator, sparse or ragged tensors; handed to ``fit`` as given,
+            tfaccel does not prepare: a Python generator, sparse or ragged tensors, None for an optional input;
+            handed to ``fit`` as given,
             with ``y``, ``sample_weight``, ``batch_size`` and ``class_weight``, on one process).
         x, y, sample_weight: the arrays (class weights folded into ``sample_weight``), or the dataset in ``x``.
         validation: ``(x, y, sample_weight)`` arrays, ``(dataset, None, None)``, or None.
@@ -232,13 +233,16 @@ def prepare_data(x: Any, y: Any = None, *, sample_weight: Any = None, class_weig
 
 def keras_adapted(x: Any) -> Optional[str]:
     """What ``x`` is when it is input Keras' own data adapters take but tfaccel does not prepare (a Python generator
-    or iterator, sparse or ragged tensors: Keras' ``GeneratorDataAdapter`` and its sparse/ragged array handling), for
-    messages; None for anything else."""
+    or iterator, sparse or ragged tensors, a dict of arrays with None for an optional input: Keras'
+    ``GeneratorDataAdapter`` and its array adapter), for messages; None for anything else."""
     import tensorflow as tf
 
     if isinstance(x, collections.abc.Iterator) and not isinstance(x, (tf.data.Iterator, str, bytes)):
         return "a Python generator"
-    for leaf in tf.nest.flatten(x):
+    leaves = tf.nest.flatten(x)
+    if len(leaves) > 1 and any(leaf is None for leaf in leaves):
+        return "arrays with None for an optional input"
+    for leaf in leaves:
         module = type(leaf).__module__
         if isinstance(leaf, (tf.SparseTensor, tf.RaggedTensor)) or module.startswith(("scipy.sparse",
                                                                                         "jax.experimental.sparse")):
