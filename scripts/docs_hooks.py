@@ -4,6 +4,8 @@
   the real argparse parser (tfaccel.cli.main.build_parser), so the CLI page cannot drift from the CLI.
 - ``<!-- tfaccel:parity-table -->`` becomes the Keras-parity table that scripts/parity_table.py renders from
   docs/data/parity.json (a results file of `python scripts/parity_table.py --json docs/data/parity.json`).
+- ``<!-- tfaccel:keras-conformance-table -->`` becomes the tables of Keras' own tests run through tfaccel, which
+  scripts/keras_conformance_table.py renders from docs/data/keras_conformance.json.
 - Every public name (tfaccel.__all__, tfaccel.launch.__all__) must have a ``::: module.Name`` entry in the API
   reference, and every entry, and every public method of a documented class, a docstring: a warning otherwise,
   which fails `mkdocs build --strict`.
@@ -25,6 +27,8 @@ API_PAGE = "reference/api.md"
 PARITY_JSON = ROOT / "docs" / "data" / "parity.json"
 CLI_MARK = "<!-- tfaccel:cli-help -->"
 PARITY_MARK = "<!-- tfaccel:parity-table -->"
+CONFORMANCE_JSON = ROOT / "docs" / "data" / "keras_conformance.json"
+CONFORMANCE_MARK = "<!-- tfaccel:keras-conformance-table -->"
 HELP_COLUMNS = "100"
 log = logging.getLogger("mkdocs.hooks.tfaccel")  # a warning here fails `mkdocs build --strict`
 if str(ROOT) not in sys.path:  # the checkout's tfaccel, also where it is not installed
@@ -67,12 +71,23 @@ def parity_table_markdown(path: Path = PARITY_JSON) -> str:
     return module.render(json.loads(path.read_text()))
 
 
+def conformance_tables_markdown(path: Path = CONFORMANCE_JSON) -> str:
+    """The tables scripts/keras_conformance_table.py prints for the results in ``path``."""
+    spec = importlib.util.spec_from_file_location("keras_conformance_table",
+                                                  ROOT / "scripts" / "keras_conformance_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.tables(json.loads(path.read_text()))
+
+
 def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
     """Fills the generated parts of a page."""
     if CLI_MARK in markdown:
         markdown = markdown.replace(CLI_MARK, cli_help_markdown())
     if PARITY_MARK in markdown:
         markdown = markdown.replace(PARITY_MARK, parity_table_markdown())
+    if CONFORMANCE_MARK in markdown:
+        markdown = markdown.replace(CONFORMANCE_MARK, conformance_tables_markdown())
     if page.file.src_uri == API_PAGE:
         for problem in api_problems(markdown):
             log.warning(problem)

@@ -83,6 +83,11 @@ def causes(data: dict) -> str:
     return "\n".join(lines)
 
 
+def tables(data: dict) -> str:
+    """What the documentation page shows: ``render``, then ``causes``."""
+    return render(data) + "\n\nOutcomes other than passed, by cause (each mode's count):\n\n" + causes(data)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--from", dest="source", help="render this results file instead of running the tests")
@@ -93,7 +98,7 @@ def main() -> int:
                               "tests/conformance/test_keras_conformance.py"], env=env, cwd=ROOT)
         print(f"keras_conformance_table: pytest exited {rc}", file=sys.stderr)
     data = json.loads(Path(args.source or RECORDED).read_text())
-    print(render(data) + "\n\n" + causes(data))
+    print(tables(data))
     return 0
 
 
