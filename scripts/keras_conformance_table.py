@@ -43,21 +43,26 @@ def _cause(outcome: str) -> str:
     return text if len(text) <= CAUSE_CHARS else text[:CAUSE_CHARS] + "..."
 
 
+def _columns(data: dict) -> List[Tuple[str, str]]:
+    return [(mode, title) for mode, title in COLUMNS if mode in data["modes"]]
+
+
 def render(data: dict) -> str:
     """The per-module table, the totals, then every test whose outcome differs between plain Keras and tfaccel."""
     modes = data["modes"]
-    counts = {mode: _counts(modes[mode]) for mode, _ in COLUMNS}
+    columns = _columns(data)
+    counts = {mode: _counts(modes[mode]) for mode, _ in columns}
     modules = sorted({m for mode in counts.values() for m in mode})
-    lines = ["| test module | " + " | ".join(title for _, title in COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    lines = ["| test module | " + " | ".join(title for _, title in columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for module in modules:
-        cells = ["{} / {}".format(*counts[mode].get(module, (0, 0))) for mode, _ in COLUMNS]
+        cells = ["{} / {}".format(*counts[mode].get(module, (0, 0))) for mode, _ in columns]
         lines.append(f"| `{module}` | " + " | ".join(cells) + " |")
-    totals = [sum(c[0] for c in counts[mode].values()) for mode, _ in COLUMNS]
-    tests = [len(modes[mode]) for mode, _ in COLUMNS]
+    totals = [sum(c[0] for c in counts[mode].values()) for mode, _ in columns]
+    tests = [len(modes[mode]) for mode, _ in columns]
     lines.append("| **all** | " + " | ".join(f"**{p} / {t}**" for p, t in zip(totals, tests)) + " |")
     lines += ["", "Differences between plain Keras and tfaccel (on the same path):", ""]
     differences = []
-    for path in ("default", "mirrored"):
+    for path in sorted({mode.split(":")[1] for mode, _ in columns}):
         plain, routed = modes[f"keras:{path}"], modes[f"tfaccel:{path}"]
         for test in sorted(plain):
             if (plain[test] == "passed") != (routed.get(test) == "passed"):
@@ -73,13 +78,14 @@ def render(data: dict) -> str:
 def causes(data: dict) -> str:
     """Why plain Keras fails or skips the tests it does not pass here: one row per cause, with its count per mode."""
     rows: Dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    for mode, _ in COLUMNS:
+    columns = _columns(data)
+    for mode, _ in columns:
         for outcome in data["modes"][mode].values():
             if outcome != "passed":
                 rows[_cause(outcome)][mode] += 1
-    lines = ["| outcome | " + " | ".join(title for _, title in COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    lines = ["| outcome | " + " | ".join(title for _, title in columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for cause, counter in sorted(rows.items(), key=lambda item: -sum(item[1].values())):
-        lines.append(f"| {cause.replace('|', '/')} | " + " | ".join(str(counter[mode]) for mode, _ in COLUMNS) + " |")
+        lines.append(f"| {cause.replace('|', '/')} | " + " | ".join(str(counter[mode]) for mode, _ in columns) + " |")
     return "\n".join(lines)
 
 

@@ -30,7 +30,9 @@ KERAS_TESTS = HERE / "keras_tests"
 RECORDED = harness.REPO_ROOT / "docs" / "data" / "keras_conformance.json"
 # In this order: Keras' backend/tensorflow distribute tests reset TensorFlow's context in their setUp, so they run last.
 TEST_PATHS = ("keras/src/trainers", "keras/src/callbacks", "keras/src/models", "keras/src/backend/tensorflow")
-PATHS = ("default", "mirrored")
+# "mirrored" is not run yet: its two full runs (plain Keras under MirroredStrategy, tfaccel mirrored) did not finish in
+# 40 minutes on the shared 2-core machine (each test under pytest-timeout's 300 s); to be added once measured.
+PATHS = ("default",)
 # {mode: {test id: the reason tfaccel's ConfigError gives}}: tests plain Keras passes that tfaccel refuses on purpose.
 # Keras' distribute tests build a model under a MirroredStrategy of their own and fit it: tfaccel trains with the
 # strategy its plan made (one per process), so it names the foreign one instead of training under it.
