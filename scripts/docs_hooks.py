@@ -8,6 +8,8 @@
   docs/data/parity.json (a results file of `python scripts/parity_table.py --json docs/data/parity.json`).
 - ``<!-- tfaccel:corpus-table -->`` becomes the keras-io corpus table that scripts/corpus_table.py renders from
   docs/data/corpus.json (a results file of `python scripts/corpus_table.py --json docs/data/corpus.json`).
+- ``<!-- tfaccel:keras-conformance-table -->`` becomes the tables of Keras' own tests run through tfaccel, which
+  scripts/keras_conformance_table.py renders from docs/data/keras_conformance.json.
 - Every public name (tfaccel.__all__, tfaccel.launch.__all__) must have a ``::: module.Name`` entry in the API
   reference, and every entry, and every public method of a documented class, a docstring: a warning otherwise,
   which fails `mkdocs build --strict`.
@@ -33,6 +35,8 @@ CLI_END = "<!-- tfaccel:cli-help-end -->"
 CLI_PAGE = ROOT / "docs" / "reference" / "cli.md"
 PARITY_MARK = "<!-- tfaccel:parity-table -->"
 CORPUS_MARK = "<!-- tfaccel:corpus-table -->"
+CONFORMANCE_JSON = ROOT / "docs" / "data" / "keras_conformance.json"
+CONFORMANCE_MARK = "<!-- tfaccel:keras-conformance-table -->"
 HELP_COLUMNS = "100"
 log = logging.getLogger("mkdocs.hooks.tfaccel")  # a warning here fails `mkdocs build --strict`
 if str(ROOT) not in sys.path:  # the checkout's tfaccel, also where it is not installed
@@ -75,12 +79,12 @@ def _help_of(parser: Any, argv: List[str]) -> str:
     return out.getvalue()
 
 
-def _render(script: str, path: Path) -> str:
-    """``scripts/<script>.py``'s ``render`` of the results in ``path``."""
+def _render(script: str, path: Path, function: str = "render") -> str:
+    """``scripts/<script>.py``'s ``function`` (its ``render``) of the results in ``path``."""
     spec = importlib.util.spec_from_file_location(script, ROOT / "scripts" / f"{script}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.render(json.loads(path.read_text()))
+    return getattr(module, function)(json.loads(path.read_text()))
 
 
 def cli_page(markdown: str) -> str:
@@ -109,6 +113,11 @@ def corpus_table_markdown(path: Path = CORPUS_JSON) -> str:
     return _render("corpus_table", path)
 
 
+def conformance_tables_markdown(path: Path = CONFORMANCE_JSON) -> str:
+    """The tables scripts/keras_conformance_table.py prints for the results in ``path``."""
+    return _render("keras_conformance_table", path, "tables")
+
+
 def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
     """Checks the generated parts that pages keep, and fills the others."""
     if CLI_MARK in markdown and cli_page(markdown) != markdown:
@@ -118,6 +127,8 @@ def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
         markdown = markdown.replace(PARITY_MARK, parity_table_markdown())
     if CORPUS_MARK in markdown:
         markdown = markdown.replace(CORPUS_MARK, corpus_table_markdown())
+    if CONFORMANCE_MARK in markdown:
+        markdown = markdown.replace(CONFORMANCE_MARK, conformance_tables_markdown())
     if page.file.src_uri == API_PAGE:
         for problem in api_problems(markdown):
             log.warning(problem)

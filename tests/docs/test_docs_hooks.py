@@ -70,3 +70,28 @@ def test_the_api_page_check_finds_a_missing_entry() -> None:
     without = page.replace("::: tfaccel.memory.estimate_memory\n", "")
     assert hooks.api_problems(without) == [
         "reference/api.md: public name tfaccel.estimate_memory has no '::: module.estimate_memory' entry"]
+
+
+conformance_table = _load("keras_conformance_table", REPO / "scripts" / "keras_conformance_table.py")
+
+
+def test_the_keras_conformance_tables_are_rendered_from_the_recorded_results() -> None:
+    data = json.loads(hooks.CONFORMANCE_JSON.read_text())
+    tables = hooks.conformance_tables_markdown()
+    assert tables == conformance_table.tables(data)
+    assert {"keras:default", "tfaccel:default"} <= set(data["modes"]) <= {m for m, _ in conformance_table.COLUMNS}
+    assert "| **all** |" in tables and f"{len(data['modes']['keras:default'])}" in tables
+    page = (REPO / "docs" / "guides" / "keras-parity.md").read_text()
+    assert hooks.CONFORMANCE_MARK in page and "| test module |" not in page, "the page holds the marker, not a table"
+    assert f"Keras {data['keras']}" in page, "the page names the Keras version of the recorded run"
+
+
+def test_the_conformance_table_lists_a_difference_with_its_cause() -> None:
+    passed = {"keras/src/x_test.py::T::a": "passed", "keras/src/x_test.py::T::b": "passed"}
+    refused = dict(passed, **{"keras/src/x_test.py::T::b": "failed: tfaccel.errors.ConfigError: fit: no because"})
+    data = {"modes": {"keras:default": passed, "tfaccel:default": refused, "keras:mirrored": passed,
+                      "tfaccel:mirrored": passed}}
+    table = conformance_table.render(data)
+    assert "| `x_test.py` | 2 / 2 | 1 / 2 | 2 / 2 | 2 / 2 |" in table
+    assert "| default | `x_test.py::T::b` | passed | tfaccel.errors.ConfigError: fit: no because |" in table
+    assert "ConfigError: fit: no because | 0 | 1 | 0 | 0 |" in conformance_table.causes(data)

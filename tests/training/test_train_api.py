@@ -143,6 +143,18 @@ def test_models_outside_a_tfaccel_scope(clean_tf_config, cpu_replicas, monkeypat
         tfaccel.fit(model, X, Y, verbose=0)
 
 
+def test_a_strategy_of_the_users_own_may_be_entered_inside_the_default_scope(clean_tf_config):
+    """tfaccel.scope(strategy="default") enters nothing (TF's default strategy's scope would make TF refuse the
+    user's own strategy inside it, "Mixing different tf.distribute.Strategy objects", which plain Keras allows);
+    tfaccel.fit then says it did not make that strategy."""
+    with tfaccel.scope(strategy="default"):
+        assert not tf.distribute.has_strategy()
+        with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
+            model = _model()
+    with pytest.raises(ConfigError, match="built under a OneDeviceStrategy that tfaccel did not make"):
+        tfaccel.fit(model, X, Y, verbose=0)
+
+
 def test_an_optimizer_created_outside_the_scope_is_named(clean_tf_config, cpu_replicas):
     opt = keras.optimizers.Adam(1e-3)  # created under the default strategy
     model = _scoped(opt, strategy="mirrored")

@@ -113,6 +113,64 @@ def test_py_dataset_and_dataset_fn():
     assert data.kind == "distributed" and data.x is dataset_fn and data.steps_per_epoch == 2
 
 
+def _generator_model(seed, optional_input=False):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    if optional_input:  # Keras' own test_functional_optional_inputs, smaller
+        class AddOptional(keras.layers.Layer):
+            def call(self, x, o=None):
+                return x if o is None else x + o
+
+        ix, io = keras.Input((3,), name="x"), keras.Input((3,), name="o", optional=True)
+        model = keras.Model({"x": ix, "o": io}, keras.layers.Dense(2)(AddOptional()(ix, io)))
+    else:
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def test_generators_and_sparse_input_train_as_keras_fit_trains_them():
+    """What Keras' own data adapter takes and tfaccel does not prepare (a Python generator, sparse tensors, None for
+    an optional input) goes to
+    Keras fit as given, with its arguments: the same weights and history as plain fit (it was a ConfigError)."""
+    import tensorflow as tf
+
+    x = np.linspace(-1, 1, 24, dtype="float32").reshape(8, 3)
+    y = np.ones((8, 2), "float32")
+
+    def batches():
+        while True:
+            yield x[:4], y[:4]
+            yield x[4:], y[4:]
+
+    sparse = tf.sparse.from_dense(x * (x > 0))
+    for data, kwargs in ((batches, dict(steps_per_epoch=3)), (lambda: sparse, dict(y=y, batch_size=4)),
+                         (lambda: {"x": x, "o": None}, dict(y=y, batch_size=4))):
+        assert prepare_data(data(), **kwargs, seed=0).kind == "keras"
+        optional = isinstance(data(), dict)
+        plain = _generator_model(3, optional)
+        expected = plain.fit(data(), epochs=2, verbose=0, shuffle=False, **kwargs).history
+        with tfaccel.scope(strategy="default"):
+            model = _generator_model(3, optional)
+        result = tfaccel.fit(model, data(), epochs=2, verbose=0, shuffle=False, **kwargs)
+        assert "Keras' own data adapter" in result.details["data"]
+        np.testing.assert_allclose(result.history["loss"], expected["loss"], rtol=1e-6)
+        for got, want in zip(model.get_weights(), plain.get_weights()):
+            np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_generator_input_is_refused_for_several_processes_and_with_validation_split():
+    from tfaccel.train.data import check_data_for_backend
+
+    data = prepare_data(iter([]), seed=0)
+    check_data_for_backend(data, num_workers=1, uses_keras_fit=True)
+    with pytest.raises(ConfigError, match="x is a Python generator, which tfaccel cannot split between 2 processes"):
+        check_data_for_backend(data, num_workers=2, uses_keras_fit=True)
+    with pytest.raises(ConfigError, match="validation_split needs arrays; x is a Python generator"):
+        prepare_data(iter([]), validation_split=0.5, seed=0)
+
+
 def test_seed_none_draws_a_fresh_seed_and_logs_it():
     import tensorflow as tf
 

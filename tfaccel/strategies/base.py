@@ -5,6 +5,7 @@ A registry entry (see ``tfaccel.strategies.registry``) turns a name plus options
 want that; ``compile_and_fit`` uses the whole ``Backend``.
 """
 
+import contextlib
 import dataclasses
 import functools
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
@@ -141,7 +142,14 @@ class Backend:
                     is_chief=bool(self.is_chief))
 
     def scope(self) -> ContextManager:
-        """The context in which the model and optimizer must be built."""
+        """The context in which the model and optimizer must be built: the strategy's scope, or none for TensorFlow's
+        default strategy (entering its scope changes nothing for the model but makes TensorFlow refuse a strategy of
+        the user's own entered inside it, "Mixing different tf.distribute.Strategy objects", which plain Keras
+        allows)."""
+        import tensorflow as tf  # deferred: strategies/ is imported where TensorFlow must not load
+
+        if not tf.distribute.has_strategy() and self.strategy is tf.distribute.get_strategy():
+            return contextlib.nullcontext()
         return self.strategy.scope()
 
     @property

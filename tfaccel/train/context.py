@@ -39,7 +39,7 @@ def prepare(model: Any, request: FitRequest) -> Tuple[FitContext, "Loop"]:
     Raises:
         ConfigError: what the data, the loop, the backup or the model cannot honour, before training starts.
     """
-    from tfaccel.train.data import agree_on_seed, prepare_data
+    from tfaccel.train.data import agree_on_seed, check_data_for_backend, prepare_data
     from tfaccel.train.keras_callbacks import keras_resume_epoch, worker_callbacks
     from tfaccel.train.loops import choose
     from tfaccel.train.restarts import restarts_details
@@ -50,6 +50,7 @@ def prepare(model: Any, request: FitRequest) -> Tuple[FitContext, "Loop"]:
                         validation_split=request.validation.split, validation_data=request.validation.data,
                         batch_size=request.batch_size, shuffle=request.shuffle,
                         steps_per_epoch=request.steps_per_epoch, seed=request.seed)
+    check_data_for_backend(data, num_workers=backend.num_workers, uses_keras_fit=backend.uses_keras_fit)
     ctx = FitContext(model, request, plan, backend, requested_jit, data, _verbose(request.verbose, backend.is_chief),
                      user_callbacks=list(request.callbacks))
     loop, loop_reason, rejected = choose(ctx)

@@ -8,6 +8,7 @@ either the arrays or :func:`example_stream` (a dataset whose order is a function
 so that every worker agrees and a resumed job sees exactly the batches an uninterrupted one saw).
 """
 
+import collections.abc
 import dataclasses
 import math
 import secrets
@@ -18,7 +19,7 @@ import numpy as np
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
 
-__all__ = ["FitData", "batches_per_epoch", "prepare_data", "example_order", "example_stream", "is_batched", "check_seed",
+__all__ = ["FitData", "keras_adapted", "check_data_for_backend", "batches_per_epoch", "prepare_data", "example_order", "example_stream", "is_batched", "check_seed",
            "agree_on_seed", "DEFAULT_BATCH_SIZE"]
 
 DEFAULT_BATCH_SIZE = 32  # Keras' own default for arrays
@@ -30,8 +31,11 @@ class FitData:
 
     Attributes:
         kind: ``"arrays"`` (numpy / tensors / dicts of them), ``"dataset"`` (a batched ``tf.data.Dataset``),
-            ``"py_dataset"`` (a ``keras.utils.PyDataset``), or ``"distributed"`` (a ``dataset_fn(input_context)``
-            or a ``tf.distribute.DistributedDataset``).
+            ``"py_dataset"`` (a ``keras.utils.PyDataset``), ``"distributed"`` (a ``dataset_fn(input_context)``
+            or a ``tf.distribute.DistributedDataset``), or ``"keras"`` (what Keras' own data adapters take and
+            tfaccel does not prepare: a Python generator, sparse or ragged tensors, None for an optional input;
+            handed to ``fit`` as given,
+            with ``y``, ``sample_weight``, ``batch_size`` and ``class_weight``, on one process).
         x, y, sample_weight: the arrays (class weights folded into ``sample_weight``), or the dataset in ``x``.
         validation: ``(x, y, sample_weight)`` arrays, ``(dataset, None, None)``, or None.
         num_examples: training examples (arrays only).
@@ -209,6 +213,11 @@ def prepare_data(x: Any, y: Any = None, *, sample_weight: Any = None, class_weig
             x, batch_size = x.batch(int(batch_size)), None
         return _not_arrays("dataset", x, y, sample_weight, validation_split, batch_size, steps_per_epoch, shuffle,
                            seed_, class_weight, validation)
+    adapted = keras_adapted(x)
+    if adapted:
+        return _keras_input(adapted, x, y, sample_weight=sample_weight, class_weight=class_weight,
+                            validation_split=validation_split, validation=validation, batch_size=batch_size,
+                            shuffle=shuffle, steps_per_epoch=steps_per_epoch)
     if not _is_arrays(x):
         raise ConfigError(f"fit: x must be arrays (numpy or tensors, or a dict/list of them), a tf.data.Dataset, a "
                           f"keras.utils.PyDataset or a dataset_fn(input_context); received {type(x).__name__}")
@@ -223,6 +232,45 @@ def prepare_data(x: Any, y: Any = None, *, sample_weight: Any = None, class_weig
             f"{steps} steps/epoch" + (f", last batch {n % batch}" if n % batch else "") +
             (f", validation {_length(validation[0])} examples" if validation and _is_arrays(validation[0]) else ""))
     return FitData("arrays", x, y, sample_weight, validation, n, batch, steps, shuffle, seed_, None, note)
+
+
+def keras_adapted(x: Any) -> Optional[str]:
+    """What ``x`` is when it is input Keras' own data adapters take but tfaccel does not prepare (a Python generator
+    or iterator, sparse or ragged tensors, a dict of arrays with None for an optional input: Keras'
+    ``GeneratorDataAdapter`` and its array adapter), for messages; None for anything else."""
+    import tensorflow as tf
+
+    if isinstance(x, collections.abc.Iterator) and not isinstance(x, (tf.data.Iterator, str, bytes)):
+        return "a Python generator"
+    leaves = tf.nest.flatten(x)
+    if len(leaves) > 1 and any(leaf is None for leaf in leaves):
+        return "arrays with None for an optional input"
+    for leaf in leaves:
+        module = type(leaf).__module__
+        if isinstance(leaf, (tf.SparseTensor, tf.RaggedTensor)) or module.startswith(("scipy.sparse",
+                                                                                        "jax.experimental.sparse")):
+            return "sparse or ragged tensors"
+    return None
+
+
+def _keras_input(what: str, x: Any, y: Any, *, sample_weight: Any, class_weight: Any, validation_split: float,
+                 validation: Any, batch_size: Any, shuffle: Any, steps_per_epoch: Optional[int]) -> FitData:
+    """``x`` for Keras' own data adapter: every argument goes to ``fit`` as given, with Keras' meaning."""
+    if validation_split:
+        raise ConfigError(f"fit: validation_split needs arrays; x is {what}. Pass validation_data instead")
+    return FitData("keras", x, y, sample_weight, validation, None, batch_size, steps_per_epoch, shuffle, None,
+                   class_weight, f"{what}, handed to Keras' own data adapter as given", what)
+
+
+def check_data_for_backend(data: FitData, *, num_workers: int, uses_keras_fit: bool) -> None:
+    """Input only Keras' own data adapter reads (``FitData.kind == "keras"``) trains on one process only.
+
+    Raises:
+        ConfigError: such input under several processes or the parameter-server coordinator.
+    """
+    if data.kind == "keras" and (num_workers > 1 or not uses_keras_fit):
+        raise ConfigError(f"fit: x is {data.what}, which tfaccel cannot split between {num_workers} processes in one "
+                          "agreed order; pass arrays, a tf.data.Dataset or a dataset_fn(input_context) instead")
 
 
 def _not_arrays(kind: str, x: Any, y: Any, sample_weight: Any, validation_split: float, batch_size: Any,

@@ -42,6 +42,10 @@ def _phases(data: FitData, *, backend: Any, epochs: int, initial_epoch: int, sta
             stream: bool) -> List[Dict[str, Any]]:
     """The ``fit`` calls to make: one, or two when a resumed job starts in the middle of an epoch."""
     if not stream:
+        if data.kind == "keras":  # Keras' own data adapter reads it, with every argument as given
+            return [dict(x=data.x, y=data.y, sample_weight=data.sample_weight, batch_size=data.batch_size,
+                         class_weight=data.class_weight, initial_epoch=initial_epoch, epochs=epochs,
+                         steps_per_epoch=data.steps_per_epoch, shuffle=data.shuffle)]
         if data.kind != "arrays":
             return [dict(x=_distributed(data.x, backend) if data.kind == "distributed" else data.x,
                          initial_epoch=initial_epoch, epochs=epochs, steps_per_epoch=data.steps_per_epoch,
