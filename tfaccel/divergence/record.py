@@ -156,7 +156,8 @@ def record_run(model: Any, batches: Sequence[tuple], *, strategy: Any, start: Op
     The step's logs are Keras ``fit``'s: the step's outputs, with every metric read after the step in
     cross-replica context as ``fit`` reads them.
     """
-    keras_internals.symbolic_build(model, batches[0])
+    with strategy.scope():  # a subclassed model makes its variables here: they must be the strategy's
+        keras_internals.symbolic_build(model, batches[0])
     if start is not None:
         assign_values(model, start)
     probe = _GradientProbe(model.optimizer, strategy)
