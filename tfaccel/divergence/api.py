@@ -31,9 +31,11 @@ class DoctorReport:
 
     @property
     def equal(self) -> bool:
+        """True when the runs are equal to rounding at every step."""
         return self.verdict.equal
 
     def to_json(self) -> Dict[str, Any]:
+        """The report as plain data (``tfaccel doctor --json``): verdict, causes, both runs' steps."""
         return {"equal": self.equal, "verdict": self.verdict.to_json(),
                 "causes": [dataclasses.asdict(c) for c in self.causes],
                 "runs": [self.single.to_json(), self.many.to_json()]}

@@ -68,6 +68,7 @@ class Verdict:
     rows: List[Dict[str, Any]]
 
     def to_json(self) -> Dict[str, Any]:
+        """The verdict as plain data."""
         return {"equal": self.equal, "steps": self.steps, "tolerance": dataclasses.asdict(self.tolerance),
                 "first": None if self.first is None else dataclasses.asdict(self.first),
                 "parts": [dataclasses.asdict(p) for p in self.parts], "rows": self.rows}

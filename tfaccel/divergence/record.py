@@ -161,7 +161,7 @@ def record_run(model: Any, batches: Sequence[tuple], *, strategy: Any, start: Op
     if start is not None:
         assign_values(model, start)
     probe = _GradientProbe(model.optimizer, strategy)
-    step_fn = tf.function(lambda batch: keras_internals.reduce_per_replica(
+    step_fn = tf.function(reduce_retracing=True, func=lambda batch: keras_internals.reduce_per_replica(
         strategy.run(model.train_step, args=(batch,)), strategy))
     names, variables = variable_names(model), model.variables
     steps, values = [], []
