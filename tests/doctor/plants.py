@@ -20,7 +20,7 @@ def _mlp(*middle: Any, optimizer: Any = "sgd") -> keras.Model:
     return model
 
 
-class _Blowup(keras.layers.Layer):
+class Blowup(keras.layers.Layer):
     """Infinite outputs when the batch holds more than 8 examples: non-finite gradients on one path only."""
 
     def call(self, x: Any) -> Any:
@@ -75,7 +75,7 @@ BUILDERS: Dict[str, Callable[[], keras.Model]] = {
     "batchnorm": lambda: _mlp(keras.layers.BatchNormalization()),
     "batchnorm_synchronized": lambda: _mlp(keras.layers.BatchNormalization(synchronized=True)),
     "dropout": lambda: _mlp(keras.layers.Dropout(0.3)),
-    "loss_scale": lambda: _mlp(_Blowup(), optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())),
+    "loss_scale": lambda: _mlp(Blowup(), optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())),
     "scaled_metric": lambda: _custom(ScaledMetric),
     "per_replica_mean": lambda: _custom(PerReplicaMean),
 }

@@ -67,3 +67,12 @@ def test_a_loss_scale_optimizer_records_its_scale_and_skipped_steps() -> None:
 def test_bad_steps_are_refused(steps: object) -> None:
     with pytest.raises(ConfigError, match=f"steps must be a whole number >= 1; received {steps!r}"):
         tfaccel.doctor(plants.BUILDERS["none"], plants.data(), steps=steps)
+
+
+def test_the_nan_sentinel_names_the_first_layer_in_each_run() -> None:
+    report = tfaccel.doctor(plants.BUILDERS["loss_scale"], plants.data(), steps=2, batch_size=16, nan=True)
+    assert report.single.nan["step"] == 0 and report.single.nan["layer"].startswith("blowup"), report.single.nan
+    assert report.many.nan == {"step": None, "layer": None, "what": "no NaN/Inf in 2 steps"}
+    summary = report.summary()
+    assert "NaN/Inf sentinel, 1 replica: first at step 0: the output of layer blowup" in summary
+    assert "NaN/Inf sentinel, 2 replicas: no NaN/Inf in 2 steps" in summary

@@ -32,10 +32,12 @@ def test_a_correct_script_is_equal_to_rounding_as_json() -> None:
 
 
 def test_a_planted_dropout_parts_and_is_named() -> None:
-    done = _doctor("--steps", "2", "--", "python", SCRIPT, "dropout")
+    done = _doctor("--steps", "2", "--nan", "--", "python", SCRIPT, "dropout")
     assert done.returncode == 1, done.stderr[-2000:]
     assert "the runs part at step 0: log loss" in done.stdout
     assert "likely cause: random-ops-per-replica" in done.stdout and "fix:" in done.stdout
+    assert "NaN/Inf sentinel, 1 replica: no NaN/Inf in 2 steps" in done.stdout
+    assert "NaN/Inf sentinel, 2 replicas: no NaN/Inf in 2 steps" in done.stdout
 
 
 @pytest.mark.parametrize("plant, message", [

@@ -1,4 +1,4 @@
-"""``tfaccel doctor [--steps K] [--replicas N] [--json] -- python train.py [args]``: why does my model train
+"""``tfaccel doctor [--steps K] [--replicas N] [--nan] [--json] -- python train.py [args]``: why does my model train
 differently on N replicas?
 
 Runs the user's unmodified script twice, each in a child process (``python -m tfaccel.divergence.child``): once on
@@ -31,6 +31,8 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     parser.add_argument("--seed", default="0", help="seed of the example order (default 0)")
     parser.add_argument("--rtol", default=None, help="relative tolerance (default: from the model's dtype and K)")
     parser.add_argument("--timeout", default=str(DEFAULT_TIMEOUT_S), help="seconds for each run (default 600)")
+    parser.add_argument("--nan", action="store_true",
+                        help="also find each run's first step with a NaN/Inf and the first layer that produced it")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- python train.py [args]")
     parser.set_defaults(func=run)
@@ -87,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--rtol must be a number; received {args.rtol!r}") from None
     script = _script(args.command)
     options = ["--steps", str(steps), "--replicas", str(replicas), "--seed", str(seed)] + \
-        (["--rtol", args.rtol] if args.rtol is not None else [])
+        (["--rtol", args.rtol] if args.rtol is not None else []) + (["--nan"] if args.nan else [])
     with tempfile.TemporaryDirectory(prefix="tfaccel-doctor-") as out:
         _child("single", out, options, script, timeout)
         _child("replicas", out, options, script, timeout)

@@ -49,6 +49,9 @@ class DoctorReport:
         for row in v.rows:
             lines.append(f"  {row['step']:>4}  {row['batch_size']:>5}  {_pair(row['loss']):<26}  "
                          f"{_pair(row['grad_norm']):<26}  {row['max_variable_difference']:.3g}")
+        lines += [f"NaN/Inf sentinel, {t.replicas} replica{'s' if t.replicas > 1 else ''}: "
+                  + (t.nan["what"] if t.nan["step"] is None else f"first at step {t.nan['step']}: {t.nan['what']}")
+                  for t in (self.single, self.many) if t.nan]
         if v.equal:
             lines.append(f"equal to rounding (rtol={tol.rtol:g}, atol={tol.atol:g}: {tol.why})")
             return "\n".join(lines)
@@ -117,7 +120,7 @@ def _mirrored(strategy: str) -> Any:
 
 def doctor(build_and_compile: Callable[[], Any], data: Any, *, steps: int = DEFAULT_STEPS,
            strategy: str = "mirrored", batch_size: Optional[int] = None, seed: int = 0, shuffle: Any = True,
-           rtol: Optional[float] = None) -> DoctorReport:
+           rtol: Optional[float] = None, nan: bool = False) -> DoctorReport:
     """Trains ``build_and_compile()``'s model for ``steps`` steps on 1 replica and on N, and compares them.
 
     Both runs start from the first build's initial weights (every variable: weights, statistics, seed states)
@@ -135,6 +138,8 @@ def doctor(build_and_compile: Callable[[], Any], data: Any, *, steps: int = DEFA
         shuffle: Keras' ``shuffle``. Defaults to True.
         rtol: the relative tolerance; defaults to one chosen from the model's dtype and ``steps`` (the report
             says which and why).
+        nan: also find, in each run, the first step with a NaN/Inf and the first layer that produced it.
+            Defaults to False.
 
     Returns:
         A :class:`DoctorReport` (``report.equal``, ``report.summary()``, ``report.to_json()``).
@@ -156,10 +161,10 @@ def doctor(build_and_compile: Callable[[], Any], data: Any, *, steps: int = DEFA
         first = build_and_compile()
     keras_internals.symbolic_build(first, batches[0])
     start = initial_values(first)
-    single = record_run(first, batches, strategy=default, label="default")
+    single = record_run(first, batches, strategy=default, label="default", sentinel=nan)
     structure = model_structure(first)
     with replicated.scope():
         second = build_and_compile()
-    many = record_run(second, batches, strategy=replicated, start=start, label=strategy)
+    many = record_run(second, batches, strategy=replicated, start=start, label=strategy, sentinel=nan)
     verdict = compare(single, many, tolerance_for(structure["dtype"], steps, rtol))
     return DoctorReport(verdict, diagnose(verdict, single, many, structure), single, many)

@@ -100,7 +100,8 @@ def _load_trace(out: str, role: str) -> Any:
     flat = [arrays[f"arr_{i}"] for i in range(len(arrays.files))]
     per = len(raw["names"])
     values = [flat[i * per:(i + 1) * per] for i in range(len(raw["steps"]))]
-    return Trace(raw["replicas"], raw["strategy"], raw["names"], [StepFacts(**s) for s in raw["steps"]], values)
+    return Trace(raw["replicas"], raw["strategy"], raw["names"], [StepFacts(**s) for s in raw["steps"]], values,
+                 raw.get("nan"))
 
 
 def _save_arrays(path: str, arrays: List[Any]) -> None:
@@ -112,7 +113,7 @@ def _load_arrays(path: str) -> List[np.ndarray]:
     return [loaded[f"arr_{i}"] for i in range(len(loaded.files))]
 
 
-def _single(out: str, captured: _Captured, steps: int, seed: int) -> None:
+def _single(out: str, captured: _Captured, steps: int, seed: int, nan: bool) -> None:
 
 
     try:
@@ -127,10 +128,10 @@ def _single(out: str, captured: _Captured, steps: int, seed: int) -> None:
     with open(os.path.join(out, "structure.json"), "w", encoding="utf-8") as f:
         json.dump({**model_structure(captured.model), "parts": len(batches[0])}, f)
     _save_trace(out, "single", record_run(captured.model, batches, strategy=tf.distribute.get_strategy(),
-                                          label="default"))
+                                          label="default", sentinel=nan))
 
 
-def _replicas(out: str, captured: _Captured, strategy: Any, name: str, rtol: Optional[float]) -> None:
+def _replicas(out: str, captured: _Captured, strategy: Any, name: str, rtol: Optional[float], nan: bool) -> None:
 
     with open(os.path.join(out, "structure.json"), encoding="utf-8") as f:
         structure = json.load(f)
@@ -138,7 +139,7 @@ def _replicas(out: str, captured: _Captured, strategy: Any, name: str, rtol: Opt
     parts = structure["parts"]
     batches = [tuple(flat[i:i + parts]) for i in range(0, len(flat), parts)]
     many = record_run(captured.model, batches, strategy=strategy, label=name,
-                      start=_load_arrays(os.path.join(out, "initial.npz")))
+                      start=_load_arrays(os.path.join(out, "initial.npz")), sentinel=nan)
     single = _load_trace(out, "single")
     verdict = compare(single, many, tolerance_for(structure["dtype"], len(batches), rtol))
     report = DoctorReport(verdict, diagnose(verdict, single, many, structure), single, many)
@@ -157,6 +158,7 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--strategy", default="mirrored")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rtol", type=float, default=None)
+    parser.add_argument("--nan", action="store_true")
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     return parser.parse_args(argv)
@@ -173,9 +175,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     _install_hooks()
     captured = _run_script(args.out, args.script, args.args, strategy)
     if args.role == "single":
-        _single(args.out, captured, args.steps, args.seed)
+        _single(args.out, captured, args.steps, args.seed, args.nan)
     else:
-        _replicas(args.out, captured, strategy, args.strategy, args.rtol)
+        _replicas(args.out, captured, strategy, args.strategy, args.rtol, args.nan)
     return 0
 
 

@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfaccel.compat import keras_internals
+from tfaccel.divergence.sentinel import first_nonfinite_step, nan_origin
 
 __all__ = ["StepFacts", "Trace", "record_run", "initial_values", "assign_values", "variable_names"]
 
@@ -44,6 +45,7 @@ class Trace:
     names: List[str]
     steps: List[StepFacts]
     values: List[List[np.ndarray]]
+    nan: Optional[Dict[str, Any]] = None
 
     def digest(self, step: int) -> str:
         """A short digest of every variable's bytes after ``step`` (equal digests: bit-identical weights)."""
@@ -55,7 +57,7 @@ class Trace:
     def to_json(self) -> Dict[str, Any]:
         """The trace without the variables' values (those go to an ``.npz`` beside it)."""
         return {"replicas": self.replicas, "strategy": self.strategy, "names": self.names,
-                "steps": [dataclasses.asdict(s) for s in self.steps]}
+                "steps": [dataclasses.asdict(s) for s in self.steps], "nan": self.nan}
 
 
 def variable_names(model: Any) -> List[str]:
@@ -143,7 +145,7 @@ def _spread(strategy: Any, variables: Sequence[Any], names: Sequence[str]) -> tu
 
 
 def record_run(model: Any, batches: Sequence[tuple], *, strategy: Any, start: Optional[Sequence[np.ndarray]] = None,
-               label: str = "") -> Trace:
+               label: str = "", sentinel: bool = False) -> Trace:
     """Trains ``model`` (compiled under ``strategy``) on ``batches``, one step each, and records every step.
 
     Args:
@@ -152,6 +154,7 @@ def record_run(model: Any, batches: Sequence[tuple], *, strategy: Any, start: Op
         strategy: the ``tf.distribute`` strategy the model was built under.
         start: every variable's initial value (from :func:`initial_values` of another build), or None.
         label: the strategy's name for the report.
+        sentinel: find the first step with a NaN/Inf and the first layer that produced it (``Trace.nan``).
 
     The step's logs are Keras ``fit``'s: the step's outputs, with every metric read after the step in
     cross-replica context as ``fit`` reads them.
@@ -160,6 +163,7 @@ def record_run(model: Any, batches: Sequence[tuple], *, strategy: Any, start: Op
         keras_internals.symbolic_build(model, batches[0])
     if start is not None:
         assign_values(model, start)
+    start = initial_values(model)
     probe = _GradientProbe(model.optimizer, strategy)
     step_fn = tf.function(reduce_retracing=True, func=lambda batch: keras_internals.reduce_per_replica(
         strategy.run(model.train_step, args=(batch,)), strategy))
@@ -175,7 +179,12 @@ def record_run(model: Any, batches: Sequence[tuple], *, strategy: Any, start: Op
             values.append([np.array(v.numpy()) for v in variables])
     finally:
         probe.restore()
-    return Trace(strategy.num_replicas_in_sync, label, names, steps, values)
+    trace = Trace(strategy.num_replicas_in_sync, label, names, steps, values)
+    if sentinel:
+        bad = first_nonfinite_step(steps)
+        trace.nan = {"step": None, "layer": None, "what": f"no NaN/Inf in {len(steps)} steps"} if bad is None else \
+            nan_origin(model, values[bad - 1] if bad else start, batches[bad], bad)
+    return trace
 
 
 def _facts(model: Any, strategy: Any, index: int, batch_size: int, logs: Dict[str, Any], probe: _GradientProbe,
