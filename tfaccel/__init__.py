@@ -40,6 +40,7 @@ _LAZY = {
     "fit": "tfaccel.train.api",
     "compile_and_fit": "tfaccel.train.api",
     "FitResult": "tfaccel.train.api",
+    "doctor": "tfaccel.divergence.api",
 }
 
 __all__ = ["__version__", "TfaccelError", "ConfigError", "DeviceError", "BackendUnavailableError", "Preempted",

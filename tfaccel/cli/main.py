@@ -15,7 +15,7 @@ from tfaccel.cluster.limits import shorten
 from tfaccel.errors import TfaccelError
 
 # Verb modules under tfaccel.cli, in the order `tfaccel --help` lists them.
-_VERB_MODULES = ("env", "tf_config", "k8s", "launch", "fit", "bench", "memory", "cache")
+_VERB_MODULES = ("env", "tf_config", "k8s", "launch", "fit", "doctor", "bench", "memory", "cache")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,0 +1,78 @@
+"""tfaccel.doctor in this process (2 virtual CPUs): a correct model is equal to rounding, each planted cause is named."""
+
+import functools
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tfaccel
+from tfaccel.errors import ConfigError
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import plants  # noqa: E402
+
+STEPS = 3
+
+
+@functools.lru_cache(maxsize=None)  # one doctor run per plant for the whole module
+def _doctor(plant: str, n: int = 64, steps: int = STEPS) -> "tfaccel.divergence.DoctorReport":
+    return tfaccel.doctor(plants.BUILDERS[plant], plants.data(n), steps=steps, batch_size=16)
+
+
+@pytest.mark.parametrize("plant", ["none", "batchnorm_synchronized"])
+def test_a_correct_model_is_equal_to_rounding(plant: str) -> None:
+    report = _doctor(plant)
+    assert report.equal, report.summary()
+    assert report.causes == []
+    summary = report.summary()
+    assert "equal to rounding (rtol=3e-05" in summary and "reorders additions" in summary
+    assert [row["digest"][0] for row in report.verdict.rows] == [report.single.digest(s) for s in range(STEPS)]
+    assert report.to_json()["equal"] is True
+
+
+@pytest.mark.parametrize("plant, cause, quantity", [
+    ("batchnorm", "batchnorm-per-replica", "log loss"),
+    ("dropout", "random-ops-per-replica", "log loss"),
+    ("scaled_metric", "metric-fed-scaled-loss", "log loss"),
+    ("per_replica_mean", "loss-reduced-per-replica", "gradient norm"),
+    ("loss_scale", "loss-scale-skips-on-one-path", "log loss"),
+])
+def test_each_planted_cause_is_named_first(plant: str, cause: str, quantity: str) -> None:
+    report = _doctor(plant)
+    assert not report.equal
+    assert report.verdict.first.step == 0
+    assert any(p.quantity == quantity for p in report.verdict.parts), report.verdict.parts
+    assert report.causes and report.causes[0].name == cause, report.summary()
+    summary = report.summary()
+    assert "the runs part at step 0" in summary and f"likely cause: {cause}:" in summary and "fix:" in summary
+
+
+def test_the_uneven_last_batch_is_named_at_its_step() -> None:
+    report = _doctor("none", n=49, steps=4)  # batches 16, 16, 16, 1: the last leaves a replica empty
+    assert report.verdict.first.step == 3
+    assert [c.name for c in report.causes] == ["uneven-last-batch"], report.summary()
+
+
+def test_a_loss_scale_optimizer_records_its_scale_and_skipped_steps() -> None:
+    report = _doctor("loss_scale")
+    single, many = report.single.steps[0], report.many.steps[0]
+    assert single.nonfinite_grads > 0 and many.nonfinite_grads == 0
+    assert single.loss_scale < many.loss_scale
+    assert np.isfinite(many.grad_norm)
+
+
+@pytest.mark.parametrize("steps", [0, -1, 1.5, True])
+def test_bad_steps_are_refused(steps: object) -> None:
+    with pytest.raises(ConfigError, match=f"steps must be a whole number >= 1; received {steps!r}"):
+        tfaccel.doctor(plants.BUILDERS["none"], plants.data(), steps=steps)
+
+
+def test_the_nan_sentinel_names_the_first_layer_in_each_run() -> None:
+    report = tfaccel.doctor(plants.BUILDERS["loss_scale"], plants.data(), steps=2, batch_size=16, nan=True)
+    assert report.single.nan["step"] == 0 and report.single.nan["layer"].startswith("blowup"), report.single.nan
+    assert report.many.nan == {"step": None, "layer": None, "what": "no NaN/Inf in 2 steps"}
+    summary = report.summary()
+    assert "NaN/Inf sentinel, 1 replica: first at step 0: the output of layer blowup" in summary
+    assert "NaN/Inf sentinel, 2 replicas: no NaN/Inf in 2 steps" in summary

@@ -1,0 +1,60 @@
+"""`tfaccel doctor -- python train.py`: real child processes on the unmodified script in tests/doctor/train.py."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import List
+
+import pytest
+
+SCRIPT = str(Path(__file__).resolve().parent / "train.py")
+
+
+def _doctor(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tfaccel", "doctor", *args], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, timeout=timeout)
+
+
+def _error_line(done: subprocess.CompletedProcess) -> str:
+    lines: List[str] = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1, (done.returncode, done.stderr)
+    return lines[0]
+
+
+def test_a_correct_script_is_equal_to_rounding_as_json() -> None:
+    done = _doctor("--steps", "2", "--json", "--", "python", SCRIPT, "none")
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report["equal"] is True and report["causes"] == []
+    assert [run["replicas"] for run in report["runs"]] == [1, 2]
+    assert report["verdict"]["tolerance"]["rtol"] == 2e-05
+
+
+def test_a_planted_dropout_parts_and_is_named() -> None:
+    done = _doctor("--steps", "2", "--nan", "--", "python", SCRIPT, "dropout")
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "the runs part at step 0: log loss" in done.stdout
+    assert "likely cause: random-ops-per-replica" in done.stdout and "fix:" in done.stdout
+    assert "NaN/Inf sentinel, 1 replica: no NaN/Inf in 2 steps" in done.stdout
+    assert "NaN/Inf sentinel, 2 replicas: no NaN/Inf in 2 steps" in done.stdout
+
+
+@pytest.mark.parametrize("plant, message", [
+    ("nofit", "finished without calling model.fit(...) or tfaccel.fit(model, ...)"),
+    ("crash", "crashed before calling fit: RuntimeError: planted crash (train.py:10)"),
+])
+def test_a_script_that_never_trains_is_one_error_line(plant: str, message: str) -> None:
+    assert message in _error_line(_doctor("--steps", "2", "--", "python", SCRIPT, plant))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--steps", "0", "--", "python", SCRIPT], "--steps must be a whole number >= 1; received '0'"),
+    (["--replicas", "1", "--", "python", SCRIPT], "--replicas must be a whole number >= 2; received '1'"),
+    (["--rtol", "x", "--", "python", SCRIPT], "--rtol must be a number; received 'x'"),
+    ([], "doctor needs the training command after `--`"),
+    (["--", "python", "missing.py"], "doctor: script 'missing.py' not found"),
+])
+def test_bad_options_are_one_error_line_before_any_run(args: List[str], message: str) -> None:
+    line = _error_line(_doctor(*args, timeout=60))
+    assert line.startswith("tfaccel doctor: error: ") and message in line

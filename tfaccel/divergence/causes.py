@@ -1,0 +1,171 @@
+"""The catalogue of reasons why one replica and N replicas train differently, each found from the facts.
+
+Each cause reads the verdict (where the runs part and what parts there), the two traces and the model's
+structure (:func:`model_structure`), and when it applies says what it saw and the fix. Several may apply;
+they are listed most specific first.
+"""
+
+import dataclasses
+from typing import Any, Callable, Dict, List, Optional
+
+import keras
+
+from tfaccel.compat import keras_internals
+from tfaccel.divergence.compare import Verdict
+from tfaccel.divergence.record import Trace
+
+__all__ = ["Cause", "CAUSES", "model_structure", "diagnose"]
+
+_RANDOM_LAYERS = ("Dropout", "SpatialDropout1D", "SpatialDropout2D", "SpatialDropout3D", "GaussianNoise",
+                  "GaussianDropout", "AlphaDropout")
+
+
+@dataclasses.dataclass(frozen=True)
+class Cause:
+    """A likely cause: its catalogue name, what the doctor saw, and the fix."""
+
+    name: str
+    evidence: str
+    fix: str
+
+
+def model_structure(model: Any) -> Dict[str, Any]:
+    """What the causes need from the model itself (plain data, so a child process can send it)."""
+    layers = keras_internals.flatten_layers(model)
+    return {
+        "unsynchronized_batchnorm": [layer.name for layer in layers
+                                     if isinstance(layer, keras.layers.BatchNormalization)
+                                     and not getattr(layer, "synchronized", False)],
+        "random_layers": [layer.name for layer in layers if type(layer).__name__ in _RANDOM_LAYERS
+                          or type(layer).__name__.startswith("Random")],
+        "custom_train_step": type(model).train_step is not keras.Model.train_step,
+        "loss_scale_optimizer": isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer),
+        "dtype": str(getattr(model, "dtype", "float32") or "float32"),
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class _Facts:
+    verdict: Verdict
+    single: Trace
+    many: Trace
+    structure: Dict[str, Any]
+
+    @property
+    def replicas(self) -> int:
+        return self.many.replicas
+
+    def ratio(self, quantity: str) -> Optional[float]:
+        """N-replica value / one-replica value of a scalar part at the first parting step, if there is one."""
+        for part in self.verdict.parts:
+            if part.quantity == quantity and part.single and part.replicas is not None:
+                return float(part.replicas) / float(part.single)
+        return None
+
+    def variables_part(self) -> bool:
+        return any(p.quantity.startswith("variable ") for p in self.verdict.parts)
+
+
+def _near(value: Optional[float], target: float) -> bool:
+    return value is not None and abs(value - target) <= 1e-3 * abs(target)
+
+
+def _metric_scaled(f: _Facts) -> Optional[Cause]:
+    logs = [p for p in f.verdict.parts if p.quantity.startswith("log ")]
+    scaled = [p.quantity[4:] for p in logs if _near(f.ratio(p.quantity), 1.0 / f.replicas)]
+    if not scaled or f.variables_part():
+        return None
+    return Cause("metric-fed-scaled-loss",
+                 f"{', '.join(scaled)} on {f.replicas} replicas is 1/{f.replicas} of one replica's at step "
+                 f"{f.verdict.first.step} while the weights are equal: a Keras Loss called inside a replica returns "
+                 f"loss / num_replicas (so that summed gradients are right), and a metric fed that value reports it",
+                 "in a custom train_step, update the metric with the unscaled loss (multiply by "
+                 "tf.distribute.get_strategy().num_replicas_in_sync), or compute the loss with self.compute_loss "
+                 "and let Keras' loss tracker report it")
+
+
+def _uneven_batch(f: _Facts) -> Optional[Cause]:
+    size = f.single.steps[f.verdict.first.step].batch_size
+    if size % f.replicas == 0:
+        return None
+    return Cause("uneven-last-batch",
+                 f"the runs part at step {f.verdict.first.step}, whose batch of {size} examples does not split "
+                 f"evenly over {f.replicas} replicas: each replica averages its own part, so the parts weigh "
+                 "equally however many examples they hold",
+                 f"use a number of examples divisible by the global batch (or drop the last partial batch: "
+                 f"dataset.batch(..., drop_remainder=True)), or a global batch divisible by {f.replicas}")
+
+
+def _loss_per_replica(f: _Facts) -> Optional[Cause]:
+    ratio = f.ratio("gradient norm")
+    if f.single.steps[f.verdict.first.step].batch_size % f.replicas:
+        return None  # an uneven batch changes the weighting too; that cause says so
+    if not (_near(ratio, f.replicas) or _near(ratio, 1.0 / f.replicas)):
+        return None
+    return Cause("loss-reduced-per-replica",
+                 f"the global gradient norm on {f.replicas} replicas is {ratio:.4g}x one replica's at step "
+                 f"{f.verdict.first.step}: the loss is reduced over each replica's batch, not the global batch",
+                 "reduce a custom loss with SUM_OVER_BATCH_SIZE (or divide its sum by the GLOBAL batch size: "
+                 "tf.nn.compute_average_loss(per_example_loss, global_batch_size=...)); in a custom train_step use "
+                 "self.compute_loss, which scales by the number of replicas")
+
+
+def _loss_scale(f: _Facts) -> Optional[Cause]:
+    quantities = {p.quantity for p in f.verdict.parts}
+    if not quantities & {"loss scale", "non-finite gradients", "optimizer iterations"}:
+        return None
+    a, b = f.single.steps[f.verdict.first.step], f.many.steps[f.verdict.first.step]
+    return Cause("loss-scale-skips-on-one-path",
+                 f"at step {f.verdict.first.step} the loss scale is {a.loss_scale} vs {b.loss_scale} and the "
+                 f"non-finite gradients {a.nonfinite_grads} vs {b.nonfinite_grads}: the LossScaleOptimizer skipped "
+                 "the update (non-finite gradients) on one run only",
+                 "find where the non-finite gradients come from (`tfaccel doctor --nan`); common fixes: keep the "
+                 "last layer and the loss in float32, clip or normalise inputs, lower the learning rate")
+
+
+def _batchnorm(f: _Facts) -> Optional[Cause]:
+    layers = f.structure.get("unsynchronized_batchnorm") or []
+    if not layers:
+        return None
+    return Cause("batchnorm-per-replica",
+                 f"BatchNormalization layers {', '.join(layers[:5])} normalise each replica's part of the batch with "
+                 f"that part's statistics (1/{f.replicas} of the examples), one replica the whole batch's",
+                 "keras.layers.BatchNormalization(..., synchronized=True) computes the statistics over the global "
+                 "batch on every replica")
+
+
+def _random(f: _Facts) -> Optional[Cause]:
+    layers = f.structure.get("random_layers") or []
+    if not layers:
+        return None
+    return Cause("random-ops-per-replica",
+                 f"random layers {', '.join(layers[:5])} draw their numbers per replica (each replica draws for its "
+                 "part of the batch from the same seed state), so the masks/noise differ from one replica's draw",
+                 "expected for dropout/noise/augmentation: compare with them inactive (rate 0, or training=False "
+                 "augmentation) to check the rest; to draw identically, draw outside the model (in the input "
+                 "pipeline, seeded) before the batch is split")
+
+
+def _replicas_disagree(f: _Facts) -> Optional[Cause]:
+    spread = max((s.replica_spread for s in f.many.steps), default=0.0)
+    if not spread:
+        return None
+    where = next(s.spread_variable for s in f.many.steps if s.replica_spread)
+    return Cause("replicas-disagree",
+                 f"the replicas' copies of {where} differ by {spread:.3g}: a variable updated in each replica "
+                 "without aggregation (a non-trainable variable with aggregation NONE, or an ON_READ variable)",
+                 "create such variables with aggregation='mean' (or synchronization='on_read' with the reduction "
+                 "you mean), or update them with assign inside strategy.extended.update")
+
+
+CAUSES: List[Callable[[_Facts], Optional[Cause]]] = [
+    _metric_scaled, _uneven_batch, _loss_per_replica, _loss_scale, _batchnorm, _random, _replicas_disagree]
+"""The catalogue, most specific first."""
+
+
+def diagnose(verdict: Verdict, single: Trace, many: Trace, structure: Dict[str, Any]) -> List[Cause]:
+    """The catalogued causes that explain where the runs part (empty when they do not part or none applies)."""
+    if verdict.equal:
+        return []
+    facts = _Facts(verdict, single, many, structure)
+    return [cause for cause in (check(facts) for check in CAUSES) if cause is not None]

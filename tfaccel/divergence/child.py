@@ -1,0 +1,185 @@
+"""One run of ``tfaccel doctor -- python train.py``: the user's unmodified script in a child process.
+
+The child sets its devices up before TensorFlow starts (N virtual CPUs unless N GPUs are there), enters the
+run's strategy scope, and runs the script as ``__main__``. The script's first ``model.fit(...)`` or
+``tfaccel.fit(model, ...)`` does not train: it hands over the compiled model and the data, and the child trains
+K recorded steps instead, then stops the script. The one-replica run ("single") goes first and writes the
+global batches and the initial variable values it used; the N-replica run ("replicas") trains on exactly those,
+compares and writes the report. A bad input (the script crashes or never calls fit) becomes one line in
+``error.txt`` and exit code 2.
+"""
+
+import argparse
+import json
+import os
+import runpy
+import sys
+import traceback
+from typing import Any, Dict, List, NoReturn, Optional
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import tfaccel
+from tfaccel.compat import keras_internals
+from tfaccel.divergence.api import DoctorReport, global_batches
+from tfaccel.divergence.causes import diagnose, model_structure
+from tfaccel.divergence.compare import compare, tolerance_for
+from tfaccel.divergence.record import StepFacts, Trace, initial_values, record_run
+from tfaccel.errors import TfaccelError
+from tfaccel.train import api
+from tfaccel.train.data import prepare_data
+
+__all__ = ["main"]
+
+EXIT_BAD_INPUT = 2
+
+
+class _Captured(BaseException):
+    """Raised by the fit hook to stop the script (a BaseException, so that the script's ``except Exception``
+    does not swallow it)."""
+
+    def __init__(self, model: Any, x: Any, y: Any, sample_weight: Any, batch_size: Any, shuffle: Any) -> None:
+        super().__init__("fit captured")
+        self.model, self.x, self.y, self.sample_weight = model, x, y, sample_weight
+        self.batch_size, self.shuffle = batch_size, shuffle
+
+
+def _hook(model: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs: Any = 1, verbose: Any = "auto",
+          callbacks: Any = None, validation_split: Any = 0.0, validation_data: Any = None, shuffle: Any = True,
+          class_weight: Any = None, sample_weight: Any = None, *args: Any, **kwargs: Any) -> NoReturn:
+    """Takes ``fit``'s arguments (``model.fit``'s order; ``tfaccel.fit`` takes the model first too)."""
+    raise _Captured(model, x, y, sample_weight, batch_size, shuffle)
+
+
+def _install_hooks() -> None:
+
+
+    keras.Model.fit = _hook
+    api.fit = _hook
+    setattr(tfaccel, "fit", _hook)  # the lazy export may already be cached in the package
+
+
+def _fail(out: str, message: str) -> NoReturn:
+    with open(os.path.join(out, "error.txt"), "w", encoding="utf-8") as f:
+        f.write(" ".join(message.splitlines()))
+    sys.exit(EXIT_BAD_INPUT)
+
+
+def _run_script(out: str, script: str, argv: List[str], strategy: Any) -> _Captured:
+    sys.argv = [script] + argv
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    try:
+        with strategy.scope():
+            runpy.run_path(script, run_name="__main__")
+    except _Captured as captured:
+        return captured
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            _fail(out, f"{script} exited with status {exc.code} before calling fit")
+    except Exception as exc:  # the user's script crashed: one line, the way it ended
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        _fail(out, f"{script} crashed before calling fit: {type(exc).__name__}: {exc} "
+                   f"({os.path.basename(where.filename)}:{where.lineno})")
+    _fail(out, f"{script} finished without calling model.fit(...) or tfaccel.fit(model, ...); the doctor trains "
+               "the model that the script's first fit call is given")
+
+
+def _save_trace(out: str, role: str, trace: Any) -> None:
+    with open(os.path.join(out, f"{role}.json"), "w", encoding="utf-8") as f:
+        json.dump(trace.to_json(), f)
+    np.savez(os.path.join(out, f"{role}.npz"), *[v for step in trace.values for v in step])
+
+
+def _load_trace(out: str, role: str) -> Any:
+
+    with open(os.path.join(out, f"{role}.json"), encoding="utf-8") as f:
+        raw = json.load(f)
+    arrays = np.load(os.path.join(out, f"{role}.npz"))
+    flat = [arrays[f"arr_{i}"] for i in range(len(arrays.files))]
+    per = len(raw["names"])
+    values = [flat[i * per:(i + 1) * per] for i in range(len(raw["steps"]))]
+    return Trace(raw["replicas"], raw["strategy"], raw["names"], [StepFacts(**s) for s in raw["steps"]], values,
+                 raw.get("nan"))
+
+
+def _save_arrays(path: str, arrays: List[Any]) -> None:
+    np.savez(path, *arrays)
+
+
+def _load_arrays(path: str) -> List[np.ndarray]:
+    loaded = np.load(path)
+    return [loaded[f"arr_{i}"] for i in range(len(loaded.files))]
+
+
+def _single(out: str, captured: _Captured, steps: int, seed: int, nan: bool) -> None:
+
+
+    try:
+        data = prepare_data(captured.x, captured.y, sample_weight=captured.sample_weight,
+                            batch_size=captured.batch_size, shuffle=captured.shuffle, seed=seed)
+        batches = global_batches(data, steps)
+    except TfaccelError as exc:
+        _fail(out, str(exc))
+    keras_internals.symbolic_build(captured.model, batches[0])
+    _save_arrays(os.path.join(out, "initial.npz"), initial_values(captured.model))
+    _save_arrays(os.path.join(out, "batches.npz"), [p for b in batches for p in b])
+    with open(os.path.join(out, "structure.json"), "w", encoding="utf-8") as f:
+        json.dump({**model_structure(captured.model), "parts": len(batches[0])}, f)
+    _save_trace(out, "single", record_run(captured.model, batches, strategy=tf.distribute.get_strategy(),
+                                          label="default", sentinel=nan))
+
+
+def _replicas(out: str, captured: _Captured, strategy: Any, name: str, rtol: Optional[float], nan: bool) -> None:
+
+    with open(os.path.join(out, "structure.json"), encoding="utf-8") as f:
+        structure = json.load(f)
+    flat = _load_arrays(os.path.join(out, "batches.npz"))
+    parts = structure["parts"]
+    batches = [tuple(flat[i:i + parts]) for i in range(0, len(flat), parts)]
+    many = record_run(captured.model, batches, strategy=strategy, label=name,
+                      start=_load_arrays(os.path.join(out, "initial.npz")), sentinel=nan)
+    single = _load_trace(out, "single")
+    verdict = compare(single, many, tolerance_for(structure["dtype"], len(batches), rtol))
+    report = DoctorReport(verdict, diagnose(verdict, single, many, structure), single, many)
+    with open(os.path.join(out, "report.json"), "w", encoding="utf-8") as f:
+        json.dump(report.to_json(), f, default=float)
+    with open(os.path.join(out, "summary.txt"), "w", encoding="utf-8") as f:
+        f.write(report.summary() + "\n")
+
+
+def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tfaccel.divergence.child")
+    parser.add_argument("--role", choices=("single", "replicas"), required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--strategy", default="mirrored")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rtol", type=float, default=None)
+    parser.add_argument("--nan", action="store_true")
+    parser.add_argument("script")
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Runs one role; the report (``replicas``) or the trace (``single``) lands in ``--out``."""
+    args = _parse(argv)
+
+    if args.role == "replicas":
+        tfaccel.configure_devices(virtual_cpus=args.replicas)
+
+    strategy = tfaccel.get_strategy(args.strategy) if args.role == "replicas" else tf.distribute.get_strategy()
+    _install_hooks()
+    captured = _run_script(args.out, args.script, args.args, strategy)
+    if args.role == "single":
+        _single(args.out, captured, args.steps, args.seed, args.nan)
+    else:
+        _replicas(args.out, captured, strategy, args.strategy, args.rtol, args.nan)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
