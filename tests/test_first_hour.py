@@ -14,7 +14,7 @@ import pytest
 
 import harness
 from tfaccel.cli.main import build_parser
-from tfaccel.errors import ConfigError, invalid_choice
+from tfaccel.errors import LAUNCHED_ENV, ConfigError, invalid_choice
 from tfaccel.job import JobOptions
 from tfaccel.launch.command import normalize_command, script_operand
 from tfaccel.launch.tf_noise import is_tf_noise
@@ -59,18 +59,19 @@ def test_tensorflows_start_up_noise_is_recognised_and_nothing_else():
 
 
 @pytest.mark.parametrize("env, expected", [
-    ({"TFACCEL_OUTPUT_PREFIXED": "1"},
+    ({LAUNCHED_ENV: "1"},
      "tfaccel.ConfigError at <string>:2: strategy: unknown value 'x'; valid values are: 'a' (TFACCEL_TRACEBACK=1 "
      "shows the traceback)\n"),
     ({}, None),
-    ({"TFACCEL_OUTPUT_PREFIXED": "1", "TFACCEL_TRACEBACK": "1"}, None),
+    ({LAUNCHED_ENV: "1", "TFACCEL_TRACEBACK": "1"}, None),
 ])
 def test_a_tfaccel_error_in_a_launched_task_is_one_line(env, expected):
     code = "import tfaccel\nraise tfaccel.errors.invalid_choice('strategy', 'x', ['a'])"
-    base = {k: v for k, v in os.environ.items() if k not in ("TFACCEL_OUTPUT_PREFIXED", "TFACCEL_TRACEBACK")}
+    base = {k: v for k, v in os.environ.items() if k not in (LAUNCHED_ENV, "TFACCEL_TRACEBACK")}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           env={**base, "PYTHONPATH": str(REPO), **env})
-    assert proc.returncode == 1
+    # a ConfigError in a launched task exits 2 (the launcher never restarts it); elsewhere Python's 1
+    assert proc.returncode == (2 if env.get(LAUNCHED_ENV) else 1)
     if expected is None:
         assert proc.stderr.startswith("Traceback (most recent call last):"), proc.stderr
     else:

@@ -277,16 +277,21 @@ def test_run_host_refuses_a_ps_cluster_without_chief():
         host_plan(["python", "coord.py"], cluster={"worker": ["h1:1"], "ps": ["h2:1"]}, task="worker:0")
 
 
-def test_run_host_ps_task_runs_the_server_command():
+def test_run_host_ps_task_runs_the_server_command(tmp_path):
     from tfaccel.launch.host import host_plan
 
     cluster = {"chief": ["h0:1"], "worker": ["h1:1"], "ps": ["h2:1"]}
+    # the ps host runs tfaccel's server, not the script: a script that is not on that host is no error there
     _spec, task, peers, _notes = host_plan(["python", "coord.py"], cluster=cluster, task="ps:0")
     assert task.server and task.cmd[1:] == ("-m", "tfaccel.launch.server")
     assert json.loads(task.env["TF_CONFIG"])["task"] == {"type": "ps", "index": 0}
     assert peers == [("chief:0", "h0:1"), ("worker:0", "h1:1")]
-    _spec, chief, _peers, _notes = host_plan(["python", "coord.py"], cluster=cluster, task="chief:0")
-    assert not chief.server and chief.cmd == ("python", "coord.py")
+    with pytest.raises(ConfigError, match=r"^command: script 'coord.py' not found"):
+        host_plan(["python", "coord.py"], cluster=cluster, task="chief:0")
+    script = tmp_path / "coord.py"
+    script.write_text("")
+    _spec, chief, _peers, _notes = host_plan(["python", str(script)], cluster=cluster, task="chief:0")
+    assert not chief.server and chief.cmd == ("python", str(script))
 
 
 def test_launcher_process_environment_is_untouched(clean_tf_config):

@@ -21,7 +21,7 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
         "k8s", help="Kubernetes: print an Indexed Job, JobSet or Trainer v2 TrainJob manifest for a tfaccel script",
         description="Kubernetes helpers. `manifest` prints the objects (YAML) that run a command on N pods as one "
         "tfaccel cluster: the pods read their place from the Job/JobSet labels (downward API), no TF_CONFIG.")
-    verbs = parser.add_subparsers(dest="k8s_verb", metavar="ACTION")
+    verbs = parser.add_subparsers(dest="k8s_verb", metavar="ACTION", help="what to do (manifest)")
     manifest = verbs.add_parser(
         "manifest", help="print the manifest (YAML) for kubectl apply -f -",
         description="Print a complete manifest: the Job/JobSet/TrainJob (and for an Indexed Job its headless "

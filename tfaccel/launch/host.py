@@ -51,9 +51,11 @@ def host_plan(cmd: Union[str, Sequence[str]], *, cluster: Any, task: str, env: O
     name = f"{role}:{index}"
     base_env = child_base_env(env)
     export_job_id(base_env, job_id, lambda: cluster_job_id(spec), announce=False)
-    argv, notes = normalize_command(cmd, check_exists=True, env=base_env)
+    argv, notes = normalize_command(cmd, env=base_env)
     check_ps_has_chief(spec, source)
     tasks = build_tasks(spec, lambda _name: argv, env=base_env, attempt=attempt, only=name)
+    if not tasks[0].server:  # this host runs the user's script (a ps or PS-worker host runs tfaccel's server)
+        normalize_command(cmd, check_exists=True, env=base_env)
     if servers_end_with_chief and tasks[0].server and spec.roles.get("chief"):
         tasks[0] = dataclasses.replace(tasks[0], env={**tasks[0].env, ENDS_WITH_ENV: spec.address(("chief", 0))})
     peers = [(f"{r}:{i}", spec.address((r, i))) for r, i in spec.tasks() if (r, i) != (role, index)
