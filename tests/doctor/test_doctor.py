@@ -9,6 +9,7 @@ import pytest
 
 import tfaccel
 from tfaccel.errors import ConfigError
+from tfaccel.real_suite import get_real_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import plants  # noqa: E402
@@ -76,3 +77,10 @@ def test_the_nan_sentinel_names_the_first_layer_in_each_run() -> None:
     summary = report.summary()
     assert "NaN/Inf sentinel, 1 replica: first at step 0: the output of layer blowup" in summary
     assert "NaN/Inf sentinel, 2 replicas: no NaN/Inf in 2 steps" in summary
+
+
+def test_a_kerashub_model_with_dict_inputs_is_equal_to_rounding_without_dropout() -> None:
+    spec = get_real_model("bert_classifier")  # tests/doctor/test_doctor_cli.py plants its dropout
+    report = tfaccel.doctor(lambda: spec.build("test", dropout=0.0), spec.data("test"), steps=2,
+                            batch_size=spec.job("test").batch_size)
+    assert report.equal and report.causes == [], report.summary()

@@ -3,12 +3,14 @@
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import List
 
 import pytest
 
 SCRIPT = str(Path(__file__).resolve().parent / "train.py")
+HUB_SCRIPT = str(Path(__file__).resolve().parent / "hub_train.py")
 
 
 def _doctor(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -31,13 +33,17 @@ def test_a_correct_script_is_equal_to_rounding_as_json() -> None:
     assert report["verdict"]["tolerance"]["rtol"] == 2e-05
 
 
-def test_a_planted_dropout_parts_and_is_named() -> None:
-    done = _doctor("--steps", "2", "--nan", "--", "python", SCRIPT, "dropout")
+def test_a_kerashub_model_with_a_planted_dropout_is_named_end_to_end_within_2_minutes() -> None:
+    start = time.monotonic()
+    done = _doctor("--steps", "2", "--nan", "--", "python", HUB_SCRIPT, "0.1", timeout=240)
+    elapsed = time.monotonic() - start
     assert done.returncode == 1, done.stderr[-2000:]
     assert "the runs part at step 0: log loss" in done.stdout
-    assert "likely cause: random-ops-per-replica" in done.stdout and "fix:" in done.stdout
+    assert "likely cause: random-ops-per-replica: random layers " in done.stdout
+    assert "feedforward_dropout, self_attention_dropout, dropout" in done.stdout and "fix:" in done.stdout
     assert "NaN/Inf sentinel, 1 replica: no NaN/Inf in 2 steps" in done.stdout
     assert "NaN/Inf sentinel, 2 replicas: no NaN/Inf in 2 steps" in done.stdout
+    assert elapsed < 120, f"{elapsed:.0f} s"
 
 
 @pytest.mark.parametrize("plant, message", [

@@ -88,23 +88,26 @@ def global_batches(data: FitData, steps: int) -> List[tuple]:
     """The first ``steps`` global batches of ``fit``'s example order (epoch after epoch, partial last batches
     kept), or of a batched ``tf.data.Dataset`` as it yields them.
 
+    Each batch is ``(x, y[, sample_weight])`` with each part as nested as ``fit`` was given it (a dict of arrays
+    for a multi-input model), its leaves NumPy arrays.
+
     Raises:
         ConfigError: data of another kind, or a dataset with fewer than ``steps`` batches.
     """
     if data.kind == "dataset":
-        found = [tuple(np.asarray(p) for p in tf.nest.flatten(b)) for b in data.x.take(steps).as_numpy_iterator()]
+        found = [tuple(b) if isinstance(b, tuple) else (b,) for b in data.x.take(steps).as_numpy_iterator()]
         if len(found) < steps:
             raise ConfigError(f"doctor: the dataset has {len(found)} batches; steps={steps} needs as many")
         return found
     if data.kind != "arrays":
         raise ConfigError(f"doctor: data must be arrays or a batched tf.data.Dataset; received {data.what}")
-    parts = [np.asarray(p) for p in (data.x, data.y, data.sample_weight) if p is not None]
+    parts = tf.nest.map_structure(np.asarray, tuple(p for p in (data.x, data.y, data.sample_weight) if p is not None))
     n, batch = data.num_examples, data.batch_size
     per_epoch = math.ceil(n / batch)
     found = []
     for epoch in range(math.ceil(steps / per_epoch)):
         order = example_order(n, data.seed, epoch, data.shuffle)
-        found += [tuple(p[order[s:s + batch]] for p in parts) for s in range(0, n, batch)]
+        found += [tf.nest.map_structure(lambda p, rows=order[s:s + batch]: p[rows], parts) for s in range(0, n, batch)]
     return found[:steps]
 
 

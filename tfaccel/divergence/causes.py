@@ -29,6 +29,12 @@ class Cause:
     fix: str
 
 
+def _draws(layer: Any) -> bool:
+    """A layer that draws random numbers in training (a Dropout of rate 0 draws nothing)."""
+    kind = type(layer).__name__
+    return (kind in _RANDOM_LAYERS or kind.startswith("Random")) and getattr(layer, "rate", None) != 0
+
+
 def model_structure(model: Any) -> Dict[str, Any]:
     """What the causes need from the model itself (plain data, so a child process can send it)."""
     layers = keras_internals.flatten_layers(model)
@@ -36,8 +42,7 @@ def model_structure(model: Any) -> Dict[str, Any]:
         "unsynchronized_batchnorm": [layer.name for layer in layers
                                      if isinstance(layer, keras.layers.BatchNormalization)
                                      and not getattr(layer, "synchronized", False)],
-        "random_layers": [layer.name for layer in layers if type(layer).__name__ in _RANDOM_LAYERS
-                          or type(layer).__name__.startswith("Random")],
+        "random_layers": list(dict.fromkeys(layer.name for layer in layers if _draws(layer))),
         "custom_train_step": type(model).train_step is not keras.Model.train_step,
         "loss_scale_optimizer": isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer),
         "dtype": str(getattr(model, "dtype", "float32") or "float32"),

@@ -12,6 +12,7 @@ compares and writes the report. A bad input (the script crashes or never calls f
 import argparse
 import json
 import os
+import pickle
 import runpy
 import sys
 import traceback
@@ -113,6 +114,20 @@ def _load_arrays(path: str) -> List[np.ndarray]:
     return [loaded[f"arr_{i}"] for i in range(len(loaded.files))]
 
 
+def _save_batches(out: str, batches: List[Any]) -> None:
+    """The global batches as their leaves (``batches.npz``) and their nesting (``batches.pkl``: tuples stay
+    tuples, dicts dicts, which JSON would not keep)."""
+    _save_arrays(os.path.join(out, "batches.npz"), tf.nest.flatten(batches))
+    with open(os.path.join(out, "batches.pkl"), "wb") as f:
+        pickle.dump(tf.nest.map_structure(lambda _: None, batches), f)
+
+
+def _load_batches(out: str) -> List[Any]:
+    with open(os.path.join(out, "batches.pkl"), "rb") as f:
+        skeleton = pickle.load(f)
+    return tf.nest.pack_sequence_as(skeleton, _load_arrays(os.path.join(out, "batches.npz")))
+
+
 def _single(out: str, captured: _Captured, steps: int, seed: int, nan: bool) -> None:
 
 
@@ -124,9 +139,9 @@ def _single(out: str, captured: _Captured, steps: int, seed: int, nan: bool) -> 
         _fail(out, str(exc))
     keras_internals.symbolic_build(captured.model, batches[0])
     _save_arrays(os.path.join(out, "initial.npz"), initial_values(captured.model))
-    _save_arrays(os.path.join(out, "batches.npz"), [p for b in batches for p in b])
+    _save_batches(out, batches)
     with open(os.path.join(out, "structure.json"), "w", encoding="utf-8") as f:
-        json.dump({**model_structure(captured.model), "parts": len(batches[0])}, f)
+        json.dump(model_structure(captured.model), f)
     _save_trace(out, "single", record_run(captured.model, batches, strategy=tf.distribute.get_strategy(),
                                           label="default", sentinel=nan))
 
@@ -135,9 +150,7 @@ def _replicas(out: str, captured: _Captured, strategy: Any, name: str, rtol: Opt
 
     with open(os.path.join(out, "structure.json"), encoding="utf-8") as f:
         structure = json.load(f)
-    flat = _load_arrays(os.path.join(out, "batches.npz"))
-    parts = structure["parts"]
-    batches = [tuple(flat[i:i + parts]) for i in range(0, len(flat), parts)]
+    batches = _load_batches(out)
     many = record_run(captured.model, batches, strategy=strategy, label=name,
                       start=_load_arrays(os.path.join(out, "initial.npz")), sentinel=nan)
     single = _load_trace(out, "single")

@@ -17,7 +17,8 @@ import tensorflow as tf
 from tfaccel.compat import keras_internals
 from tfaccel.divergence.sentinel import first_nonfinite_step, nan_origin
 
-__all__ = ["StepFacts", "Trace", "record_run", "initial_values", "assign_values", "variable_names"]
+__all__ = ["StepFacts", "Trace", "record_run", "initial_values", "assign_values", "variable_names",
+           "batch_size_of"]
 
 
 @dataclasses.dataclass
@@ -122,10 +123,15 @@ def loss_scale_of(optimizer: Any) -> Optional[Any]:
     return getattr(optimizer, "dynamic_scale", None) if hasattr(optimizer, "inner_optimizer") else None
 
 
+def batch_size_of(batch: Any) -> int:
+    """The number of examples in a (nested) batch: the length of its first leaf."""
+    return len(tf.nest.flatten(batch)[0])
+
+
 def _batches(strategy: Any, batches: Sequence[tuple]) -> Iterator[Any]:
     """The global batches, each split over the strategy's replicas as ``fit`` splits it."""
-    spec = tuple(tf.TensorSpec((None,) + np.shape(part)[1:], tf.as_dtype(np.asarray(part).dtype))
-                 for part in batches[0])
+    spec = tf.nest.map_structure(lambda part: tf.TensorSpec((None,) + np.shape(part)[1:],
+                                                            tf.as_dtype(np.asarray(part).dtype)), batches[0])
     dataset = tf.data.Dataset.from_generator(lambda: iter(batches), output_signature=spec)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
@@ -175,7 +181,7 @@ def record_run(model: Any, batches: Sequence[tuple], *, strategy: Any, start: Op
             # fit's logs: the metrics read in cross-replica context (a sum over the replicas' on-read variables),
             # which the step's own outputs (one replica's view under "auto" reduction) are not.
             logs.update(model.get_metrics_result())
-            steps.append(_facts(model, strategy, index, len(batches[index][0]), logs, probe, variables, names))
+            steps.append(_facts(model, strategy, index, batch_size_of(batches[index]), logs, probe, variables, names))
             values.append([np.array(v.numpy()) for v in variables])
     finally:
         probe.restore()
