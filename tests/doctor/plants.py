@@ -13,6 +13,27 @@ def data(n: int = 64) -> tuple:
     return x, x.sum(axis=1, keepdims=True)
 
 
+def dataset_fn(shard: bool, per_replica: bool = True) -> Callable[[Any], tf.data.Dataset]:
+    """A ``dataset_fn(input_context)`` over :func:`data` in global batches of 16, sharded or not (the planted
+    cause: every input pipeline then reads the same examples), batched per replica or (planted) by the global
+    batch in every replica."""
+    x, y = data()
+
+    def make(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        dataset = tf.data.Dataset.from_tensor_slices((x, y))
+        if shard:
+            dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+        return dataset.batch(context.get_per_replica_batch_size(16) if per_replica else 16)
+
+    return make
+
+
+def long_epoch(repeats: int = 300_000) -> tf.data.Dataset:
+    """:func:`data` in batches of 16, repeated: an epoch of 4 * ``repeats`` steps, whose float32 metric counts pass
+    2**24 examples within the epoch (a click log's day of examples)."""
+    return tf.data.Dataset.from_tensor_slices(data()).batch(16).repeat(repeats)
+
+
 def _mlp(*middle: Any, optimizer: Any = "sgd") -> keras.Model:
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), *middle,
                               keras.layers.Dense(1)])

@@ -1,6 +1,7 @@
 """tfaccel.doctor in this process (2 virtual CPUs): a correct model is equal to rounding, each planted cause is named."""
 
 import functools
+import re
 import sys
 from pathlib import Path
 
@@ -84,3 +85,44 @@ def test_a_kerashub_model_with_dict_inputs_is_equal_to_rounding_without_dropout(
     report = tfaccel.doctor(lambda: spec.build("test", dropout=0.0), spec.data("test"), steps=2,
                             batch_size=spec.job("test").batch_size)
     assert report.equal and report.causes == [], report.summary()
+
+
+def test_a_dataset_fn_batched_by_the_global_batch_in_each_replica_is_named() -> None:
+    report = tfaccel.doctor(plants.BUILDERS["none"], plants.dataset_fn(shard=True, per_replica=False), steps=2)
+    assert [r["batch_size"] for r in report.verdict.rows] == [16, 16]
+    assert report.verdict.first.quantity == "examples of the global batch" and report.verdict.first.replicas == 32
+    assert report.causes[0].name == "data-sharding-or-order", report.summary()
+    assert "each pipeline batches by another size" in report.causes[0].evidence
+    assert "each run reading the dataset_fn" in report.summary()
+
+
+def test_an_unsharded_dataset_fn_is_equal_in_one_process() -> None:
+    # One process has one input pipeline, so a dataset_fn that does not shard reads each example once: the cause
+    # shows with --workers (tests/doctor/test_doctor_cli.py).
+    assert _doctor_fn(shard=False).equal
+
+
+@functools.lru_cache(maxsize=None)
+def _doctor_fn(shard: bool) -> "tfaccel.divergence.DoctorReport":
+    return tfaccel.doctor(plants.BUILDERS["none"], plants.dataset_fn(shard=shard), steps=2)
+
+
+def test_a_float32_metric_count_that_passes_2_to_the_24_within_an_epoch_is_named_though_the_runs_agree() -> None:
+    report = tfaccel.doctor(plants.BUILDERS["none"], plants.long_epoch(), steps=2)
+    assert report.equal and not report.ok and report.to_json()["ok"] is False
+    assert [c.name for c in report.causes] == ["metric-accumulator-overflow"], report.summary()
+    evidence = report.causes[0].evidence
+    assert "1 replica: " in evidence and "2 replicas: " in evidence
+    # the loss tracker's total (about 4.4 * 16 a step) passes 2**24 first, at about step 240,000
+    assert re.search(r"1 replica: loss/total grows by [\d.]+ a step: at that rate it passes 2\*\*24 = 16,777,216 "
+                     r"\(float32 stops adding exactly\) at about step 2\d\d,\d\d\d of an epoch of 1,200,000 steps",
+                     evidence), evidence
+    assert "but a run has a problem of its own:\nlikely cause: metric-accumulator-overflow" in report.summary()
+
+
+def test_a_metric_accumulator_that_is_not_finite_is_named() -> None:
+    big = plants.data()
+    report = tfaccel.doctor(plants.BUILDERS["none"], (big[0], big[1] * 1e19), steps=2, batch_size=16)
+    causes = [c.name for c in report.causes]
+    assert "metric-accumulator-overflow" in causes, report.summary()
+    assert "is not finite after" in report.causes[causes.index("metric-accumulator-overflow")].evidence

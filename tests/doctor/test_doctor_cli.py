@@ -24,13 +24,25 @@ def _error_line(done: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-def test_a_correct_script_is_equal_to_rounding_as_json() -> None:
-    done = _doctor("--steps", "2", "--json", "--", "python", SCRIPT, "none")
-    assert done.returncode == 0, done.stderr[-2000:]
+def test_a_correct_script_is_equal_to_rounding_vs_2_worker_processes_as_json() -> None:
+    done = _doctor("--steps", "2", "--workers", "2", "--json", "--", "python", SCRIPT, "none")
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
     report = json.loads(done.stdout)
-    assert report["equal"] is True and report["causes"] == []
-    assert [run["replicas"] for run in report["runs"]] == [1, 2]
+    assert report["equal"] is True and report["ok"] is True and report["causes"] == []
+    assert [(run["replicas"], run["strategy"]) for run in report["runs"]] == [
+        (1, "default"), (2, "multi_worker, 2 processes")]
     assert report["verdict"]["tolerance"]["rtol"] == 2e-05
+    assert "tfaccel INFO" not in done.stderr  # the launcher's lines are not the doctor's output
+
+
+def test_an_unsharded_dataset_fn_is_named_with_2_worker_processes() -> None:
+    done = _doctor("--steps", "2", "--workers", "2", "--", "python", SCRIPT, "unsharded")
+    assert done.returncode == 1, done.stdout + done.stderr[-2000:]
+    assert "each run reading the dataset_fn" in done.stdout
+    assert "the runs part at step 0: examples of the global batch: 8 of the 16 examples on 1 replica are not among " \
+           "the 16 on 2" in done.stdout
+    assert "likely cause: data-sharding-or-order: at step 0 the 2 replicas trained on 16 examples, one replica on " \
+           "16, 8 of them repeated: every input pipeline reads the same examples" in done.stdout
 
 
 def test_a_kerashub_model_with_a_planted_dropout_is_named_end_to_end_within_2_minutes() -> None:
@@ -48,7 +60,7 @@ def test_a_kerashub_model_with_a_planted_dropout_is_named_end_to_end_within_2_mi
 
 @pytest.mark.parametrize("plant, message", [
     ("nofit", "finished without calling model.fit(...) or tfaccel.fit(model, ...)"),
-    ("crash", "crashed before calling fit: RuntimeError: planted crash (train.py:10)"),
+    ("crash", "crashed before calling fit: RuntimeError: planted crash (train.py:12)"),
 ])
 def test_a_script_that_never_trains_is_one_error_line(plant: str, message: str) -> None:
     assert message in _error_line(_doctor("--steps", "2", "--", "python", SCRIPT, plant))
@@ -58,6 +70,12 @@ def test_a_script_that_never_trains_is_one_error_line(plant: str, message: str) 
     (["--steps", "0", "--", "python", SCRIPT], "--steps must be a whole number >= 1; received '0'"),
     (["--replicas", "1", "--", "python", SCRIPT], "--replicas must be a whole number >= 2; received '1'"),
     (["--rtol", "x", "--", "python", SCRIPT], "--rtol must be a number; received 'x'"),
+    (["--workers", "1", "--", "python", SCRIPT], "--workers must be a whole number >= 2; received '1'"),
+    (["--workers", "2", "--replicas", "2", "--", "python", SCRIPT], "--replicas and --workers: give one"),
+    (["--strategy", "mirored", "--", "python", SCRIPT],
+     "--strategy: unknown value 'mirored'; valid values are: 'mirrored', 'multi_worker'; did you mean 'mirrored'?"),
+    (["--strategy", "mirrored", "--workers", "2", "--", "python", SCRIPT], "--strategy mirrored runs in one process"),
+    (["--strategy", "multi_worker", "--", "python", SCRIPT], "--strategy multi_worker needs --workers W"),
     ([], "doctor needs the training command after `--`"),
     (["--", "python", "missing.py"], "doctor: script 'missing.py' not found"),
 ])

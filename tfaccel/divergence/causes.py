@@ -6,15 +6,16 @@ they are listed most specific first.
 """
 
 import dataclasses
+import math
 from typing import Any, Callable, Dict, List, Optional
 
 import keras
 
 from tfaccel.compat import keras_internals
-from tfaccel.divergence.compare import Verdict
+from tfaccel.divergence.compare import EXAMPLES, Verdict
 from tfaccel.divergence.record import Trace
 
-__all__ = ["Cause", "CAUSES", "model_structure", "diagnose"]
+__all__ = ["Cause", "CAUSES", "FINDINGS", "FLOAT32_EXACT", "model_structure", "diagnose"]
 
 _RANDOM_LAYERS = ("Dropout", "SpatialDropout1D", "SpatialDropout2D", "SpatialDropout3D", "GaussianNoise",
                   "GaussianDropout", "AlphaDropout")
@@ -163,14 +164,74 @@ def _replicas_disagree(f: _Facts) -> Optional[Cause]:
                  "you mean), or update them with assign inside strategy.extended.update")
 
 
+def _duplicates(examples: List[str]) -> int:
+    return len(examples) - len(set(examples))
+
+
+def _data_differs(f: _Facts) -> Optional[Cause]:
+    first = f.verdict.first
+    if first.quantity != EXAMPLES:
+        return None
+    one, many = f.single.steps[first.step].examples, f.many.steps[first.step].examples
+    where = f"at step {first.step} the {f.replicas} replicas trained on {len(many)} examples, one replica on {len(one)}"
+    fix = ("in the dataset_fn, shard first (dataset.shard(input_context.num_input_pipelines, "
+           "input_context.input_pipeline_id)), shuffle with a fixed seed, and batch by "
+           "input_context.get_per_replica_batch_size(global_batch_size)")
+    if _duplicates(many) > _duplicates(one):
+        return Cause("data-sharding-or-order", f"{where}, {_duplicates(many)} of them repeated: every input pipeline "
+                     "reads the same examples (a dataset_fn that does not call input_context.shard)", fix)
+    if len(many) != len(one):
+        return Cause("data-sharding-or-order", f"{where}: each pipeline batches by another size than its share of the "
+                     "global batch (batch by input_context.get_per_replica_batch_size)", fix)
+    return Cause("data-sharding-or-order", f"{where}, {first.difference:g} of them other ones: the pipelines order or "
+                 "shuffle the examples differently (an unseeded shuffle, or a shuffle before shard)", fix)
+
+
+FLOAT32_EXACT = 2.0 ** 24
+"""Past 2**24 a float32 no longer holds every whole number: adding a batch's count or total is rounded."""
+
+
+def _overflow_in(trace: Trace) -> Optional[str]:
+    """What overflows in one run's metric accumulators, now or (at the recorded rate) within one epoch."""
+    last = trace.steps[-1].metric_states if trace.steps else {}
+    for name, value in last.items():
+        if not math.isfinite(value):
+            return f"{name} is not finite after {len(trace.steps)} steps"
+    if not trace.steps_per_epoch or not last:
+        return None
+    name, value = max(last.items(), key=lambda item: item[1])
+    projected = value * trace.steps_per_epoch / len(trace.steps)
+    if projected < FLOAT32_EXACT:
+        return None
+    at = math.ceil(FLOAT32_EXACT / (value / len(trace.steps)))
+    return (f"{name} grows by {value / len(trace.steps):.4g} a step: at that rate it passes 2**24 = 16,777,216 "
+            f"(float32 stops adding exactly) at about step {at:,} of an epoch of {trace.steps_per_epoch:,} steps")
+
+
+def _metric_overflow(f: _Facts) -> Optional[Cause]:
+    found = [(t.replicas, _overflow_in(t)) for t in (f.single, f.many)]
+    found = [(n, what) for n, what in found if what]
+    if not found:
+        return None
+    return Cause("metric-accumulator-overflow",
+                 "; ".join(f"{n} replica{'s' if n > 1 else ''}: {what}" for n, what in found) +
+                 ": Keras' metrics (and the loss tracker) add every batch of an epoch into float32 totals and counts",
+                 "reset the metrics more often (shorter epochs: steps_per_epoch), keep the metric's values small "
+                 "(normalise the targets), or build the metric with dtype='float64' (a Mean(dtype=...))")
+
+
 CAUSES: List[Callable[[_Facts], Optional[Cause]]] = [
-    _metric_scaled, _uneven_batch, _loss_per_replica, _loss_scale, _batchnorm, _random, _replicas_disagree]
+    _data_differs, _metric_scaled, _uneven_batch, _loss_per_replica, _loss_scale, _batchnorm, _random,
+    _replicas_disagree, _metric_overflow]
 """The catalogue, most specific first."""
+
+FINDINGS: List[Callable[[_Facts], Optional[Cause]]] = [_metric_overflow]
+"""The causes that are a run's own problem: checked when the runs are equal too."""
 
 
 def diagnose(verdict: Verdict, single: Trace, many: Trace, structure: Dict[str, Any]) -> List[Cause]:
-    """The catalogued causes that explain where the runs part (empty when they do not part or none applies)."""
-    if verdict.equal:
-        return []
+    """The catalogued causes that explain where the runs part, and the problems a run has of its own (such as a
+    metric accumulator overflowing), which are looked for when the runs do not part too."""
     facts = _Facts(verdict, single, many, structure)
-    return [cause for cause in (check(facts) for check in CAUSES) if cause is not None]
+    checks = FINDINGS if verdict.equal else CAUSES
+    return [cause for cause in (check(facts) for check in checks) if cause is not None]

@@ -1,5 +1,6 @@
 """Where two recorded runs of the same training part, if they do, and within which tolerance."""
 
+import collections
 import dataclasses
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -7,7 +8,10 @@ import numpy as np
 
 from tfaccel.divergence.record import Trace
 
-__all__ = ["Tolerance", "Part", "Verdict", "compare", "tolerance_for"]
+__all__ = ["Tolerance", "Part", "Verdict", "compare", "tolerance_for", "EXAMPLES"]
+
+EXAMPLES = "examples of the global batch"
+"""The quantity of a step whose runs trained on other examples (``Part.difference``: how many differ)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,8 +96,17 @@ def _scalars(single: Trace, many: Trace, step: int) -> List[Tuple[str, Any, Any]
     return found
 
 
+def _other_examples(a: List[str], b: List[str]) -> int:
+    """How many examples of one batch are not matched in the other (as multisets of example digests)."""
+    left, right = collections.Counter(a), collections.Counter(b)
+    return max(sum((left - right).values()), sum((right - left).values()))
+
+
 def _step_parts(single: Trace, many: Trace, step: int, tol: Tolerance) -> List[Part]:
     parts = []
+    seen = (single.steps[step].examples, many.steps[step].examples)
+    if all(seen) and sorted(seen[0]) != sorted(seen[1]):  # first: what a run trains on explains the rest
+        parts.append(Part(step, EXAMPLES, len(seen[0]), len(seen[1]), float(_other_examples(*seen))))
     for name, a, b in _scalars(single, many, step):
         if (a is None) != (b is None) or (a is not None and not tol.close(a, b)):
             parts.append(Part(step, name, a, b, _difference(a, b) if a is not None and b is not None else 0.0))

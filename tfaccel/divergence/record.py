@@ -9,16 +9,17 @@ norm and their non-finite count (the update itself is the optimizer's own, with 
 
 import dataclasses
 import hashlib
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from tfaccel.compat import keras_internals
+from tfaccel.divergence.feed import (batch_size_of, distributed_batches, example_digests, gathered_batch,
+                                     user_batches)
 from tfaccel.divergence.sentinel import first_nonfinite_step, nan_origin
 
-__all__ = ["StepFacts", "Trace", "record_run", "initial_values", "assign_values", "variable_names",
-           "batch_size_of"]
+__all__ = ["StepFacts", "Trace", "record_run", "initial_values", "assign_values", "variable_names"]
 
 
 @dataclasses.dataclass
@@ -35,6 +36,8 @@ class StepFacts:
     nonfinite_values: int
     replica_spread: float
     spread_variable: str
+    examples: List[str] = dataclasses.field(default_factory=list)
+    metric_states: Dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -47,6 +50,8 @@ class Trace:
     steps: List[StepFacts]
     values: List[List[np.ndarray]]
     nan: Optional[Dict[str, Any]] = None
+    steps_per_epoch: Optional[int] = None
+    source: str = "batches"  # or "dataset_fn": the run made its own pipelines
 
     def digest(self, step: int) -> str:
         """A short digest of every variable's bytes after ``step`` (equal digests: bit-identical weights)."""
@@ -58,7 +63,8 @@ class Trace:
     def to_json(self) -> Dict[str, Any]:
         """The trace without the variables' values (those go to an ``.npz`` beside it)."""
         return {"replicas": self.replicas, "strategy": self.strategy, "names": self.names,
-                "steps": [dataclasses.asdict(s) for s in self.steps], "nan": self.nan}
+                "steps": [dataclasses.asdict(s) for s in self.steps], "nan": self.nan,
+                "steps_per_epoch": self.steps_per_epoch, "source": self.source}
 
 
 def variable_names(model: Any) -> List[str]:
@@ -123,21 +129,6 @@ def loss_scale_of(optimizer: Any) -> Optional[Any]:
     return getattr(optimizer, "dynamic_scale", None) if hasattr(optimizer, "inner_optimizer") else None
 
 
-def batch_size_of(batch: Any) -> int:
-    """The number of examples in a (nested) batch: the length of its first leaf."""
-    return len(tf.nest.flatten(batch)[0])
-
-
-def _batches(strategy: Any, batches: Sequence[tuple]) -> Iterator[Any]:
-    """The global batches, each split over the strategy's replicas as ``fit`` splits it."""
-    spec = tf.nest.map_structure(lambda part: tf.TensorSpec((None,) + np.shape(part)[1:],
-                                                            tf.as_dtype(np.asarray(part).dtype)), batches[0])
-    dataset = tf.data.Dataset.from_generator(lambda: iter(batches), output_signature=spec)
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    return iter(strategy.experimental_distribute_dataset(dataset.with_options(options)))
-
-
 def _spread(strategy: Any, variables: Sequence[Any], names: Sequence[str]) -> tuple:
     """The largest difference between the replicas' copies of one variable, and that variable's name."""
     worst, where = 0.0, ""
@@ -150,17 +141,22 @@ def _spread(strategy: Any, variables: Sequence[Any], names: Sequence[str]) -> tu
     return worst, where
 
 
-def record_run(model: Any, batches: Sequence[tuple], *, strategy: Any, start: Optional[Sequence[np.ndarray]] = None,
-               label: str = "", sentinel: bool = False) -> Trace:
+def record_run(model: Any, batches: Sequence[Any], *, strategy: Any, start: Optional[Sequence[np.ndarray]] = None,
+               label: str = "", sentinel: bool = False, dataset_fn: Optional[Callable[[Any], Any]] = None,
+               steps_per_epoch: Optional[int] = None) -> Trace:
     """Trains ``model`` (compiled under ``strategy``) on ``batches``, one step each, and records every step.
 
     Args:
         model: the user's compiled model, built under ``strategy``'s scope.
-        batches: the global batches (tuples of arrays), the same for every run compared.
+        batches: the global batches (``(x, y[, sample_weight])``, each part arrays or nested arrays), the same for
+            every run compared.
         strategy: the ``tf.distribute`` strategy the model was built under.
         start: every variable's initial value (from :func:`initial_values` of another build), or None.
         label: the strategy's name for the report.
         sentinel: find the first step with a NaN/Inf and the first layer that produced it (``Trace.nan``).
+        dataset_fn: the user's ``dataset_fn(input_context)``: the run is fed by it under ``strategy`` instead of
+            ``batches`` (which then only build the model), and records the examples each step trained on.
+        steps_per_epoch: the job's steps per epoch, if known (the metric accumulators' growth is read against it).
 
     The step's logs are Keras ``fit``'s: the step's outputs, with every metric read after the step in
     cross-replica context as ``fit`` reads them.
@@ -174,34 +170,51 @@ def record_run(model: Any, batches: Sequence[tuple], *, strategy: Any, start: Op
     step_fn = tf.function(reduce_retracing=True, func=lambda batch: keras_internals.reduce_per_replica(
         strategy.run(model.train_step, args=(batch,)), strategy))
     names, variables = variable_names(model), model.variables
-    steps, values = [], []
+    feed = distributed_batches(strategy, batches) if dataset_fn is None else user_batches(strategy, dataset_fn)
+    steps, values, seen = [], [], []
     try:
-        for index, batch in enumerate(_batches(strategy, batches)):
+        for index in range(len(batches)):
+            batch = next(feed)
+            seen.append(batches[index] if dataset_fn is None else gathered_batch(strategy, batch))
             logs = dict(step_fn(batch))
             # fit's logs: the metrics read in cross-replica context (a sum over the replicas' on-read variables),
             # which the step's own outputs (one replica's view under "auto" reduction) are not.
             logs.update(model.get_metrics_result())
-            steps.append(_facts(model, strategy, index, batch_size_of(batches[index]), logs, probe, variables, names))
+            steps.append(_facts(model, strategy, index, seen[-1], logs, probe, variables, names))
             values.append([np.array(v.numpy()) for v in variables])
     finally:
         probe.restore()
-    trace = Trace(strategy.num_replicas_in_sync, label, names, steps, values)
+    trace = Trace(strategy.num_replicas_in_sync, label, names, steps, values, steps_per_epoch=steps_per_epoch,
+                  source="batches" if dataset_fn is None else "dataset_fn")
     if sentinel:
         bad = first_nonfinite_step(steps)
         trace.nan = {"step": None, "layer": None, "what": f"no NaN/Inf in {len(steps)} steps"} if bad is None else \
-            nan_origin(model, values[bad - 1] if bad else start, batches[bad], bad)
+            nan_origin(model, values[bad - 1] if bad else start, seen[bad], bad)
     return trace
 
 
-def _facts(model: Any, strategy: Any, index: int, batch_size: int, logs: Dict[str, Any], probe: _GradientProbe,
+def _metric_states(model: Any) -> Dict[str, float]:
+    """Each float metric accumulator's largest magnitude (inf when it holds a NaN/Inf), read as ``fit`` reads it."""
+    found = {}
+    for metric in model.metrics:
+        for variable in metric.variables:
+            value = np.asarray(variable.numpy())
+            if value.size and np.issubdtype(value.dtype, np.floating):
+                found[getattr(variable, "path", None) or variable.name] = \
+                    float(np.max(np.abs(value))) if np.all(np.isfinite(value)) else float("inf")
+    return found
+
+
+def _facts(model: Any, strategy: Any, index: int, batch: Any, logs: Dict[str, Any], probe: _GradientProbe,
            variables: Sequence[Any], names: Sequence[str]) -> StepFacts:
     scale = loss_scale_of(model.optimizer)
     arrays = [np.asarray(v.numpy()) for v in variables]
     nonfinite = sum(int(np.sum(~np.isfinite(a))) for a in arrays if np.issubdtype(a.dtype, np.floating))
     spread, where = _spread(strategy, variables, names)
-    return StepFacts(step=index, batch_size=batch_size,
+    return StepFacts(step=index, batch_size=batch_size_of(batch),
                      logs={k: float(np.asarray(v).mean()) for k, v in logs.items() if np.asarray(v).size},
                      grad_norm=float(probe.norm.numpy()), nonfinite_grads=int(probe.nonfinite.numpy()),
                      iterations=int(model.optimizer.iterations.numpy()),
                      loss_scale=None if scale is None else float(scale.numpy()), nonfinite_values=nonfinite,
-                     replica_spread=spread, spread_variable=where)
+                     replica_spread=spread, spread_variable=where, examples=list(example_digests(batch)),
+                     metric_states=_metric_states(model))
