@@ -126,3 +126,21 @@ def test_a_metric_accumulator_that_is_not_finite_is_named() -> None:
     causes = [c.name for c in report.causes]
     assert "metric-accumulator-overflow" in causes, report.summary()
     assert "is not finite after" in report.causes[causes.index("metric-accumulator-overflow")].evidence
+
+
+def test_the_plot_is_a_png_of_both_runs(tmp_path: Path) -> None:
+    path = tmp_path / "doctor.png"
+    _doctor("batchnorm").plot(str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+def test_the_plot_without_matplotlib_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    with pytest.raises(ConfigError, match=r"--plot needs matplotlib, which is not installed; pip install "
+                                          r"'tfaccel\[doctor\]'"):
+        _doctor("batchnorm").plot(str(tmp_path / "doctor.png"))
+
+
+def test_a_plot_path_that_cannot_be_written_is_one_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot be written"):
+        _doctor("batchnorm").plot(str(tmp_path / "missing" / "doctor.png"))

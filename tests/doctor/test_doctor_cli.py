@@ -35,14 +35,16 @@ def test_a_correct_script_is_equal_to_rounding_vs_2_worker_processes_as_json() -
     assert "tfaccel INFO" not in done.stderr  # the launcher's lines are not the doctor's output
 
 
-def test_an_unsharded_dataset_fn_is_named_with_2_worker_processes() -> None:
-    done = _doctor("--steps", "2", "--workers", "2", "--", "python", SCRIPT, "unsharded")
+def test_an_unsharded_dataset_fn_is_named_with_2_worker_processes_and_plotted(tmp_path: Path) -> None:
+    plot = tmp_path / "doctor.png"
+    done = _doctor("--steps", "2", "--workers", "2", "--plot", str(plot), "--", "python", SCRIPT, "unsharded")
     assert done.returncode == 1, done.stdout + done.stderr[-2000:]
     assert "each run reading the dataset_fn" in done.stdout
     assert "the runs part at step 0: examples of the global batch: 8 of the 16 examples on 1 replica are not among " \
            "the 16 on 2" in done.stdout
     assert "likely cause: data-sharding-or-order: at step 0 the 2 replicas trained on 16 examples, one replica on " \
            "16, 8 of them repeated: every input pipeline reads the same examples" in done.stdout
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # written by the chief worker
 
 
 def test_a_kerashub_model_with_a_planted_dropout_is_named_end_to_end_within_2_minutes() -> None:
@@ -76,6 +78,9 @@ def test_a_script_that_never_trains_is_one_error_line(plant: str, message: str) 
      "--strategy: unknown value 'mirored'; valid values are: 'mirrored', 'multi_worker'; did you mean 'mirrored'?"),
     (["--strategy", "mirrored", "--workers", "2", "--", "python", SCRIPT], "--strategy mirrored runs in one process"),
     (["--strategy", "multi_worker", "--", "python", SCRIPT], "--strategy multi_worker needs --workers W"),
+    (["--plot", "out.txt", "--", "python", SCRIPT], "--plot must name a .png file; received 'out.txt'"),
+    (["--plot", "/nonexistent/d.png", "--", "python", SCRIPT], "--plot '/nonexistent/d.png': folder '/nonexistent' "
+                                                               "does not exist; make it first"),
     ([], "doctor needs the training command after `--`"),
     (["--", "python", "missing.py"], "doctor: script 'missing.py' not found"),
 ])

@@ -47,6 +47,9 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     parser.add_argument("--nan", action="store_true",
                         help="also find each run's first step with a NaN/Inf and the first layer that produced it")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--plot", default=None, metavar="FILE.png",
+                        help="also write a PNG of the loss and gradient norm per step of both runs (needs matplotlib: "
+                             "pip install 'tfaccel[doctor]')")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- python train.py [args]")
     parser.set_defaults(func=run)
 
@@ -131,6 +134,18 @@ def _layout(args: argparse.Namespace) -> List[str]:
     return ["--replicas", str(replicas), "--strategy", strategy] + (["--workers", str(workers)] if workers else [])
 
 
+def _plot_path(raw: Optional[str]) -> List[str]:
+    """``["--plot", absolute path]`` for the child, or nothing; the folder must exist."""
+    if raw is None:
+        return []
+    path = os.path.abspath(raw)
+    if not path.lower().endswith(".png"):
+        raise ConfigError(f"--plot must name a .png file; received {raw!r}")
+    if not os.path.isdir(os.path.dirname(path)):
+        raise ConfigError(f"--plot {raw!r}: folder {os.path.dirname(path)!r} does not exist; make it first")
+    return ["--plot", path]
+
+
 def run(args: argparse.Namespace) -> int:
     steps = _whole("--steps", args.steps, 1)
     seed = _whole("--seed", args.seed, 0)
@@ -143,7 +158,8 @@ def run(args: argparse.Namespace) -> int:
     layout = _layout(args)
     script = _script(args.command)
     options = ["--steps", str(steps), "--seed", str(seed)] + layout + \
-        (["--rtol", args.rtol] if args.rtol is not None else []) + (["--nan"] if args.nan else [])
+        (["--rtol", args.rtol] if args.rtol is not None else []) + (["--nan"] if args.nan else []) + \
+        _plot_path(args.plot)
     with tempfile.TemporaryDirectory(prefix="tfaccel-doctor-") as out:
         _child("single", out, options, script, timeout)
         if "--workers" in layout:

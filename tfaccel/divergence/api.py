@@ -10,6 +10,7 @@ import tensorflow as tf
 from tfaccel.compat import keras_internals
 from tfaccel.divergence.causes import Cause, diagnose, model_structure
 from tfaccel.divergence.compare import EXAMPLES, Verdict, compare, tolerance_for
+from tfaccel.divergence.plot import plot_report
 from tfaccel.divergence.record import Trace, initial_values, record_run
 from tfaccel.errors import ConfigError
 from tfaccel.strategies import get_strategy
@@ -44,6 +45,14 @@ class DoctorReport:
         return {"equal": self.equal, "ok": self.ok, "verdict": self.verdict.to_json(),
                 "causes": [dataclasses.asdict(c) for c in self.causes],
                 "runs": [self.single.to_json(), self.many.to_json()]}
+
+    def plot(self, path: str) -> None:
+        """Writes a PNG of the loss and the global gradient norm per step, both runs, the parting step marked.
+
+        Raises:
+            ConfigError: matplotlib (the ``doctor`` extra) is not installed, or ``path`` cannot be written.
+        """
+        plot_report(self.to_json(), path)
 
     def summary(self) -> str:
         """A readable summary: what ran, whether and where the runs part, the likely causes and their fixes."""

@@ -168,6 +168,11 @@ def _replicas(out: str, captured: _Captured, strategy: Any, args: argparse.Names
         json.dump(report.to_json(), f, default=float)
     with open(os.path.join(out, "summary.txt"), "w", encoding="utf-8") as f:
         f.write(report.summary() + "\n")
+    if args.plot:
+        try:
+            report.plot(args.plot)
+        except TfaccelError as exc:
+            _fail(out, str(exc).removeprefix("doctor: "))
 
 
 def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
@@ -181,6 +186,7 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rtol", type=float, default=None)
     parser.add_argument("--nan", action="store_true")
+    parser.add_argument("--plot", default=None)
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     return parser.parse_args(argv)
