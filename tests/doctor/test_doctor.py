@@ -7,8 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import tfaccel
+from tfaccel.divergence.loop import LoopCapture
 from tfaccel.errors import ConfigError
 from tfaccel.real_suite import get_real_model
 
@@ -144,3 +146,32 @@ def test_the_plot_without_matplotlib_is_one_clear_error(tmp_path: Path, monkeypa
 def test_a_plot_path_that_cannot_be_written_is_one_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot be written"):
         _doctor("batchnorm").plot(str(tmp_path / "missing" / "doctor.png"))
+
+
+def test_a_custom_loop_that_runs_a_step_before_distributing_a_dataset_is_refused() -> None:
+    strategy = tf.distribute.get_strategy()
+    capture = LoopCapture(strategy, stop=lambda loop, data: pytest.fail("stopped"))
+    try:
+        with pytest.raises(ConfigError, match="the custom loop called strategy.run before distributing a dataset"):
+            strategy.run(lambda: None)
+    finally:
+        capture.restore()
+    assert "run" not in vars(strategy)
+
+
+def test_a_custom_loop_whose_step_reaches_two_models_is_refused() -> None:
+    first, second = plants.BUILDERS["none"](), plants.BUILDERS["none"]()
+
+    def step(batch: object) -> object:
+        return first(batch) + second(batch)
+
+    strategy = tf.distribute.get_strategy()
+    capture = LoopCapture(strategy, stop=lambda loop, data: pytest.fail("stopped"))
+    try:
+        strategy.experimental_distribute_dataset(tf.data.Dataset.range(2).batch(1))
+        with pytest.raises(ConfigError, match=r"reaches 2 Keras models through its globals and closure; the doctor "
+                                              r"compares a loop that trains one model \(received \['Sequential', "
+                                              r"'Sequential'\]\)"):
+            strategy.run(step)
+    finally:
+        capture.restore()

@@ -11,6 +11,7 @@ import pytest
 
 SCRIPT = str(Path(__file__).resolve().parent / "train.py")
 HUB_SCRIPT = str(Path(__file__).resolve().parent / "hub_train.py")
+CTL_SCRIPT = str(Path(__file__).resolve().parent / "ctl.py")
 
 
 def _doctor(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -24,8 +25,8 @@ def _error_line(done: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-def test_a_correct_script_is_equal_to_rounding_vs_2_worker_processes_as_json() -> None:
-    done = _doctor("--steps", "2", "--workers", "2", "--json", "--", "python", SCRIPT, "none")
+def test_a_correct_custom_loop_is_equal_to_rounding_vs_2_worker_processes_as_json() -> None:
+    done = _doctor("--steps", "2", "--workers", "2", "--json", "--", "python", CTL_SCRIPT, "scaled")
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]
     report = json.loads(done.stdout)
     assert report["equal"] is True and report["ok"] is True and report["causes"] == []
@@ -33,6 +34,15 @@ def test_a_correct_script_is_equal_to_rounding_vs_2_worker_processes_as_json() -
         (1, "default"), (2, "multi_worker, 2 processes")]
     assert report["verdict"]["tolerance"]["rtol"] == 2e-05
     assert "tfaccel INFO" not in done.stderr  # the launcher's lines are not the doctor's output
+
+
+def test_a_custom_loop_that_does_not_scale_its_loss_is_named() -> None:
+    done = _doctor("--steps", "2", "--", "python", CTL_SCRIPT, "unscaled")
+    assert done.returncode == 1, done.stdout + done.stderr[-2000:]
+    assert "the runs part at step 0: log loss" in done.stdout
+    assert "likely cause: loop-loss-not-scaled: the global gradient norm on 2 replicas is 2x one replica's at step 0 " \
+           "in a custom training loop" in done.stdout
+    assert "fix: in the loop's step, tf.nn.compute_average_loss(per_example_loss, global_batch_size=" in done.stdout
 
 
 def test_an_unsharded_dataset_fn_is_named_with_2_worker_processes_and_plotted(tmp_path: Path) -> None:
@@ -61,7 +71,7 @@ def test_a_kerashub_model_with_a_planted_dropout_is_named_end_to_end_within_2_mi
 
 
 @pytest.mark.parametrize("plant, message", [
-    ("nofit", "finished without calling model.fit(...) or tfaccel.fit(model, ...)"),
+    ("nofit", "finished without calling model.fit(...), tfaccel.fit(model, ...) or strategy.run(...)"),
     ("crash", "crashed before calling fit: RuntimeError: planted crash (train.py:12)"),
 ])
 def test_a_script_that_never_trains_is_one_error_line(plant: str, message: str) -> None:

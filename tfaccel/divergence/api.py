@@ -7,11 +7,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tfaccel.compat import keras_internals
 from tfaccel.divergence.causes import Cause, diagnose, model_structure
 from tfaccel.divergence.compare import EXAMPLES, Verdict, compare, tolerance_for
 from tfaccel.divergence.plot import plot_report
-from tfaccel.divergence.record import Trace, initial_values, record_run
+from tfaccel.divergence.record import Trace, build_model, initial_values, record_run
 from tfaccel.errors import ConfigError
 from tfaccel.strategies import get_strategy
 from tfaccel.train.data import FitData, example_order, prepare_data
@@ -212,7 +211,7 @@ def doctor(build_and_compile: Callable[[], Any], data: Any, *, steps: int = DEFA
     default = tf.distribute.get_strategy()
     with default.scope():
         first = build_and_compile()
-    keras_internals.symbolic_build(first, feed.batches[0])
+    build_model(first, feed.batches[0])
     start = initial_values(first)
     options = {"sentinel": nan, "dataset_fn": feed.dataset_fn, "steps_per_epoch": feed.steps_per_epoch}
     single = record_run(first, feed.batches, strategy=default, label="default", **options)

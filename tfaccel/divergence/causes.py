@@ -13,6 +13,7 @@ import keras
 
 from tfaccel.compat import keras_internals
 from tfaccel.divergence.compare import EXAMPLES, Verdict
+from tfaccel.divergence.loop import CustomLoop
 from tfaccel.divergence.record import Trace
 
 __all__ = ["Cause", "CAUSES", "FINDINGS", "FLOAT32_EXACT", "model_structure", "diagnose"]
@@ -37,16 +38,20 @@ def _draws(layer: Any) -> bool:
 
 
 def model_structure(model: Any) -> Dict[str, Any]:
-    """What the causes need from the model itself (plain data, so a child process can send it)."""
-    layers = keras_internals.flatten_layers(model)
+    """What the causes need from the model itself (plain data, so a child process can send it); for a custom
+    training loop, from the Keras model its step trains."""
+    loop = isinstance(model, CustomLoop)
+    keras_model = model.model if loop else model
+    layers = keras_internals.flatten_layers(keras_model)
     return {
         "unsynchronized_batchnorm": [layer.name for layer in layers
                                      if isinstance(layer, keras.layers.BatchNormalization)
                                      and not getattr(layer, "synchronized", False)],
         "random_layers": list(dict.fromkeys(layer.name for layer in layers if _draws(layer))),
-        "custom_train_step": type(model).train_step is not keras.Model.train_step,
+        "custom_train_step": loop or type(keras_model).train_step is not keras.Model.train_step,
+        "custom_loop": loop,
         "loss_scale_optimizer": isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer),
-        "dtype": str(getattr(model, "dtype", "float32") or "float32"),
+        "dtype": str(getattr(keras_model, "dtype", "float32") or "float32"),
     }
 
 
@@ -102,11 +107,31 @@ def _uneven_batch(f: _Facts) -> Optional[Cause]:
                  f"dataset.batch(..., drop_remainder=True)), or a global batch divisible by {f.replicas}")
 
 
-def _loss_per_replica(f: _Facts) -> Optional[Cause]:
+def _gradients_scaled_by_replicas(f: _Facts) -> Optional[float]:
+    """The N/1 gradient norm ratio when it is N or 1/N on an evenly split batch, else None."""
     ratio = f.ratio("gradient norm")
     if f.single.steps[f.verdict.first.step].batch_size % f.replicas:
         return None  # an uneven batch changes the weighting too; that cause says so
-    if not (_near(ratio, f.replicas) or _near(ratio, 1.0 / f.replicas)):
+    return ratio if _near(ratio, f.replicas) or _near(ratio, 1.0 / f.replicas) else None
+
+
+def _loop_not_scaled(f: _Facts) -> Optional[Cause]:
+    ratio = _gradients_scaled_by_replicas(f)
+    if ratio is None or not f.structure.get("custom_loop"):
+        return None
+    return Cause("loop-loss-not-scaled",
+                 f"the global gradient norm on {f.replicas} replicas is {ratio:.4g}x one replica's at step "
+                 f"{f.verdict.first.step} in a custom training loop: each replica's loss is averaged over its own "
+                 f"part of the batch (or summed), not divided by the global batch, and the replicas' gradients are "
+                 "then summed",
+                 "in the loop's step, tf.nn.compute_average_loss(per_example_loss, global_batch_size=GLOBAL_BATCH) "
+                 "(a Keras loss with reduction=None gives the per-example loss), and reduce the step's returned "
+                 "loss with strategy.reduce(SUM, ...)")
+
+
+def _loss_per_replica(f: _Facts) -> Optional[Cause]:
+    ratio = _gradients_scaled_by_replicas(f)
+    if ratio is None or f.structure.get("custom_loop"):
         return None
     return Cause("loss-reduced-per-replica",
                  f"the global gradient norm on {f.replicas} replicas is {ratio:.4g}x one replica's at step "
@@ -221,7 +246,7 @@ def _metric_overflow(f: _Facts) -> Optional[Cause]:
 
 
 CAUSES: List[Callable[[_Facts], Optional[Cause]]] = [
-    _data_differs, _metric_scaled, _uneven_batch, _loss_per_replica, _loss_scale, _batchnorm, _random,
+    _data_differs, _metric_scaled, _uneven_batch, _loop_not_scaled, _loss_per_replica, _loss_scale, _batchnorm, _random,
     _replicas_disagree, _metric_overflow]
 """The catalogue, most specific first."""
 

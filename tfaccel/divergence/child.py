@@ -25,12 +25,12 @@ import numpy as np
 import tensorflow as tf
 
 import tfaccel
-from tfaccel.compat import keras_internals
 from tfaccel.divergence.api import DoctorReport, Feed, global_batches
 from tfaccel.divergence.causes import diagnose, model_structure
 from tfaccel.divergence.compare import compare, tolerance_for
-from tfaccel.divergence.record import StepFacts, Trace, initial_values, record_run
-from tfaccel.errors import TfaccelError
+from tfaccel.divergence.loop import CustomLoop, LoopCapture
+from tfaccel.divergence.record import StepFacts, Trace, build_model, initial_values, record_run
+from tfaccel.errors import ConfigError, TfaccelError
 from tfaccel.train import api
 from tfaccel.train.data import prepare_data
 
@@ -58,10 +58,16 @@ def _hook(model: Any, x: Any = None, y: Any = None, batch_size: Any = None, epoc
     raise _Captured(model, x, y, sample_weight, batch_size, shuffle, steps_per_epoch)
 
 
-def _install_hooks() -> None:
+def _stop_loop(loop: CustomLoop, data: Any) -> NoReturn:
+    """A custom training loop's first ``strategy.run``: its step and what it distributes, as a fit call would be."""
+    raise _Captured(loop, data, None, None, None, False, None)
+
+
+def _install_hooks(strategy: Any) -> LoopCapture:
     keras.Model.fit = _hook
     api.fit = _hook
     setattr(tfaccel, "fit", _hook)  # the lazy export may already be cached in the package
+    return LoopCapture(strategy, _stop_loop)
 
 
 def _fail(out: str, message: str) -> NoReturn:
@@ -73,11 +79,14 @@ def _fail(out: str, message: str) -> NoReturn:
 def _run_script(out: str, script: str, argv: List[str], strategy: Any) -> _Captured:
     sys.argv = [script] + argv
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    capture = _install_hooks(strategy)
     try:
         with strategy.scope():
             runpy.run_path(script, run_name="__main__")
     except _Captured as captured:
         return captured
+    except ConfigError as exc:  # the doctor's own refusal of a custom loop it cannot record
+        _fail(out, str(exc).removeprefix("doctor: "))
     except SystemExit as exc:
         if exc.code not in (None, 0):
             _fail(out, f"{script} exited with status {exc.code} before calling fit")
@@ -85,8 +94,10 @@ def _run_script(out: str, script: str, argv: List[str], strategy: Any) -> _Captu
         where = traceback.extract_tb(exc.__traceback__)[-1]
         _fail(out, f"{script} crashed before calling fit: {type(exc).__name__}: {exc} "
                    f"({os.path.basename(where.filename)}:{where.lineno})")
-    _fail(out, f"{script} finished without calling model.fit(...) or tfaccel.fit(model, ...); the doctor trains "
-               "the model that the script's first fit call is given")
+    finally:
+        capture.restore()
+    _fail(out, f"{script} finished without calling model.fit(...), tfaccel.fit(model, ...) or strategy.run(...); "
+               "the doctor trains the model that the script's first fit call is given (or its custom loop's step)")
 
 
 def _save_trace(out: str, role: str, trace: Any) -> None:
@@ -141,7 +152,7 @@ def _feed(out: str, captured: _Captured, steps: int, seed: int) -> Feed:
 
 def _single(out: str, captured: _Captured, steps: int, seed: int, nan: bool) -> None:
     feed = _feed(out, captured, steps, seed)
-    keras_internals.symbolic_build(captured.model, feed.batches[0])
+    build_model(captured.model, feed.batches[0])
     _save_arrays(os.path.join(out, "initial.npz"), initial_values(captured.model))
     _save_batches(out, feed.batches)
     with open(os.path.join(out, "structure.json"), "w", encoding="utf-8") as f:
@@ -201,7 +212,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     if strategy.num_replicas_in_sync < 2 and args.role == "replicas":
         _fail(args.out, f"strategy {args.strategy!r} has {strategy.num_replicas_in_sync} replica here; the doctor "
                         "compares 1 replica with N >= 2")
-    _install_hooks()
     captured = _run_script(args.out, args.script, args.args, strategy)
     if args.role == "single":
         _single(args.out, captured, args.steps, args.seed, args.nan)

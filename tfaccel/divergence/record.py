@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -19,7 +20,8 @@ from tfaccel.divergence.feed import (batch_size_of, distributed_batches, example
                                      user_batches)
 from tfaccel.divergence.sentinel import first_nonfinite_step, nan_origin
 
-__all__ = ["StepFacts", "Trace", "record_run", "initial_values", "assign_values", "variable_names"]
+__all__ = ["StepFacts", "Trace", "record_run", "initial_values", "assign_values", "variable_names",
+           "build_model"]
 
 
 @dataclasses.dataclass
@@ -65,6 +67,13 @@ class Trace:
         return {"replicas": self.replicas, "strategy": self.strategy, "names": self.names,
                 "steps": [dataclasses.asdict(s) for s in self.steps], "nan": self.nan,
                 "steps_per_epoch": self.steps_per_epoch, "source": self.source}
+
+
+def build_model(model: Any, batch: Any) -> None:
+    """Builds a Keras model on one batch as ``fit`` does before its first step (a custom loop's model is built by
+    the loop's own code already)."""
+    if isinstance(model, keras.Model):
+        keras_internals.symbolic_build(model, batch)
 
 
 def variable_names(model: Any) -> List[str]:
@@ -162,7 +171,7 @@ def record_run(model: Any, batches: Sequence[Any], *, strategy: Any, start: Opti
     cross-replica context as ``fit`` reads them.
     """
     with strategy.scope():  # a subclassed model makes its variables here: they must be the strategy's
-        keras_internals.symbolic_build(model, batches[0])
+        build_model(model, batches[0])
     if start is not None:
         assign_values(model, start)
     start = initial_values(model)
