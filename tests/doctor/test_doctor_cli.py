@@ -1,7 +1,7 @@
-"""`tfaccel doctor -- python train.py`: real child processes on the unmodified script in tests/doctor/train.py."""
+"""`tfaccel doctor -- python SCRIPT`, one-process N-replica runs: real child processes on unmodified scripts
+(tests/doctor/train.py, ctl.py, hub_train.py); the --workers runs are in test_doctor_workers.py (xdist runs the
+two files side by side)."""
 
-import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -9,35 +9,12 @@ from typing import List
 
 import pytest
 
-SCRIPT = str(Path(__file__).resolve().parent / "train.py")
-HUB_SCRIPT = str(Path(__file__).resolve().parent / "hub_train.py")
-CTL_SCRIPT = str(Path(__file__).resolve().parent / "ctl.py")
-
-
-def _doctor(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tfaccel", "doctor", *args], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, timeout=timeout)
-
-
-def _error_line(done: subprocess.CompletedProcess) -> str:
-    lines: List[str] = [line for line in done.stderr.splitlines() if line.strip()]
-    assert done.returncode == 2 and len(lines) == 1, (done.returncode, done.stderr)
-    return lines[0]
-
-
-def test_a_correct_custom_loop_is_equal_to_rounding_vs_2_worker_processes_as_json() -> None:
-    done = _doctor("--steps", "2", "--workers", "2", "--json", "--", "python", CTL_SCRIPT, "scaled")
-    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
-    report = json.loads(done.stdout)
-    assert report["equal"] is True and report["ok"] is True and report["causes"] == []
-    assert [(run["replicas"], run["strategy"]) for run in report["runs"]] == [
-        (1, "default"), (2, "multi_worker, 2 processes")]
-    assert report["verdict"]["tolerance"]["rtol"] == 2e-05
-    assert "tfaccel INFO" not in done.stderr  # the launcher's lines are not the doctor's output
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from doctor_cli import CRASH_LINE, CTL_SCRIPT, HUB_SCRIPT, SCRIPT, error_line, run_doctor  # noqa: E402
 
 
 def test_a_custom_loop_that_does_not_scale_its_loss_is_named() -> None:
-    done = _doctor("--steps", "2", "--", "python", CTL_SCRIPT, "unscaled")
+    done = run_doctor("--steps", "2", "--", "python", CTL_SCRIPT, "unscaled")
     assert done.returncode == 1, done.stdout + done.stderr[-2000:]
     assert "the runs part at step 0: log loss" in done.stdout
     assert "likely cause: loop-loss-not-scaled: the global gradient norm on 2 replicas is 2x one replica's at step 0 " \
@@ -45,21 +22,9 @@ def test_a_custom_loop_that_does_not_scale_its_loss_is_named() -> None:
     assert "fix: in the loop's step, tf.nn.compute_average_loss(per_example_loss, global_batch_size=" in done.stdout
 
 
-def test_an_unsharded_dataset_fn_is_named_with_2_worker_processes_and_plotted(tmp_path: Path) -> None:
-    plot = tmp_path / "doctor.png"
-    done = _doctor("--steps", "2", "--workers", "2", "--plot", str(plot), "--", "python", SCRIPT, "unsharded")
-    assert done.returncode == 1, done.stdout + done.stderr[-2000:]
-    assert "each run reading the dataset_fn" in done.stdout
-    assert "the runs part at step 0: examples of the global batch: 8 of the 16 examples on 1 replica are not among " \
-           "the 16 on 2" in done.stdout
-    assert "likely cause: data-sharding-or-order: at step 0 the 2 replicas trained on 16 examples, one replica on " \
-           "16, 8 of them repeated: every input pipeline reads the same examples" in done.stdout
-    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # written by the chief worker
-
-
 def test_a_kerashub_model_with_a_planted_dropout_is_named_end_to_end_within_2_minutes() -> None:
     start = time.monotonic()
-    done = _doctor("--steps", "2", "--nan", "--", "python", HUB_SCRIPT, "0.1", timeout=240)
+    done = run_doctor("--steps", "2", "--nan", "--", "python", HUB_SCRIPT, "0.1")
     elapsed = time.monotonic() - start
     assert done.returncode == 1, done.stderr[-2000:]
     assert "the runs part at step 0: log loss" in done.stdout
@@ -72,10 +37,10 @@ def test_a_kerashub_model_with_a_planted_dropout_is_named_end_to_end_within_2_mi
 
 @pytest.mark.parametrize("plant, message", [
     ("nofit", "finished without calling model.fit(...), tfaccel.fit(model, ...) or strategy.run(...)"),
-    ("crash", "crashed before calling fit: RuntimeError: planted crash (train.py:12)"),
+    ("crash", f"crashed before calling fit: RuntimeError: planted crash (train.py:{CRASH_LINE})"),
 ])
 def test_a_script_that_never_trains_is_one_error_line(plant: str, message: str) -> None:
-    assert message in _error_line(_doctor("--steps", "2", "--", "python", SCRIPT, plant))
+    assert message in error_line(run_doctor("--steps", "2", "--", "python", SCRIPT, plant))
 
 
 @pytest.mark.parametrize("args, message", [
@@ -95,5 +60,5 @@ def test_a_script_that_never_trains_is_one_error_line(plant: str, message: str) 
     (["--", "python", "missing.py"], "doctor: script 'missing.py' not found"),
 ])
 def test_bad_options_are_one_error_line_before_any_run(args: List[str], message: str) -> None:
-    line = _error_line(_doctor(*args, timeout=60))
+    line = error_line(run_doctor(*args, timeout=60))
     assert line.startswith("tfaccel doctor: error: ") and message in line

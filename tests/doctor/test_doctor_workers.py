@@ -1,0 +1,32 @@
+"""`tfaccel doctor --workers 2 -- python SCRIPT`: the N-replica run as 2 real worker processes (MultiWorkerMirrored,
+started by tfaccel's launcher on loopback), each bounded by the CLI's timeout."""
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from doctor_cli import CTL_SCRIPT, SCRIPT, run_doctor  # noqa: E402
+
+
+def test_a_correct_custom_loop_is_equal_to_rounding_vs_2_worker_processes_as_json() -> None:
+    done = run_doctor("--steps", "2", "--workers", "2", "--json", "--", "python", CTL_SCRIPT, "scaled")
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report["equal"] is True and report["ok"] is True and report["causes"] == []
+    assert [(run["replicas"], run["strategy"]) for run in report["runs"]] == [
+        (1, "default"), (2, "multi_worker, 2 processes")]
+    assert report["verdict"]["tolerance"]["rtol"] == 2e-05
+    assert "tfaccel INFO" not in done.stderr  # the launcher's lines are not the doctor's output
+
+
+def test_an_unsharded_dataset_fn_is_named_with_2_worker_processes_and_plotted(tmp_path: Path) -> None:
+    plot = tmp_path / "doctor.png"
+    done = run_doctor("--steps", "2", "--workers", "2", "--plot", str(plot), "--", "python", SCRIPT, "unsharded")
+    assert done.returncode == 1, done.stdout + done.stderr[-2000:]
+    assert "each run reading the dataset_fn" in done.stdout
+    assert "the runs part at step 0: examples of the global batch: 8 of the 16 examples on 1 replica are not among " \
+           "the 16 on 2" in done.stdout
+    assert "likely cause: data-sharding-or-order: at step 0 the 2 replicas trained on 16 examples, one replica on " \
+           "16, 8 of them repeated: every input pipeline reads the same examples" in done.stdout
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # written by the chief worker
