@@ -5,6 +5,11 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
+from tfaccel.cli import doctor as doctor_cli_module
+from tfaccel.errors import ConfigError
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from doctor_cli import CTL_SCRIPT, SCRIPT, run_doctor  # noqa: E402
 
@@ -30,3 +35,14 @@ def test_an_unsharded_dataset_fn_is_named_with_2_worker_processes_and_plotted(tm
     assert "likely cause: data-sharding-or-order: at step 0 the 2 replicas trained on 16 examples, one replica on " \
            "16, 8 of them repeated: every input pipeline reads the same examples" in done.stdout
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # written by the chief worker
+
+
+def test_a_worker_run_past_its_timeout_is_one_error_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^doctor: the 2-worker run did not finish in 1 s \(--timeout\)$"):
+        doctor_cli_module.run_workers(str(tmp_path), ["--steps", "1"], [SCRIPT, "none"], 2, 1)
+
+
+def test_a_worker_that_fails_without_saying_why_is_one_error_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^doctor: the 2-worker \(worker:\d\) run failed \(exit 2\): .*"
+                                          r"unrecognized arguments: --no-such-option$"):
+        doctor_cli_module.run_workers(str(tmp_path), ["--steps", "1", "--no-such-option"], [SCRIPT, "none"], 2, 120)

@@ -98,7 +98,7 @@ def _child(role: str, out: str, options: List[str], script: List[str], timeout: 
     _raise_child_error(out, role, done.returncode, done.stderr)
 
 
-def _workers(out: str, options: List[str], script: List[str], workers: int, timeout: int) -> None:
+def run_workers(out: str, options: List[str], script: List[str], workers: int, timeout: int) -> None:
     """Runs the N-replica role in ``workers`` local worker processes through tfaccel's launcher."""
     cmd = [sys.executable, "-m", "tfaccel.divergence.child", "--role", "replicas", "--out", out, *options, *script]
     logger = get_logger()
@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="tfaccel-doctor-") as out:
         _child("single", out, options, script, timeout)
         if "--workers" in layout:
-            _workers(out, options, script, int(layout[layout.index("--workers") + 1]), timeout)
+            run_workers(out, options, script, int(layout[layout.index("--workers") + 1]), timeout)
         else:
             _child("replicas", out, options, script, timeout)
         with open(os.path.join(out, "report.json"), encoding="utf-8") as f:
