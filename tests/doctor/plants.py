@@ -13,16 +13,18 @@ def data(n: int = 64) -> tuple:
     return x, x.sum(axis=1, keepdims=True)
 
 
-def dataset_fn(shard: bool, per_replica: bool = True) -> Callable[[Any], tf.data.Dataset]:
+def dataset_fn(shard: bool, per_replica: bool = True, shuffle: bool = False) -> Callable[[Any], tf.data.Dataset]:
     """A ``dataset_fn(input_context)`` over :func:`data` in global batches of 16, sharded or not (the planted
     cause: every input pipeline then reads the same examples), batched per replica or (planted) by the global
-    batch in every replica."""
+    batch in every replica, with (planted) an unseeded shuffle or none."""
     x, y = data()
 
     def make(context: tf.distribute.InputContext) -> tf.data.Dataset:
         dataset = tf.data.Dataset.from_tensor_slices((x, y))
         if shard:
             dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+        if shuffle:
+            dataset = dataset.shuffle(64)  # no seed: each pipeline (each run) draws its own order
         return dataset.batch(context.get_per_replica_batch_size(16) if per_replica else 16)
 
     return make

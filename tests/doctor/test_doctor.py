@@ -5,6 +5,7 @@ import re
 import sys
 from pathlib import Path
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -98,6 +99,14 @@ def test_a_dataset_fn_batched_by_the_global_batch_in_each_replica_is_named() -> 
     assert "each run reading the dataset_fn" in report.summary()
 
 
+def test_a_dataset_fn_with_an_unseeded_shuffle_is_named() -> None:
+    report = tfaccel.doctor(plants.BUILDERS["none"], plants.dataset_fn(shard=True, shuffle=True), steps=1)
+    assert report.verdict.first.quantity == "examples of the global batch", report.summary()
+    assert report.causes[0].name == "data-sharding-or-order"
+    assert re.search(r"at step 0 the 2 replicas trained on 16 examples and one replica on 16; \d+ of them are other "
+                     r"ones: the pipelines order or shuffle the examples differently", report.causes[0].evidence)
+
+
 def test_an_unsharded_dataset_fn_is_equal_in_one_process() -> None:
     # One process has one input pipeline, so a dataset_fn that does not shard reads each example once: the cause
     # shows with --workers (tests/doctor/test_doctor_cli.py).
@@ -175,3 +184,25 @@ def test_a_custom_loop_whose_step_reaches_two_models_is_refused() -> None:
             strategy.run(step)
     finally:
         capture.restore()
+
+
+def test_a_distributed_dataset_is_refused_for_its_dataset_fn() -> None:
+    made = tfaccel.get_strategy("mirrored").experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices(
+        plants.data()).batch(16))
+    with pytest.raises(ConfigError, match=r"doctor: x is a tf.distribute.DistributedDataset, which one strategy made; "
+                                          r"give fit the dataset_fn\(input_context\) that makes it"):
+        tfaccel.doctor(plants.BUILDERS["none"], made, steps=1)
+
+
+class _Batches(keras.utils.PyDataset):
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, index: int) -> tuple:
+        return plants.data(16)
+
+
+def test_a_py_dataset_is_refused_with_what_the_doctor_takes() -> None:
+    with pytest.raises(ConfigError, match=r"doctor: data must be arrays, a batched tf.data.Dataset or a "
+                                          r"dataset_fn\(input_context\); received a keras.utils.PyDataset"):
+        tfaccel.doctor(plants.BUILDERS["none"], _Batches(), steps=1)

@@ -32,8 +32,8 @@ def test_an_unsharded_dataset_fn_is_named_with_2_worker_processes_and_plotted(tm
     assert "each run reading the dataset_fn" in done.stdout
     assert "the runs part at step 0: examples of the global batch: 8 of the 16 examples on 1 replica are not among " \
            "the 16 on 2" in done.stdout
-    assert "likely cause: data-sharding-or-order: at step 0 the 2 replicas trained on 16 examples, one replica on " \
-           "16, 8 of them repeated: every input pipeline reads the same examples" in done.stdout
+    assert "likely cause: data-sharding-or-order: at step 0 the 2 replicas trained on 16 examples and one replica " \
+           "on 16; 8 of the 16 are repeats: every input pipeline reads the same examples" in done.stdout
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # written by the chief worker
 
 

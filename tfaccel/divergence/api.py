@@ -205,9 +205,9 @@ def doctor(build_and_compile: Callable[[], Any], data: Any, *, steps: int = DEFA
     steps = check_steps(steps)
     replicated = _mirrored(strategy)
     x, y, sw = (tuple(data) + (None, None))[:3] if isinstance(data, tuple) else (data, None, None)
-    per_epoch = steps_per_epoch or (steps if callable(x) else None)  # a dataset_fn's length is not known
+    # K steps are all the doctor takes; a dataset_fn's own length is not known (prepare_data asks for one)
     feed = global_batches(prepare_data(x, y, sample_weight=sw, batch_size=batch_size, seed=seed, shuffle=shuffle,
-                                       steps_per_epoch=per_epoch), steps)
+                                       steps_per_epoch=steps_per_epoch or steps), steps)
     default = tf.distribute.get_strategy()
     with default.scope():
         first = build_and_compile()

@@ -198,18 +198,18 @@ def _data_differs(f: _Facts) -> Optional[Cause]:
     if first.quantity != EXAMPLES:
         return None
     one, many = f.single.steps[first.step].examples, f.many.steps[first.step].examples
-    where = f"at step {first.step} the {f.replicas} replicas trained on {len(many)} examples, one replica on {len(one)}"
+    where = f"at step {first.step} the {f.replicas} replicas trained on {len(many)} examples and one replica on {len(one)}"
     fix = ("in the dataset_fn, shard first (dataset.shard(input_context.num_input_pipelines, "
            "input_context.input_pipeline_id)), shuffle with a fixed seed, and batch by "
            "input_context.get_per_replica_batch_size(global_batch_size)")
     if _duplicates(many) > _duplicates(one):
-        return Cause("data-sharding-or-order", f"{where}, {_duplicates(many)} of them repeated: every input pipeline "
-                     "reads the same examples (a dataset_fn that does not call input_context.shard)", fix)
+        return Cause("data-sharding-or-order", f"{where}; {_duplicates(many)} of the {len(many)} are repeats: every "
+                     "input pipeline reads the same examples (a dataset_fn that does not call input_context.shard)", fix)
     if len(many) != len(one):
         return Cause("data-sharding-or-order", f"{where}: each pipeline batches by another size than its share of the "
                      "global batch (batch by input_context.get_per_replica_batch_size)", fix)
-    return Cause("data-sharding-or-order", f"{where}, {first.difference:g} of them other ones: the pipelines order or "
-                 "shuffle the examples differently (an unseeded shuffle, or a shuffle before shard)", fix)
+    return Cause("data-sharding-or-order", f"{where}; {first.difference:g} of them are other ones: the pipelines order "
+                 "or shuffle the examples differently (an unseeded shuffle, or a shuffle before shard)", fix)
 
 
 FLOAT32_EXACT = 2.0 ** 24

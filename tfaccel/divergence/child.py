@@ -144,7 +144,7 @@ def _feed(out: str, captured: _Captured, steps: int, seed: int) -> Feed:
     try:
         data = prepare_data(captured.x, captured.y, sample_weight=captured.sample_weight,
                             batch_size=captured.batch_size, shuffle=captured.shuffle, seed=seed,
-                            steps_per_epoch=captured.steps_per_epoch or (steps if callable(captured.x) else None))
+                            steps_per_epoch=captured.steps_per_epoch or steps)
         return global_batches(data, steps)
     except TfaccelError as exc:
         _fail(out, str(exc))
