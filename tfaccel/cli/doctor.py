@@ -1,13 +1,15 @@
-"""``tfaccel doctor [--steps K] [--replicas N | --workers W] [--strategy S] [--nan] [--json] -- python train.py
-[args]``: why does my model train differently on N replicas?
+"""``tfaccel doctor [--steps K] [--replicas N | --workers W] [--strategy S] [--nan] [--json] [--plot FILE.png]
+-- python train.py [args]``: why does my model train differently on N replicas?
 
 Runs the user's unmodified script twice, each in a child process (``python -m tfaccel.divergence.child``): once on
 one replica and once on N replicas: N virtual CPUs in one process (made before TensorFlow starts, which is why
 these are child processes), or with ``--workers W`` W local worker processes of a MultiWorkerMirrored cluster
-started by tfaccel's own launcher (:func:`tfaccel.launch.run_local`, loopback only). Each run trains K steps of the model that the script's first ``fit`` call is given, with the same
-initial weights and the same global batches. Prints where the runs part and the likely cause; exit code 0 (equal
-to rounding), 1 (they part), 2 (bad input: no command, K < 1, a script that crashes or never calls fit). This
-parent never imports TensorFlow.
+started by tfaccel's own launcher (:func:`tfaccel.launch.run_local`, loopback only). Each run trains K steps of
+the model that the script's first ``fit`` call is given (or of its custom loop's step), with the same initial
+weights and the same global batches. Prints where the runs part and the likely cause; exit code 0 (equal to
+rounding, no problem of a run's own), 1 (they part, or a run has a problem of its own such as a metric
+accumulator overflowing), 2 (bad input, one line: no command, K < 1, bad --workers/--strategy/--plot, a script
+that crashes or never trains). This parent never imports TensorFlow.
 """
 
 import argparse
