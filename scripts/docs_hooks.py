@@ -10,6 +10,8 @@
   docs/data/corpus.json (a results file of `python scripts/corpus_table.py --json docs/data/corpus.json`).
 - ``<!-- tfaccel:keras-conformance-table -->`` becomes the tables of Keras' own tests run through tfaccel, which
   scripts/keras_conformance_table.py renders from docs/data/keras_conformance.json.
+- ``<!-- tfaccel:rooms -->`` becomes the table of the package's rooms that scripts/architecture_rooms.py reads from
+  the source (docs/architecture.md).
 - Every public name (tfaccel.__all__, tfaccel.launch.__all__) must have a ``::: module.Name`` entry in the API
   reference, and every entry, and every public method of a documented class, a docstring: a warning otherwise,
   which fails `mkdocs build --strict`.
@@ -37,6 +39,7 @@ PARITY_MARK = "<!-- tfaccel:parity-table -->"
 CORPUS_MARK = "<!-- tfaccel:corpus-table -->"
 CONFORMANCE_JSON = ROOT / "docs" / "data" / "keras_conformance.json"
 CONFORMANCE_MARK = "<!-- tfaccel:keras-conformance-table -->"
+ROOMS_MARK = "<!-- tfaccel:rooms -->"
 HELP_COLUMNS = "100"
 log = logging.getLogger("mkdocs.hooks.tfaccel")  # a warning here fails `mkdocs build --strict`
 if str(ROOT) not in sys.path:  # the checkout's tfaccel, also where it is not installed
@@ -79,12 +82,17 @@ def _help_of(parser: Any, argv: List[str]) -> str:
     return out.getvalue()
 
 
-def _render(script: str, path: Path, function: str = "render") -> str:
-    """``scripts/<script>.py``'s ``function`` (its ``render``) of the results in ``path``."""
+def _script(script: str) -> Any:
+    """``scripts/<script>.py`` loaded as a module."""
     spec = importlib.util.spec_from_file_location(script, ROOT / "scripts" / f"{script}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return getattr(module, function)(json.loads(path.read_text()))
+    return module
+
+
+def _render(script: str, path: Path, function: str = "render") -> str:
+    """``scripts/<script>.py``'s ``function`` (its ``render``) of the results in ``path``."""
+    return getattr(_script(script), function)(json.loads(path.read_text()))
 
 
 def cli_page(markdown: str) -> str:
@@ -118,6 +126,11 @@ def conformance_tables_markdown(path: Path = CONFORMANCE_JSON) -> str:
     return _render("keras_conformance_table", path, "tables")
 
 
+def rooms_table_markdown() -> str:
+    """The table of the package's rooms (scripts/architecture_rooms.py), read from the source now."""
+    return _script("architecture_rooms").render()
+
+
 def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
     """Checks the generated parts that pages keep, and fills the others."""
     if CLI_MARK in markdown and cli_page(markdown) != markdown:
@@ -129,6 +142,8 @@ def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
         markdown = markdown.replace(CORPUS_MARK, corpus_table_markdown())
     if CONFORMANCE_MARK in markdown:
         markdown = markdown.replace(CONFORMANCE_MARK, conformance_tables_markdown())
+    if ROOMS_MARK in markdown:
+        markdown = markdown.replace(ROOMS_MARK, rooms_table_markdown())
     if page.file.src_uri == API_PAGE:
         for problem in api_problems(markdown):
             log.warning(problem)

@@ -56,7 +56,7 @@ def _load_reports(sources: list) -> "list | None":
 
 def main(argv: list) -> int:
     from tfaccel.bench.real_report import merge_reports, plot_real, render_page, render_readme_table
-    from tfaccel.train.atomic_io import atomic_write_text
+    from tfaccel.resilience.atomic_io import atomic_write_text
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--from", dest="sources", action="append", default=None,

@@ -17,7 +17,7 @@ FLAGS = flags.FLAGS
 def define_flags() -> None:
     """Defines the flags (in a function: importing this module defines nothing)."""
     from tfaccel.job import JobOptions
-    from tfaccel.train.optim import LR_SCALING
+    from tfaccel.train.request import LR_SCALING
 
     d = JobOptions()
     flags.DEFINE_string("model", d.model, "built-in model name or path/to/file.py:build_model")

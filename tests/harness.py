@@ -190,7 +190,7 @@ def run_small_ps_cluster(program: Union[str, Path], tmp_path: Path, *, timeout: 
 def record_parity_outcomes(outcomes: Mapping[str, Mapping[str, str]]) -> None:
     """Merges ``{path: {case: outcome}}`` into the file ``TFACCEL_PARITY_JSON`` names (no variable: nothing), so
     that tests/parity and tests/real fill one table (scripts/parity_table.py)."""
-    from tfaccel.train.atomic_io import atomic_write_json
+    from tfaccel.resilience.atomic_io import atomic_write_json
 
     target = os.environ.get("TFACCEL_PARITY_JSON")
     if not target or not outcomes:

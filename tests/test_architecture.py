@@ -6,6 +6,8 @@ entry that no longer breaks the rule (so the lists only shrink): fixing a place 
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Set, Tuple
 
@@ -28,6 +30,15 @@ KNOWN_PRIVATE_IMPORTS: Set[str] = set()
 KNOWN_INTERNALS: Set[str] = set()
 # Backend names tested by name in the training code ("path: lines that match").
 KNOWN_BACKEND_NAME_TESTS: Set[str] = set()
+# Imports inside functions, per package ("(top)": tfaccel/*.py). Only the light modules defer theirs, the ones that
+# must start without TensorFlow (`import tfaccel`, the CLI's verbs, the launcher, the cluster readers, the
+# integrations the launcher's driver side loads) and the compat fixes applied on demand; optional dependencies
+# (Horovod, matplotlib) load through tfaccel._lazy.optional_module. A package not listed has none.
+KNOWN_FUNCTION_IMPORTS: Dict[str, int] = {"(top)": 47, "cli": 53, "cluster": 3, "compat": 29, "integrations": 4,
+                                          "launch": 19}
+# Modules that must import without TensorFlow (the CLI's parser is built too).
+LIGHT_MODULES = ("tfaccel", "tfaccel.cluster", "tfaccel.launch", "tfaccel.resilience.contract",
+                 "tfaccel.strategies.names", "tfaccel.bench.config", "tfaccel.train.request", "tfaccel.cli.main")
 # Comments citing files outside the repository ("path: lines that match").
 KNOWN_OUTSIDE_FILES: Set[str] = set()
 
@@ -195,6 +206,41 @@ def test_no_private_name_imported_from_another_module() -> None:
             if imported and imported.startswith("_") and not imported.startswith("__") and module != name:
                 found.add(f"{name} -> {module}:{imported}")
     _agree(found, KNOWN_PRIVATE_IMPORTS, "private names imported from another module")
+
+
+def _function_imports() -> Dict[str, int]:
+    counts: Dict[str, int] = {}
+    for name, tree in TREES.items():
+        parts = name.split(".")
+        package = parts[1] if len(parts) > 2 or (len(parts) == 2 and MODULES[name].name == "__init__.py") else "(top)"
+        skipped = _type_checking_only(tree)
+        for function in ast.walk(tree):
+            if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found = [node for node in ast.walk(function)
+                         if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in skipped]
+                if found:
+                    counts[package] = counts.get(package, 0) + len(found)
+    return counts
+
+
+def test_imports_at_the_top_outside_the_light_modules() -> None:
+    """train/, resilience/, strategies/, memory/, bench/ ... import at the top; the light ones only shrink."""
+    found = _function_imports()
+    grown = {pkg: n for pkg, n in found.items() if n > KNOWN_FUNCTION_IMPORTS.get(pkg, 0)}
+    assert not grown, f"imports inside functions (move them to the top of the module): {grown}"
+    shrunk = {pkg: n for pkg, n in KNOWN_FUNCTION_IMPORTS.items() if found.get(pkg, 0) < n}
+    assert not shrunk, f"fewer imports inside functions now; lower the test's counts to {shrunk}"
+
+
+def test_the_light_modules_load_without_tensorflow() -> None:
+    code = ("import importlib, sys\n"
+            f"for name in {LIGHT_MODULES!r}: importlib.import_module(name)\n"
+            "import tfaccel.cluster.k8s_manifest, tfaccel.launch.elastic, tfaccel.launch.restarts\n"
+            "from tfaccel.cli.main import build_parser; build_parser()\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]", proc.stdout[-2000:]
 
 
 def test_no_function_over_60_lines() -> None:

@@ -1,6 +1,8 @@
-"""Module-level lazy exports: a public name is imported from its module on first use (PEP 562)."""
+"""Deferred loading, in one place: module-level lazy exports (a public name imported from its module on first use,
+PEP 562) and optional dependencies."""
 
 import importlib
+from types import ModuleType
 from typing import Any, Dict, List, Mapping
 
 
@@ -23,3 +25,10 @@ def lazy_exports(package: str, namespace: Dict[str, Any], names: Mapping[str, st
         return sorted(public)
 
     return __getattr__, __dir__
+
+
+def optional_module(name: str) -> ModuleType:
+    """Imports the optional dependency ``name`` (Horovod, matplotlib) where it is used, so that tfaccel imports
+    without it; raises ``ImportError`` as ``import`` would. Every other import of the library stands at the top of
+    its module (the light modules that must not load TensorFlow defer theirs and say why)."""
+    return importlib.import_module(name)

@@ -111,7 +111,7 @@ def run_job(options: JobOptions) -> Dict[str, Any]:
         "plan": result.plan.to_dict(),
     }
     if options.json_out and result.plan.is_chief:
-        from tfaccel.train.atomic_io import atomic_write_text
+        from tfaccel.resilience.atomic_io import atomic_write_text
 
         os.makedirs(os.path.dirname(os.path.abspath(options.json_out)), exist_ok=True)
         atomic_write_text(options.json_out, json.dumps(summary, indent=2))

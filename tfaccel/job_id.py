@@ -1,6 +1,6 @@
 """One identity per training job, shared by every task of the job and kept across its restarts: ``TFACCEL_JOB_ID``.
 
-Backups and the evaluator's progress file record the job that wrote them (:mod:`tfaccel.train.backup_guard`), so
+Backups and the evaluator's progress file record the job that wrote them (:mod:`tfaccel.resilience.backup_guard`), so
 that two jobs given one directory are told apart and a restarted job resumes its own backups. Every launcher
 exports one id per launch to every task it starts (chief, workers, ps, evaluator, Horovod ranks, Ray workers) and
 keeps it across its restarts. Where the id comes from, the first that applies:

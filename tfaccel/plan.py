@@ -160,7 +160,7 @@ def _source_notes(task: Any) -> Tuple[str, ...]:
 
 
 def _evaluator_note(strategy: str, strategy_options: Optional[Mapping[str, Any]]) -> str:
-    """What the plan says in the evaluator task (tfaccel.train.evaluator)."""
+    """What the plan says in the evaluator task (tfaccel.resilience.evaluator)."""
     note = ("this task is the side-car evaluator: tfaccel.fit evaluates the chief's checkpoints (checkpoint_dir) on "
             "validation_data and does not train")
     if strategy in CLUSTER_STRATEGIES:
@@ -190,8 +190,8 @@ def describe_auto() -> Dict[str, Any]:
     """
     from tfaccel.devices import detect_devices
     from tfaccel.precision import resolve_precision
-    from tfaccel.strategies.auto import choose_strategy
     from tfaccel.strategies._task import current_task
+    from tfaccel.strategies.auto import choose_strategy
     from tfaccel.strategies.entries import sketch_backend
     from tfaccel.strategies.registry import count_logical_cpus
     from tfaccel.xla import resolve_jit

@@ -21,7 +21,7 @@ from tfaccel.cluster import ClusterConfigError, TaskInfo
 from tfaccel.cluster.k8s_manifest import BACKUP_MOUNT, GRACE_PERIOD_S, k8s_manifest
 from tfaccel.cluster.sources import read_env
 from tfaccel.errors import EXIT_PREEMPTED
-from tfaccel.train.preemption import DEFAULT_TIMEOUT_S
+from tfaccel.resilience.preemption import DEFAULT_TIMEOUT_S
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent

@@ -27,7 +27,7 @@ import corpus_cases  # noqa: E402
 import harness  # noqa: E402
 import parity_compare as pc  # noqa: E402
 from tfaccel.launch import run_local  # noqa: E402
-from tfaccel.train.atomic_io import atomic_write_json  # noqa: E402
+from tfaccel.resilience.atomic_io import atomic_write_json  # noqa: E402
 
 PROGRAM = HERE / "corpus_program.py"
 CASES = list(corpus_cases.CASES)

@@ -11,7 +11,7 @@ import pytest
 import launch_util
 from tfaccel.cluster import ClusterSpec, TaskInfo
 from tfaccel.errors import ConfigError
-from tfaccel.train import evaluator
+from tfaccel.resilience import evaluator
 
 SCRIPT = launch_util.SCRIPTS / "ps_evaluator.py"
 
@@ -92,7 +92,7 @@ def test_evaluator_follows_every_checkpoint_and_ends_with_the_job(tmp_path) -> N
 # ------------------------------------------------------------------------------------------- message paths
 def _job() -> dict:
     """The job record a chief of this job writes into its progress file (written now)."""
-    from tfaccel.train.backup_guard import job_identity
+    from tfaccel.resilience.backup_guard import job_identity
 
     return {"job": job_identity()}
 

@@ -94,7 +94,7 @@ def test_per_host_launches_of_one_cluster_file_get_the_same_id(tmp_path):
 
 
 A_JOB = ("import os, sys, time\n"
-         "from tfaccel.train.backups import commit_backup\n"
+         "from tfaccel.resilience.backups import commit_backup\n"
          "backup_dir, release = sys.argv[1], sys.argv[2]\n"
          "os.makedirs(backup_dir, exist_ok=True)\n"
          "open(os.path.join(backup_dir, 'backup-1.weights.h5'), 'wb').write(b'weights')\n"
@@ -105,7 +105,7 @@ A_JOB = ("import os, sys, time\n"
          "    time.sleep(0.1)\n")
 B_JOB = ("import sys\n"
          "from tfaccel.errors import ConfigError\n"
-         "from tfaccel.train.backups import read_backup\n"
+         "from tfaccel.resilience.backups import read_backup\n"
          "try:\n"
          "    read_backup(sys.argv[1])\n"
          "except ConfigError as exc:\n"

@@ -42,7 +42,7 @@ def _extras(case: str, model: object, out: str) -> dict:
 
     extra = {}
     if case == "ModelCheckpoint" and _task() not in ("main", "worker0", "rank0", "chief0"):
-        # Keras' rule under several workers (tf_keras'; tfaccel.train.keras_callbacks): only the chief writes the
+        # Keras' rule under several workers (tf_keras'; tfaccel.resilience.keras_callbacks): only the chief writes the
         # user's path, the others a private temporary one
         extra["checkpoint_written_here"] = os.path.exists(os.path.join(out, "model.keras"))
     elif case == "ModelCheckpoint":

@@ -114,7 +114,7 @@ class _BroadcastHvd:
 
 
 def test_agree_on_backup_every_rank_takes_rank_0s_position():
-    from tfaccel.train.backups import BackupState
+    from tfaccel.resilience.backups import BackupState
     from tfaccel.strategies.horovod import agree_on_backup
 
     rank0_state = BackupState(epoch=1, step=5, global_step=28, weights="backup-28.weights.h5", weights_path="/b/x")
@@ -143,7 +143,7 @@ class _Records(logging.Handler):
 
 
 def test_agree_on_backup_says_when_a_rank_takes_rank_0s_backup():
-    from tfaccel.train.backups import BackupState
+    from tfaccel.resilience.backups import BackupState
     from tfaccel.log import get_logger
     from tfaccel.strategies.horovod import agree_on_backup
 

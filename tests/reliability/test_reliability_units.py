@@ -95,7 +95,7 @@ def _model():
 
 
 def test_backup_that_fails_midway_leaves_the_previous_backup_intact(tmp_path):
-    from tfaccel.train.backups import StepBackup, read_backup
+    from tfaccel.resilience.backups import StepBackup, read_backup
 
     model = _model()
     cb = StepBackup(str(tmp_path), save_freq=5, is_chief=True, steps_per_epoch=20)
@@ -129,7 +129,7 @@ def test_checkpoint_that_fails_midway_keeps_the_previous_one_as_latest(tmp_path,
     import tensorflow as tf
     from tensorflow.python.checkpoint import checkpoint_management
 
-    from tfaccel.train.backups import ChiefCheckpoint
+    from tfaccel.resilience.backups import ChiefCheckpoint
 
     model = _model()
     cb = ChiefCheckpoint(str(tmp_path), is_chief=True, every_worker_saves=False)
@@ -155,7 +155,7 @@ def test_checkpoint_that_fails_midway_keeps_the_previous_one_as_latest(tmp_path,
 
 
 def test_atomic_write_text_never_leaves_a_mix(tmp_path, monkeypatch):
-    from tfaccel.train.atomic_io import atomic_write_text
+    from tfaccel.resilience.atomic_io import atomic_write_text
 
     target = tmp_path / "state.json"
     atomic_write_text(str(target), json.dumps({"step": 5}))
@@ -173,9 +173,9 @@ def test_atomic_write_text_never_leaves_a_mix(tmp_path, monkeypatch):
 
 def test_the_progress_and_restart_records_use_the_one_atomic_writer_whose_swaps_remove_backup_knows(tmp_path,
                                                                                                    monkeypatch):
-    from tfaccel.train import restarts as rst
-    from tfaccel.train.atomic_io import swap_prefix
-    from tfaccel.train.backups import remove_backup
+    from tfaccel.resilience import restarts as rst
+    from tfaccel.resilience.atomic_io import swap_prefix
+    from tfaccel.resilience.backups import remove_backup
 
     synced = []
     real_fsync = os.fsync

@@ -183,9 +183,6 @@ def test_horovod_unavailable_says_how_to_install(clean_tf_config, monkeypatch) -
     monkeypatch.setitem(sys.modules, "horovod.tensorflow", None)
     with pytest.raises(BackendUnavailableError, match=r"scripts/install_horovod.sh"):
         get_backend("horovod", devices=CPU2)
-    monkeypatch.setitem(sys.modules, "tfaccel.strategies.horovod", None)  # tfaccel's own modules broken
-    with pytest.raises(BackendUnavailableError, match=r"horovod: tfaccel's Horovod backend cannot be loaded.*another"):
-        get_backend("horovod", devices=CPU2)
 
 
 def test_register_strategy(clean_tf_config) -> None:

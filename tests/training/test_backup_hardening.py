@@ -18,7 +18,7 @@ import pytest
 import tfaccel
 from tfaccel.errors import ConfigError
 from tfaccel.job_id import JOB_ID_ENV
-from tfaccel.train import backup_guard, backups, evaluator
+from tfaccel.resilience import backup_guard, backups, evaluator
 
 X = np.random.default_rng(0).normal(size=(32, 4)).astype("float32")
 Y = (X[:, 0] > 0).astype("int32")

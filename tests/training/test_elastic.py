@@ -7,7 +7,7 @@ import pytest
 
 import tfaccel
 from tfaccel.errors import ConfigError
-from tfaccel.train.elastic import (ELASTIC_ENV, check_elastic_batch, elastic_range, merged_history,
+from tfaccel.resilience.elastic import (ELASTIC_ENV, check_elastic_batch, elastic_range, merged_history,
                                    parse_workers_range, world_size_changes)
 
 RNG = np.random.default_rng(0)
@@ -73,7 +73,7 @@ def test_world_size_changes_and_history():
 
 def test_a_backup_holds_the_metrics_only_when_they_were_read_at_its_step():
     """A backup at another step (e.g. one a preemption asked for) gets no metric state rather than a stale one."""
-    from tfaccel.train.elastic import journal_callback
+    from tfaccel.resilience.elastic import journal_callback
 
     journal = journal_callback(None, workers=2, replicas=2, changes=[], save_freq=2, steps_per_epoch=10)
     journal.metrics = (1, 4, [[3.0], [96.0]])
@@ -144,7 +144,7 @@ def test_an_elastic_job_with_an_uneven_last_batch_stops_before_training(tmp_path
 def test_per_replica_batch_statistics_are_named():
     import keras
 
-    from tfaccel.train.elastic import per_replica_statistics
+    from tfaccel.resilience.elastic import per_replica_statistics
 
     model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4), keras.layers.BatchNormalization(name="bn"),
                               keras.layers.BatchNormalization(synchronized=True, name="sync")])

@@ -21,7 +21,7 @@ import tfaccel  # noqa: E402
 from tfaccel.devices import detect_devices  # noqa: E402
 from tfaccel.strategies import get_backend  # noqa: E402
 from tfaccel.strategies.entries import sketch_backend  # noqa: E402
-from tfaccel.train import keras_callbacks  # noqa: E402
+from tfaccel.resilience import keras_callbacks  # noqa: E402
 from tfaccel.train.data import prepare_data  # noqa: E402
 from tfaccel.train.loops.multi_step import uneven_batch_warning  # noqa: E402
 from tfaccel.xla import resolve_jit  # noqa: E402

@@ -1,5 +1,5 @@
 """The user's BackupAndRestore / ModelCheckpoint on a worker other than the chief (issue 24, point 9), in one
-process: what tfaccel.train.keras_callbacks hands that worker. The multi-process proof (a killed worker, a restart,
+process: what tfaccel.resilience.keras_callbacks hands that worker. The multi-process proof (a killed worker, a restart,
 the uninterrupted run's weights) is tests/reliability/test_reliability_keras_callbacks.py."""
 
 import dataclasses
@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import pytest
 
-from tfaccel.train import keras_callbacks
+from tfaccel.resilience import keras_callbacks
 
 X = np.random.default_rng(0).normal(size=(16, 3)).astype("float32")
 Y = np.ones((16, 2), "float32")

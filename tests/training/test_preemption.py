@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from tfaccel.errors import EXIT_PREEMPTED, ConfigError, Preempted
-from tfaccel.train import preemption as pre
-from tfaccel.train import restarts as rst
+from tfaccel.resilience import preemption as pre
+from tfaccel.resilience import restarts as rst
 
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "scripts" / "preempt_job.py"

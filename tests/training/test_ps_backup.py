@@ -22,7 +22,7 @@ import harness
 import tfaccel
 from tfaccel.errors import ConfigError
 from tfaccel.launch.procs import start_process, terminate
-from tfaccel.train.restarts import PROGRESS_FILE, RECORD_FILE
+from tfaccel.resilience.restarts import PROGRESS_FILE, RECORD_FILE
 
 JOB = harness.REPO_ROOT / "tests" / "training" / "scripts" / "ps_backup_job.py"
 STEPS_PER_EPOCH = -(-1437 // 64)  # digits train split, global batch 64: 22 whole batches + a partial one, as fit
@@ -265,8 +265,8 @@ def _variables():
 def test_backup_that_fails_midway_leaves_the_previous_backup_intact(tmp_path, monkeypatch):
     import tensorflow as tf
 
-    from tfaccel.train.backups import read_backup, remove_backup
-    from tfaccel.train.backups import restore_checkpoint_backup, write_checkpoint_backup
+    from tfaccel.resilience.backups import read_backup, remove_backup
+    from tfaccel.resilience.backups import restore_checkpoint_backup, write_checkpoint_backup
 
     weights, steps = _variables()
     ckpt = tf.train.Checkpoint(w=weights, steps=steps)
@@ -289,12 +289,12 @@ def test_backup_that_fails_midway_leaves_the_previous_backup_intact(tmp_path, mo
     assert sorted(os.listdir(tmp_path)) == ["backup-10.ckpt", "tfaccel_backup.json"]  # no half backup left
 
     # The pointer write itself fails after the checkpoint was renamed into place: still the previous backup.
-    import tfaccel.train.backups
+    import tfaccel.resilience.backups
 
     def no_pointer(path, text):
         raise OSError("read-only file system")
 
-    monkeypatch.setattr(tfaccel.train.backups, "atomic_write_text", no_pointer)
+    monkeypatch.setattr(tfaccel.resilience.backups, "atomic_write_text", no_pointer)
     with pytest.raises(OSError, match="read-only"):
         write_checkpoint_backup(str(tmp_path), ckpt, epoch=1, step=5, steps_per_epoch=10)
     monkeypatch.undo()
@@ -315,8 +315,8 @@ def test_backup_that_fails_midway_leaves_the_previous_backup_intact(tmp_path, mo
 def test_restore_refuses_a_keras_path_backup_and_a_different_model(tmp_path):
     import tensorflow as tf
 
-    from tfaccel.train.backups import read_backup
-    from tfaccel.train.backups import restore_checkpoint_backup, write_checkpoint_backup
+    from tfaccel.resilience.backups import read_backup
+    from tfaccel.resilience.backups import restore_checkpoint_backup, write_checkpoint_backup
 
     (tmp_path / "keras").mkdir()
     (tmp_path / "keras" / "backup-5.weights.h5").write_bytes(b"h5")
@@ -339,7 +339,7 @@ def test_keras_path_refuses_a_parameter_server_backup_before_training(tmp_path, 
     import keras
     import tensorflow as tf
 
-    from tfaccel.train.backups import write_checkpoint_backup
+    from tfaccel.resilience.backups import write_checkpoint_backup
 
     weights, steps = _variables()
     write_checkpoint_backup(str(tmp_path), tf.train.Checkpoint(w=weights, steps=steps), epoch=1, step=0,

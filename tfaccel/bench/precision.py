@@ -18,10 +18,14 @@ the devices. Without a GPU, ``--p5 auto`` skips the figure (``p5_precision_xla: 
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
+import tensorflow as tf
 
 from tfaccel.bench.config import BenchConfig, contender_rows, summary
 from tfaccel.bench.timing import Stopwatch, run_rounds
+from tfaccel.devices import detect_devices
 from tfaccel.errors import invalid_choice
+from tfaccel.models import get_model_builder
+from tfaccel.train.api import compile_and_fit
 
 __all__ = ["P5_MODES", "P5_CONTENDERS", "check_p5_mode", "p5_skip_reason", "measure_precision"]
 
@@ -81,8 +85,6 @@ def p5_data(n: int, input_shape: Sequence[int], classes: int) -> tuple:
 
 def _fit(build: Callable[[], Any], x: Any, y: Any, config: BenchConfig, *, precision: str, jit: Any) -> Train:
     def train(timer: Any) -> Dict[str, Any]:
-        from tfaccel.train.api import compile_and_fit
-
         result = compile_and_fit(build, (x, y), epochs=config.epochs, global_batch_size=config.p5_batch,
                                  strategy="default", precision=precision, jit_compile=jit,
                                  loss="sparse_categorical_crossentropy", metrics=["accuracy"], verbose=0, seed=0,
@@ -98,10 +100,6 @@ def _fit(build: Callable[[], Any], x: Any, y: Any, config: BenchConfig, *, preci
 
 
 def _devices() -> Dict[str, Any]:
-    import tensorflow as tf
-
-    from tfaccel.devices import detect_devices
-
     info = detect_devices()
     return {"gpus": [{"name": g.name, "compute_capability": g.compute_capability, "memory_mb": g.memory_mb}
                      for g in info.gpus],
@@ -121,8 +119,6 @@ def measure_precision(config: BenchConfig, stopwatch: Stopwatch) -> Dict[str, An
         ``order``, ``details`` (the precision and XLA each contender got), ``devices``, the sizes, and ``p5_note``
         where no GPU was used.
     """
-    from tfaccel.models import get_model_builder
-
     build_model = get_model_builder(config.p5_model)
     shape, classes = tuple(config.p5_input_shape), config.p5_classes
 

@@ -16,7 +16,10 @@ from typing import Any, Dict, List
 
 from tfaccel.bench.config import BenchConfig, contender_rows, last_json, round_order, summary
 from tfaccel.bench.timing import Stopwatch
+from tfaccel.errors import invalid_choice
+from tfaccel.launch import run_local
 from tfaccel.log import get_logger
+from tfaccel.real_suite import REAL_MODEL_NAMES, SIZES, get_real_model
 
 __all__ = ["REAL_PATHS", "KERAS_MULTI_WORKER", "check_real_config", "measure_real", "format_real"]
 
@@ -31,9 +34,6 @@ def check_real_config(config: BenchConfig) -> None:
     Raises:
         ConfigError: the first unknown value, with the valid ones.
     """
-    from tfaccel.errors import invalid_choice
-    from tfaccel.real_suite import REAL_MODEL_NAMES, SIZES
-
     for what, values, valid in (("--real-models", config.real_models, REAL_MODEL_NAMES),
                                 ("--real-paths", config.real_paths, REAL_PATHS),
                                 ("--real-size", [config.real_size], SIZES)):
@@ -50,8 +50,6 @@ def _env() -> Dict[str, str]:
 
 def _contender(model: str, config: BenchConfig, path: str, contender: str) -> Dict[str, Any]:
     """Runs one contender's job in its own process(es); returns the chief's timing."""
-    from tfaccel.launch import run_local
-
     cmd = [sys.executable, "-m", "tfaccel.bench.real_worker", model, config.real_size, path, contender]
     if path == "multi_worker":
         result = run_local(cmd, workers=2, timeout=config.real_timeout, env=_env(), echo=False)
@@ -95,8 +93,6 @@ def measure_real(config: BenchConfig, stopwatch: Stopwatch) -> Dict[str, Any]:
     Returns:
         ``{"size": ..., "jobs": {model: {examples, batch_size, epochs}}, "rows": {model: {path: row}}}``.
     """
-    from tfaccel.real_suite import get_real_model
-
     check_real_config(config)
     jobs = {m: get_real_model(m).job(config.real_size) for m in config.real_models}
     return {"size": config.real_size,

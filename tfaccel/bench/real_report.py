@@ -8,7 +8,8 @@ rendered again from a committed JSON without running anything.
 import json
 from typing import Any, Dict, List, Optional, Tuple
 
-from tfaccel.bench.report import save_figure
+from tfaccel.bench.report import pyplot, save_figure
+from tfaccel.train.xla_payback import Figures, steps_to_try
 
 __all__ = ["auto_choice", "auto_choice_short", "merge_reports", "render_page", "render_readme_table", "plot_real"]
 
@@ -61,7 +62,6 @@ def _payback(auto: Any) -> Optional[Tuple[Any, int, Optional[str]]]:
     slow-down, else None) from a job's ``xla_auto`` details; None where nothing was measured without XLA."""
     if not isinstance(auto, dict) or not isinstance(auto.get("measured", {}).get("jit_off"), dict):
         return None
-    from tfaccel.train.xla_payback import Figures, steps_to_try
 
     off = Figures(**auto["measured"]["jit_off"])
     threshold = auto["try_from_steps"] if "try_from_steps" in auto else steps_to_try(off)  # older reports lack it
@@ -194,14 +194,9 @@ def render_readme_table(report: Dict[str, Any], *, command: str, page: str = "do
 
 def plot_real(report: Dict[str, Any], path: str) -> None:
     """Bars of the time_to_train and steady ratios per model and path (median, min–max), the 1.0 line dashed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = [r for r in _rows(report) if "keras" not in r[3]]
     labels = [f"{model}\n{path}" for model, path, _, _ in rows]
-    fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.1 * len(rows) + 4), 5))
+    fig, axes = pyplot().subplots(1, 2, figsize=(max(8, 1.1 * len(rows) + 4), 5))
     for ax, key, title in ((axes[0], "time_to_train_ratio", "time_to_train, plain / tfaccel"),
                            (axes[1], "steady_ratio", "steady examples/s, tfaccel / plain")):
         figs = [row[key] for _, _, _, row in rows]

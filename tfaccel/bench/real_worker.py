@@ -12,10 +12,15 @@ import json
 import sys
 from typing import Any, Dict, List
 
+import keras
+import tensorflow as tf
+
+import tfaccel
+from tfaccel.bench.timing import Stopwatch
+from tfaccel.real_suite import get_real_model
+
 
 def _keras_strategy(path: str) -> Any:
-    import tensorflow as tf
-
     if path == "mirrored":
         return tf.distribute.MirroredStrategy([d.name for d in tf.config.list_logical_devices("CPU")])
     return tf.distribute.get_strategy()
@@ -23,8 +28,6 @@ def _keras_strategy(path: str) -> Any:
 
 def _train(spec: Any, size: str, path: str, contender: str, data: tuple, timer: Any) -> Dict[str, Any]:
     """Builds, compiles and fits the model once, ``timer`` seeing every epoch; returns what was chosen."""
-    import keras
-
     job = spec.job(size)
     keras.utils.set_random_seed(0)
     fit = dict(x=data[0], y=data[1], batch_size=job.batch_size, epochs=job.epochs, verbose=0, callbacks=[timer])
@@ -33,7 +36,6 @@ def _train(spec: Any, size: str, path: str, contender: str, data: tuple, timer: 
             model = spec.build(size)
         model.fit(**fit)
         return {"jit_compile": bool(model.jit_compile), "loop": "keras model.fit"}
-    import tfaccel
 
     with tfaccel.scope(strategy=path):
         model = spec.build(size)
@@ -47,12 +49,9 @@ def _train(spec: Any, size: str, path: str, contender: str, data: tuple, timer: 
 def main(argv: List[str]) -> int:
     """Runs one contender and prints its timing as the last line (JSON)."""
     name, size, path, contender = argv
-    import tfaccel
 
     if path == "mirrored":
         tfaccel.configure_devices(virtual_cpus=2)
-    from tfaccel.bench.timing import Stopwatch
-    from tfaccel.real_suite import get_real_model
 
     spec = get_real_model(name)
     data = spec.data(size)

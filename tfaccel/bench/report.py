@@ -3,9 +3,10 @@
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
+from tfaccel._lazy import optional_module
 from tfaccel.bench.config import TARGET_MODELS, TARGETS
 
-__all__ = ["FIGURE_NAMES", "format_report", "plot", "save_figure", "target_for"]
+__all__ = ["FIGURE_NAMES", "format_report", "plot", "pyplot", "save_figure", "target_for"]
 
 FIGURE_NAMES: Dict[str, str] = {
     "p1": "P1 compile_and_fit / naive fit",
@@ -106,12 +107,7 @@ def _bars(ax: Any, labels: List[str], figs: List[Dict[str, float]], targets: Lis
 
 def plot(report: Dict[str, Any], path: str) -> None:
     """Draws every figure's median with its min-max range against its target (red dashes), and time_to_train."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 3, figsize=(14, 8))
+    fig, axes = pyplot().subplots(2, 3, figsize=(14, 8))
     models = list(report.get("per_model", {}))
     titles = {"p1": "P1 compile_and_fit / naive fit", "p2": "P2 compile_and_fit / best hand-tuned fit",
               "p3": "P3 compile_and_fit / hand-written loop"}
@@ -139,10 +135,15 @@ def plot(report: Dict[str, Any], path: str) -> None:
     save_figure(fig, path)
 
 
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend (matplotlib is the optional ``bench`` extra)."""
+    optional_module("matplotlib").use("Agg")
+    return optional_module("matplotlib.pyplot")
+
+
 def save_figure(fig: Any, path: str) -> None:
     """Lays out and writes a bench figure (PNG at 100 dpi, the folder made), then closes it."""
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=100)

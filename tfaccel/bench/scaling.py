@@ -17,8 +17,11 @@ import sys
 import tempfile
 from typing import Any, Callable, Dict, List, Optional
 
+from tfaccel._lazy import optional_module
 from tfaccel.bench.config import BenchConfig, contender_rows, last_json, round_order, summary
 from tfaccel.bench.timing import Stopwatch
+from tfaccel.launch import run_local
+from tfaccel.launch.horovod import run_horovod
 from tfaccel.log import get_logger
 
 __all__ = ["SCALING_CONTENDERS", "measure_scaling"]
@@ -100,8 +103,6 @@ def _two_independent(script: str, config: BenchConfig) -> Dict[str, Any]:
 
 
 def _mwms_two_workers(script: str, config: BenchConfig) -> Dict[str, Any]:
-    from tfaccel.launch import run_local
-
     cmd = _argv(script, "mwms_two_workers", 2 * config.scaling_examples, config, "multi_worker")
     result = run_local(cmd, workers=2, timeout=config.scaling_timeout, env=_env(), echo=False)
     if result.returncode != 0:
@@ -110,10 +111,8 @@ def _mwms_two_workers(script: str, config: BenchConfig) -> Dict[str, Any]:
 
 
 def _horovod_two_ranks(script: str, config: BenchConfig) -> Optional[Dict[str, Any]]:
-    from tfaccel.launch.horovod import run_horovod
-
     try:
-        import horovod.tensorflow  # noqa: F401
+        optional_module("horovod.tensorflow")
     except Exception:  # noqa: BLE001 - Horovod not built here: the figure is reported as not measured
         return None
     cmd = _argv(script, "horovod_two_ranks", 2 * config.scaling_examples, config, "horovod")

@@ -15,10 +15,14 @@ Stopwatch` (epochs 2..N, plus the whole call as ``time_to_train``), in a random 
 
 from typing import Any, Callable, Dict
 
+import keras
 import numpy as np
+import tensorflow as tf
 
 from tfaccel.bench.config import BenchConfig, contender_rows, summary
 from tfaccel.bench.timing import Stopwatch, run_rounds
+from tfaccel.models import get_model_builder
+from tfaccel.train.api import compile_and_fit
 
 __all__ = ["SPEED_CONTENDERS", "measure_speedups"]
 
@@ -37,8 +41,6 @@ def model_data(n: int) -> tuple:
 
 def builder(model_name: str) -> Callable[[], Any]:
     """``() -> keras.Model`` for one of ``tfaccel.models``' reference models on 28x28x1 inputs, 10 classes."""
-    from tfaccel.models import get_model_builder
-
     build = get_model_builder(model_name)
     return lambda: build(input_shape=(28, 28, 1), num_classes=10)
 
@@ -50,8 +52,6 @@ def _compile(model: Any, **options: Any) -> Any:
 
 def _compile_and_fit(build: Callable, x: Any, y: Any, epochs: int, batch: int) -> Train:
     def train(timer: Any) -> Dict[str, Any]:
-        from tfaccel.train.api import compile_and_fit
-
         result = compile_and_fit(build, (x, y), epochs=epochs, global_batch_size=batch, strategy="default",
                                  loss="sparse_categorical_crossentropy", metrics=["accuracy"], verbose=0, seed=0,
                                  callbacks=[timer])
@@ -70,8 +70,6 @@ def _naive(build: Callable, x: Any, y: Any, epochs: int) -> Train:
 
 def _hand_tuned(build: Callable, x: Any, y: Any, epochs: int, batch: int, jit: bool) -> Train:
     def train(timer: Any) -> Dict[str, Any]:
-        import tensorflow as tf
-
         model = _compile(build(), steps_per_execution=64, jit_compile=jit)
         ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=0).batch(batch).cache().prefetch(
             tf.data.AUTOTUNE)
@@ -85,9 +83,6 @@ def _limit(build: Callable, x: Any, y: Any, epochs: int, batch: int, jit: bool) 
     """The hand-written whole-epoch loop (no Keras fit, no metrics): the limit for the model here."""
 
     def train(timer: Any) -> Dict[str, Any]:
-        import keras
-        import tensorflow as tf
-
         model, opt, loss_fn = build(), keras.optimizers.Adam(), keras.losses.SparseCategoricalCrossentropy()
         opt.build(model.trainable_variables)
         xs, ys, steps = tf.constant(x), tf.constant(y), len(x) // batch

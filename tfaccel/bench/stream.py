@@ -21,11 +21,16 @@ pipeline alone. A dataset cannot use the compiled loop (it holds the whole epoch
 
 import os
 import tempfile
+import time
 from typing import Any, Callable, Dict, List
+
+import tensorflow as tf
 
 from tfaccel.bench.config import BenchConfig, contender_rows, summary
 from tfaccel.bench.speed import builder, model_data
 from tfaccel.bench.timing import Stopwatch, run_rounds
+from tfaccel.datasets import tfrecord_dataset, write_tfrecords
+from tfaccel.train.api import compile_and_fit
 
 __all__ = ["STREAM_CONTENDERS", "STREAM_STEPS_PER_EXECUTION", "measure_stream", "naive_tfrecord_dataset"]
 
@@ -37,8 +42,6 @@ Train = Callable[[Any], Dict[str, Any]]
 
 def naive_tfrecord_dataset(files: List[str], *, feature_shape: tuple, batch_size: int) -> Any:
     """The files read one after another, each record parsed on its own, batched, nothing prefetched."""
-    import tensorflow as tf
-
     size = 1
     for d in feature_shape:
         size *= int(d)
@@ -53,8 +56,6 @@ def naive_tfrecord_dataset(files: List[str], *, feature_shape: tuple, batch_size
 
 def _fit(build: Callable, data: Any, config: BenchConfig, *, given_spe: bool) -> Train:
     def train(timer: Any) -> Dict[str, Any]:
-        from tfaccel.train.api import compile_and_fit
-
         # Datasets: shuffle=False (the streamed files are shuffled by the pipeline, the cached batches once).
         options = {"steps_per_execution": STREAM_STEPS_PER_EXECUTION, "shuffle": False} if given_spe else {}
         train_data = data() if callable(data) else data
@@ -69,10 +70,6 @@ def _fit(build: Callable, data: Any, config: BenchConfig, *, given_spe: bool) ->
 
 def _contenders(x: Any, y: Any, pattern: str, files: List[str], config: BenchConfig) -> tuple:
     """({contender: train}, {input name: () -> dataset}) of P6."""
-    import tensorflow as tf
-
-    from tfaccel.datasets import tfrecord_dataset
-
     build, b = builder(config.stream_model), config.batch
 
     def in_memory() -> Any:
@@ -96,8 +93,6 @@ def _input_alone(make: Callable[[], Any]) -> Dict[str, float]:
 
     Iterating from Python adds the same per-batch cost to every input; compare the inputs with each other.
     """
-    import time
-
     ds = make()
     for _ in ds:
         pass
@@ -109,8 +104,6 @@ def _input_alone(make: Callable[[], Any]) -> Dict[str, float]:
 
 def measure_stream(config: BenchConfig, stopwatch: Stopwatch) -> Dict[str, Any]:
     """P6 over ``config.repeats`` rounds: ratios per round, the files written once to a temporary folder."""
-    from tfaccel.datasets import write_tfrecords
-
     x, y = model_data(config.stream_examples)
     with tempfile.TemporaryDirectory(prefix="tfaccel-bench-stream-") as tmp:
         files = write_tfrecords(x, y, os.path.join(tmp, "naive"), num_shards=config.stream_shards)

@@ -17,39 +17,34 @@ import dataclasses
 import time
 from typing import Any, Callable, Dict, List, Optional
 
+import keras
+
+from tfaccel.bench.config import round_order
 from tfaccel.errors import ConfigError
+from tfaccel.log import get_logger
 
 __all__ = ["EpochTimer", "Timing", "Stopwatch", "run_rounds"]
 
 
-def _epoch_timer_class() -> type:
-    import keras
+class EpochTimer(keras.callbacks.Callback):
+    """Records the wall-clock begin and end of every epoch; epoch-level hooks only, so it never keeps tfaccel from
+    choosing its compiled loop."""
 
-    class _EpochTimer(keras.callbacks.Callback):
-        """Epoch-level hooks only, so it never keeps tfaccel from choosing its compiled loop."""
+    def __init__(self) -> None:
+        super().__init__()
+        self.begins: List[float] = []
+        self.ends: List[float] = []
+        self.cpu: List[float] = []  # this process's CPU seconds at each epoch begin and end
 
-        def __init__(self) -> None:
-            super().__init__()
-            self.begins: List[float] = []
-            self.ends: List[float] = []
-            self.cpu: List[float] = []  # this process's CPU seconds at each epoch begin and end
+    def on_epoch_begin(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        self.cpu.append(time.process_time())
+        self.begins.append(time.perf_counter())
 
-        def on_epoch_begin(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
-            self.cpu.append(time.process_time())
-            self.begins.append(time.perf_counter())
-
-        def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
-            for value in (logs or {}).values():
-                float(value)  # waits for the device: the epoch's work is done when it ends
-            self.ends.append(time.perf_counter())
-            self.cpu.append(time.process_time())
-
-    return _EpochTimer
-
-
-def EpochTimer() -> Any:  # noqa: N802 - reads like the class it returns (Keras is imported lazily)
-    """A new ``keras.callbacks.Callback`` recording the wall-clock begin and end of every epoch."""
-    return _epoch_timer_class()()
+    def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        for value in (logs or {}).values():
+            float(value)  # waits for the device: the epoch's work is done when it ends
+        self.ends.append(time.perf_counter())
+        self.cpu.append(time.process_time())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,9 +125,6 @@ def run_rounds(contenders: Dict[str, Callable[[Any], Dict[str, Any]]], *, stopwa
     Returns:
         One ``{"order": [...], "timings": {name: Timing fields}}`` per round.
     """
-    from tfaccel.bench.config import round_order
-    from tfaccel.log import get_logger
-
     rounds: List[Dict[str, Any]] = []
     for r in range(config.repeats):
         order = round_order(list(contenders), seed=config.seed, group=group, round_index=r)

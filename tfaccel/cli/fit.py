@@ -13,8 +13,8 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     from tfaccel.datasets import DATASET_NAMES
     from tfaccel.models import MODEL_NAMES
     from tfaccel.precision import PRECISION_NAMES
-    from tfaccel.strategies.registry import STRATEGY_NAMES
-    from tfaccel.train.optim import OPTIMIZER_NAMES
+    from tfaccel.strategies.names import STRATEGY_NAMES
+    from tfaccel.train.request import OPTIMIZER_NAMES
 
     parser = subparsers.add_parser(
         "fit", help="train a model with compile_and_fit (any strategy)",
@@ -50,7 +50,7 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
 
 def _add_rate_and_job_options(parser: argparse.ArgumentParser, d: JobOptions) -> None:
     """The learning rate, the steps, the files a job writes, its cluster task, its seed and its summary."""
-    from tfaccel.train.optim import LR_SCALING
+    from tfaccel.train.request import LR_SCALING
 
     parser.add_argument("--learning-rate", type=float, default=None,
                         help="the optimizer's rate, used as given (default: Keras' default for --optimizer)")

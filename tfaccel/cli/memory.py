@@ -20,8 +20,8 @@ PROCESS_PEAK_CHOICES = ("auto", "yes", "no")
 def register(subparsers: "argparse._SubParsersAction") -> None:
     from tfaccel.models import MODEL_NAMES
     from tfaccel.precision import POLICY_NAMES
-    from tfaccel.strategies.registry import STRATEGY_NAMES
-    from tfaccel.train.optim import OPTIMIZER_NAMES
+    from tfaccel.strategies.names import STRATEGY_NAMES
+    from tfaccel.train.request import OPTIMIZER_NAMES
 
     parser = subparsers.add_parser("memory", help="estimate the memory of a training step (per replica, per ps shard)")
     parser.add_argument("--model", required=True, help=f"built-in ({', '.join(MODEL_NAMES)}) or path/to/file.py:fn")
@@ -60,8 +60,8 @@ def parse_options(args: argparse.Namespace) -> Dict[str, Any]:
     """Validates the flags; every error names the flag, what it received and what is valid."""
     from tfaccel.errors import ConfigError, invalid_choice
     from tfaccel.precision import POLICY_NAMES
-    from tfaccel.strategies.registry import STRATEGY_NAMES
-    from tfaccel.train.optim import OPTIMIZER_NAMES
+    from tfaccel.strategies.names import STRATEGY_NAMES
+    from tfaccel.train.request import OPTIMIZER_NAMES
 
     if args.precision not in POLICY_NAMES:
         raise invalid_choice("--precision", args.precision, POLICY_NAMES)

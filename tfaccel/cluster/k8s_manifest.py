@@ -24,7 +24,7 @@ from tfaccel.cluster.kubernetes import (DEFAULT_PORT, JOB_NAME_ENV, JOB_NAME_LAB
 from tfaccel.cluster.limits import shorten
 from tfaccel.errors import EXIT_CONFIG, EXIT_PREEMPTED, LAUNCHED_ENV
 from tfaccel.job_id import JOB_ID_ENV
-from tfaccel.train.preemption import DEFAULT_TIMEOUT_S, TIMEOUT_ENV  # no TensorFlow there
+from tfaccel.resilience.contract import DEFAULT_TIMEOUT_S, TIMEOUT_ENV
 
 __all__ = ["k8s_manifest", "k8s_manifest_yaml", "BACKUP_MOUNT", "GRACE_PERIOD_S", "RUNTIME_NAME"]
 

@@ -6,7 +6,7 @@ its ``on_train_begin`` loads the weights and sets the private ``model._initial_e
 training tfaccel must know that epoch before training starts, to line its per-epoch example order up with it.
 Keras 3 also dropped tf_keras' per-worker temporary paths, so every worker writes the same backup file
 (tensorflow/tensorflow#38635 is the tf.keras-era report of that race; tf_keras answered it with
-``distributed_file_utils``); tfaccel.train.keras_callbacks gives the other workers private paths.
+``distributed_file_utils``); tfaccel.resilience.keras_callbacks gives the other workers private paths.
 tests/strategies/test_compat_keras_backup_restore.py fails when the attribute moves.
 """
 

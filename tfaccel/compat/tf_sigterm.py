@@ -25,7 +25,7 @@ Not covered: SIGTERM that arrives *during* the constructor (the start-up barrier
 then), so nothing in Python can undo the handler before it returns; such a worker ends at SIGKILL or when the
 start-up timeout fails it.
 
-While ``tfaccel.fit`` trains, ``tfaccel.train.preemption`` catches SIGTERM itself (a Python handler, woken through
+While ``tfaccel.fit`` trains, ``tfaccel.resilience.preemption`` catches SIGTERM itself (a Python handler, woken through
 ``signal.set_wakeup_fd`` even while the main thread is in a collective): every worker stops at one agreed step, the
 chief writes the backup there, and the process exits with ``tfaccel.EXIT_PREEMPTED``; the action from before is put
 back when fit returns.
@@ -71,7 +71,7 @@ AFFECTED_VERSIONS: VersionWindow = ((2, 21), (2, 22))
 KEEP_ENV = "TFACCEL_KEEP_TF_SIGTERM"
 NOTE = (f"SIGTERM ends this worker: TensorFlow's SIGTERM preemption notifier is set aside by compat fix {NAME} "
         f"({KEEP_ENV}=1 keeps it); while fit trains, every worker stops at an agreed step, the backup is written "
-        "there and the process exits 75 (tfaccel.train.preemption)")
+        "there and the process exits 75 (tfaccel.resilience.preemption)")
 
 # struct sigaction starts with the handler on Linux (glibc, musl) and macOS; 512 bytes is more than its size
 # there (152 on Linux x86_64/aarch64). Other layouts (e.g. MIPS, sa_flags first) are not handled.

@@ -36,7 +36,7 @@ from tfaccel.job_id import launch_job_id, new_job_id
 from tfaccel.launch.outcome import LaunchResult
 from tfaccel.launch.restarts import NOT_RESTARTED, RestartBudget
 from tfaccel.log import get_logger
-from tfaccel.train.elastic import ELASTIC_ENV, RESIZE_FROM_ENV, RESIZE_REASON_ENV, parse_workers_range
+from tfaccel.resilience.contract import ELASTIC_ENV, RESIZE_FROM_ENV, RESIZE_REASON_ENV, parse_workers_range
 
 __all__ = ["ElasticState", "read_capacity", "run_elastic", "parse_workers_range"]
 

@@ -2,7 +2,7 @@
 and every restart is recorded for the training processes of the next attempt.
 
 A task that exits with :data:`tfaccel.errors.EXIT_PREEMPTED` (75) stopped at a step every process agreed on,
-after the chief wrote a backup there (``tfaccel.train.preemption``). The launcher then stops the other tasks
+after the chief wrote a backup there (``tfaccel.resilience.preemption``). The launcher then stops the other tasks
 (which are exiting with the same code), restarts the job, and does not count that restart against
 ``--max-restarts`` unless ``--count-preemptions`` asks it to. A task that exits with
 :data:`tfaccel.errors.EXIT_CONFIG` (2, a ``ConfigError``) ends the job at once: a restart would fail the same way.
@@ -136,7 +136,7 @@ class RestartBudget:
 def signals_to_forward() -> Tuple[int, ...]:
     """What the launcher catches and passes on to its tasks: SIGINT, SIGTERM, SIGHUP and the preemption signal that
     ``TFACCEL_PREEMPTION_SIGNAL`` names (SLURM's ``--signal=USR1@60`` reaches the launcher first)."""
-    from tfaccel.train.preemption import preemption_signals
+    from tfaccel.resilience.contract import preemption_signals
 
     return tuple(sorted({int(signal.SIGINT), int(signal.SIGTERM), int(signal.SIGHUP), *preemption_signals()}))
 

@@ -20,8 +20,18 @@ Two peaks are estimated, and they answer different questions:
 import dataclasses
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
+import keras
+import tensorflow as tf
+
 from tfaccel.errors import ConfigError, invalid_choice
+from tfaccel.memory.graph import graph_activation_peak
+from tfaccel.memory.measure import measure_cpu_step
+from tfaccel.memory.recompute import enable_recompute
 from tfaccel.memory.shapes import DEFAULT_SHAPES
+from tfaccel.models import build_model
+from tfaccel.precision import POLICY_NAMES
+from tfaccel.strategies.registry import STRATEGY_NAMES
+from tfaccel.train.request import OPTIMIZER_NAMES
 
 __all__ = ["MemoryEstimate", "estimate_memory", "REPLICATED_STRATEGIES", "DEFAULT_SHAPES", "PROCESS_STRATEGIES"]
 
@@ -109,8 +119,6 @@ def _nbytes(variables: Sequence[Any]) -> int:
 
 
 def _dtype_size(dtype: Any) -> int:
-    import tensorflow as tf
-
     return tf.as_dtype(str(dtype)).size
 
 
@@ -130,10 +138,6 @@ def _ps_shards(model: Any, optimizer: Any, num_ps: int) -> Tuple[int, ...]:
 def _check_options(strategy: str, batch_size: Any, replicas: int, num_ps: int, precision: Optional[str],
                    optimizer: Union[str, Any]) -> None:
     """Checks estimate_memory's options before anything is built; the error names the option and what is valid."""
-    from tfaccel.precision import POLICY_NAMES
-    from tfaccel.strategies.registry import STRATEGY_NAMES
-    from tfaccel.train.optim import OPTIMIZER_NAMES
-
     if strategy not in STRATEGY_NAMES:
         raise invalid_choice("strategy", strategy, STRATEGY_NAMES)
     if precision is not None and precision not in POLICY_NAMES:
@@ -152,8 +156,6 @@ def _check_options(strategy: str, batch_size: Any, replicas: int, num_ps: int, p
 def _build(model_or_name: Any, precision: Optional[str], input_shape: Optional[Sequence[int]],
            num_classes: Optional[int]) -> Tuple[Any, str, str]:
     """Returns (a model tfaccel may change, its name, its precision)."""
-    import keras
-
     if isinstance(model_or_name, keras.Model):
         policy = model_or_name.dtype_policy.name
         if precision is not None and precision != policy:
@@ -166,7 +168,6 @@ def _build(model_or_name: Any, precision: Optional[str], input_shape: Optional[S
             raise ConfigError(f"model: cannot copy model {model_or_name.name!r} to trace it ({exc}); pass its "
                               "builder function instead") from exc
         return clone, model_or_name.name, policy
-    from tfaccel.models import build_model
 
     name = model_or_name if isinstance(model_or_name, str) else getattr(model_or_name, "__name__", "model")
     shape, classes = DEFAULT_SHAPES.get(name, (None, 10))
@@ -184,8 +185,6 @@ def _build(model_or_name: Any, precision: Optional[str], input_shape: Optional[S
 
 
 def _specs(model: Any, batch: int) -> Tuple[Any, Any]:
-    import tensorflow as tf
-
     inputs = [tf.TensorSpec((batch,) + tuple(t.shape[1:]), t.dtype) for t in model.inputs]
     output = model.outputs[0]
     label = tf.TensorSpec((batch,), "int32") if len(output.shape) == 2 else \
@@ -202,10 +201,6 @@ def _trace_step(model: Any, optimizer: Union[str, Any], batch: int) -> Tuple[Dic
 
 def _trace_peaks(model: Any, batch: int) -> Dict[str, int]:
     """Traces the compiled model's train_step at ``batch`` and plays the graph (nothing runs)."""
-    import tensorflow as tf
-
-    from tfaccel.memory.graph import graph_activation_peak
-
     x_spec, y_spec = _specs(model, batch)
     return graph_activation_peak(tf.function(model.train_step).get_concrete_function((x_spec, y_spec)).graph)
 
@@ -213,8 +208,6 @@ def _trace_peaks(model: Any, batch: int) -> Dict[str, int]:
 def _process_base(model_or_name: Any, model: Any, *, strategy: str, replicas: int, precision: str, optimizer: str,
                   input_shape: Optional[Sequence[int]], num_classes: Optional[int]) -> Tuple[int, int]:
     """(the measured VmHWM of a fresh process training the model at batch 1, the traced activations at batch 1)."""
-    from tfaccel.memory.measure import measure_cpu_step
-
     if not isinstance(model_or_name, str):
         raise ConfigError(f"process_peak: the process peak is measured in a fresh process, which must build the "
                           f"model itself; received a {type(model_or_name).__name__}. Pass a built-in name or "
@@ -233,8 +226,6 @@ def _process_base(model_or_name: Any, model: Any, *, strategy: str, replicas: in
 
 def _recompute_peak(model_or_name: Any, recompute: Any, *, precision: Optional[str], input_shape: Any,
                     num_classes: Optional[int], optimizer: Any, batch: int) -> Tuple[Tuple[str, ...], Optional[int]]:
-    from tfaccel.memory.recompute import enable_recompute
-
     if recompute is False:
         return (), None
     model, _, _ = _build(model_or_name, precision, input_shape, num_classes)

@@ -24,7 +24,14 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+import keras
+import numpy as np
+import tensorflow as tf
+
 from tfaccel.errors import ConfigError
+from tfaccel.memory.recompute import enable_recompute
+from tfaccel.memory.shapes import DEFAULT_SHAPES
+from tfaccel.models import build_model
 
 __all__ = ["measure_device_peak", "measure_cpu_step", "time_side_by_side", "read_proc_status", "MMAP_THRESHOLD",
            "BFC_VARIABLE", "child_environment", "allocator_stats_unavailable"]
@@ -69,8 +76,6 @@ def measure_device_peak(run_step: Callable[[], Any], *, devices: Optional[Sequen
         ``{device: peak bytes}``; empty when there is no GPU.
     """
     if devices is None or memory_info is None or reset is None:
-        import tensorflow as tf
-
         if devices is None:
             devices = [f"GPU:{i}" for i, _ in enumerate(tf.config.list_logical_devices("GPU"))]
         memory_info = memory_info or tf.config.experimental.get_memory_info
@@ -170,15 +175,6 @@ def _run_child(request: Dict[str, Any], *, env: Dict[str, str], timeout_s: float
 
 def _prepare(request: Dict[str, Any], recompute: Optional[Any]) -> Any:
     """Builds, compiles and warms one model of the request; returns a function that runs one step."""
-    import numpy as np
-    import tensorflow as tf
-
-    import keras
-
-    from tfaccel.memory.shapes import DEFAULT_SHAPES
-    from tfaccel.memory.recompute import enable_recompute
-    from tfaccel.models import build_model
-
     shape, classes = DEFAULT_SHAPES.get(request["model"], (None, 10))
     shape = tuple(request["input_shape"] or shape)
     classes = request.get("num_classes") or classes
@@ -212,8 +208,6 @@ def _timing_child(request: Dict[str, Any]) -> Dict[str, List[float]]:
 
 
 def _child(request: Dict[str, Any]) -> Dict[str, Any]:
-    import tensorflow as tf
-
     tf.constant(1.0) + 1.0  # start the runtime before the baseline
     baseline = read_proc_status()["VmRSS"]
     step = _prepare(request, request["recompute"])

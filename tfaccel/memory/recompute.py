@@ -21,9 +21,15 @@ Example:
     ['stage1_block1', 'stage1_block2']
 """
 
+import os.path
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfaccel.compat.tf_tape import stop_recording
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
 
@@ -64,8 +70,6 @@ def _auto_groups(model: Any) -> Dict[str, List[Any]]:
 
 def _activation_size(ops: List[Any]) -> int:
     """Bytes per example of the outputs of the block's layers (shapes from the functional graph)."""
-    import numpy as np
-
     total = 0
     for op in ops:
         for out in _flat(op.output):
@@ -88,8 +92,6 @@ def _largest_share(groups: Dict[str, List[Any]], share: float) -> Dict[str, List
 
 
 def _flat(value: Any) -> List[Any]:
-    import keras
-
     return [t for t in keras.tree.flatten(value) if t is not None]
 
 
@@ -126,8 +128,6 @@ def _block_boundary(model: Any, name: str, ops: List[Any]) -> Tuple[Any, Any]:
 
 def _group_name(names: List[str], index: int, taken: Dict[str, Any]) -> str:
     """A block's name: its one layer's name, else the layers' common name prefix, else ``block<index>``."""
-    import os.path
-
     name = names[0] if len(names) == 1 else os.path.commonprefix(names).rstrip("_")
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", name) or f"block{index}"
     return name if name not in taken else f"{name}_{index}"
@@ -172,8 +172,6 @@ def _ordered_blocks(model: Any, groups: Dict[str, List[Any]]) -> List[Tuple[str,
 
 
 def _sub_model(model: Any, inputs: Any, outputs: Any, what: str) -> Any:
-    import keras
-
     try:
         return keras.Model(inputs, outputs, name=f"{model.name}_{what}")
     except ValueError as exc:  # Keras: "Output ... is not connected to `inputs`"
@@ -201,23 +199,10 @@ def _chain(model: Any, blocks: List[Tuple[str, Any, Any]]) -> List[Tuple[Optiona
 def _replay_dependency(x: Any, upstream: Any) -> Any:
     """x + 0 computed from the incoming gradient, so the replay cannot run before, or be merged with, the forward
     pass (the same trick as tf.recompute_grad; XLA ignores control dependencies)."""
-    import tensorflow as tf
-
     elem = tf.reduce_max(tf.reshape(upstream, [-1])[:1])
     elem_bool = tf.cast(elem, tf.bool)
     zero = tf.where(tf.equal(elem_bool, elem_bool), 0.0, float("nan"))
     return x + tf.cast(zero, x.dtype)
-
-
-def _stop_recording() -> Any:
-    """tf.recompute_grad's own guard (TF 2.21 has no public spelling of it); a no-op if it ever moves."""
-    import contextlib
-
-    try:
-        from tensorflow.python.eager import record
-    except ImportError:  # pragma: no cover - layout of a future TF
-        return contextlib.nullcontext()
-    return record.stop_recording()
 
 
 def recompute_call(block: Any, x: Any, training: Any) -> Any:
@@ -231,15 +216,12 @@ def recompute_call(block: Any, x: Any, training: Any) -> Any:
     Returns:
         The block's output; its gradient recomputes the block under the forward pass's state (seeds, statistics).
     """
-    import keras
-    import tensorflow as tf
-
     state = list(block.non_trainable_variables)
 
     @tf.custom_gradient
     def forward(x_in: Any) -> Any:
         before = [tf.identity(tf.cast(v.value, v.dtype)) for v in state]  # read before the forward's updates
-        with _stop_recording():  # as tf.recompute_grad: an eager outer tape must not keep the block's tensors
+        with stop_recording():  # as tf.recompute_grad: an eager outer tape must not keep the block's tensors
             output = block(x_in, training=training)
 
         def backward(upstream: Any, variables: Optional[List[Any]] = None) -> Any:

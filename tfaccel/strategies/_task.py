@@ -2,11 +2,11 @@
 
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+from tfaccel.cluster import task_from_env
+
 
 def current_task(environ: Optional[Mapping[str, str]] = None) -> Optional[Any]:
     """Returns ``tfaccel.cluster.task_from_env(environ)`` (a ``TaskInfo``), or None outside a cluster."""
-    from tfaccel.cluster import task_from_env
-
     return task_from_env(environ)
 
 

@@ -10,6 +10,10 @@ import dataclasses
 import functools
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 
+import tensorflow as tf
+
+from tfaccel.xla import HOROVOD_NOTE, MULTI_WORKER_CPU_NOTE, MULTI_WORKER_GPU_NOTE, TPU_NOTE
+
 __all__ = ["Backend", "Traits"]
 
 
@@ -48,8 +52,6 @@ class Traits:
 
 @functools.lru_cache(maxsize=None)
 def _builtin_traits() -> Dict[str, Traits]:
-    from tfaccel.xla import HOROVOD_NOTE, MULTI_WORKER_CPU_NOTE, MULTI_WORKER_GPU_NOTE, TPU_NOTE
-
     return {
         "default": Traits(single_device=True, xla_one_replica=True),
         "one_device": Traits(single_device=True, xla_one_replica=True),
@@ -146,8 +148,6 @@ class Backend:
         default strategy (entering its scope changes nothing for the model but makes TensorFlow refuse a strategy of
         the user's own entered inside it, "Mixing different tf.distribute.Strategy objects", which plain Keras
         allows)."""
-        import tensorflow as tf  # deferred: strategies/ is imported where TensorFlow must not load
-
         if not tf.distribute.has_strategy() and self.strategy is tf.distribute.get_strategy():
             return contextlib.nullcontext()
         return self.strategy.scope()

@@ -7,7 +7,11 @@ import contextlib
 import numbers
 from typing import Any, Dict, Optional, Sequence, Tuple
 
+import tensorflow as tf
+
+from tfaccel.compat import keras_mwms, keras_sharded, tf_sigterm
 from tfaccel.errors import ConfigError, DeviceError, invalid_choice
+from tfaccel.strategies import peer_health
 from tfaccel.strategies._task import training_roles, worker_position
 from tfaccel.strategies.base import Backend
 from tfaccel.xla import MULTI_WORKER_CPU_NOTE
@@ -24,8 +28,6 @@ PS_JIT_NOTE = ("parameter_server runs tfaccel's ClusterCoordinator loop whose st
 
 
 def _tf() -> Any:
-    import tensorflow as tf
-
     return tf
 
 
@@ -193,7 +195,6 @@ def _multi_worker_settings(devices: Any, *, implementation: Any, timeout_seconds
                           "implementation='ring' or 'auto' on CPUs")
     timeout = _check_timeout("multi_worker", timeout_seconds)
     # issue 9 (R2): bounded start-up and lost-peer detection by default, stated in the plan notes.
-    from tfaccel.strategies import peer_health
 
     return implementation, peer_health.resolve_timeouts(startup_timeout_seconds=startup_timeout_seconds,
                                                         heartbeat_timeout_seconds=heartbeat_timeout_seconds,
@@ -230,7 +231,6 @@ def make_multi_worker(*, devices: Any, task: Optional[Any], implementation: str 
     ``tfaccel.strategies.peer_health``), so a peer that never starts or dies fails the job instead of hanging.
     """
     tf = _tf()
-    from tfaccel.strategies import peer_health
 
     implementation, timeouts = _multi_worker_settings(
         devices, implementation=implementation, timeout_seconds=timeout_seconds,
@@ -240,15 +240,12 @@ def make_multi_worker(*, devices: Any, task: Optional[Any], implementation: str 
                                                               bytes_per_pack=_check_bytes_per_pack(bytes_per_pack),
                                                               timeout_seconds=timeouts.collective or None)
     if apply_compat:
-        from tfaccel.compat import keras_mwms
-
         keras_mwms.apply()
     resolver = _resolver_for(task, devices)
     if task is not None and task.num_tasks > 1 and task.task_type in ("chief", "worker"):
         peer_health.configure_coordination(
             (resolver or tf.distribute.cluster_resolver.TFConfigClusterResolver()).cluster_spec(), timeouts)
     # TF installs a SIGTERM-swallowing preemption notifier inside this constructor (tfaccel.compat.tf_sigterm).
-    from tfaccel.compat import tf_sigterm
 
     sigterm_fix = tf_sigterm.around_strategy_creation() if apply_compat else contextlib.nullcontext()
     try:
@@ -369,8 +366,6 @@ def make_parameter_server(*, devices: Any, task: Optional[Any], variable_partiti
                                      max_shards=max_shards)
     partitioner = _partitioner(settings)
     if partitioner is not None:
-        from tfaccel.compat import keras_sharded
-
         keras_sharded.apply()
     resolver = _resolver_for(task, devices) or tf.distribute.cluster_resolver.TFConfigClusterResolver()
     if task.spec.roles.get("evaluator"):  # no member of the training cluster: the coordinator would wait for it

@@ -3,13 +3,13 @@ entry), and a sketch of each entry's backend for describing ``"auto"`` without b
 
 from typing import Any, Dict, Optional, Tuple
 
-from tfaccel.errors import BackendUnavailableError
 from tfaccel.strategies import tpu
 from tfaccel.strategies.base import Backend
 from tfaccel.strategies.builtin import (MIRRORED_MULTI_DEVICE_JIT_NOTE, PS_JIT_NOTE, default_request, make_default,
                                         make_mirrored, make_multi_worker, make_one_device, make_parameter_server,
                                         mirrored_request, multi_worker_request, one_device_request,
                                         parameter_server_request)
+from tfaccel.strategies.horovod import make_backend
 from tfaccel.xla import MULTI_WORKER_CPU_NOTE
 
 __all__ = ["BUILTIN_ENTRIES", "sketch_backend", "make_horovod"]
@@ -17,12 +17,8 @@ __all__ = ["BUILTIN_ENTRIES", "sketch_backend", "make_horovod"]
 
 # --------------------------------------------------------------------------------------------------- horovod
 def make_horovod(*, devices: Any, task: Optional[Any], **options: Any) -> Backend:
-    """Loads ``tfaccel.strategies.horovod.make_backend`` lazily (Horovod is an optional, compiled dependency)."""
-    try:
-        from tfaccel.strategies.horovod import make_backend
-    except ImportError as exc:  # tfaccel's own modules; Horovod itself is loaded later, with its install hint
-        raise BackendUnavailableError(f"horovod: tfaccel's Horovod backend cannot be loaded here ({exc}); pick "
-                                      "another strategy") from exc
+    """The Horovod backend (``tfaccel.strategies.horovod``; Horovod itself, an optional compiled dependency, is
+    loaded when the backend starts, with its install hint)."""
     return make_backend(devices=devices, task=task, **options)
 
 

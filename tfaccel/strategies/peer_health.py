@@ -26,7 +26,12 @@ import os
 import re
 from typing import Any, List, Mapping, Optional, Tuple
 
+from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+from tensorflow.python.distribute import multi_worker_util
+from tensorflow.python.eager import context
+
 from tfaccel.errors import ConfigError, DeviceError
+from tfaccel.launch.procs import port_open
 
 __all__ = ["PeerTimeouts", "resolve_timeouts", "configure_coordination", "startup_error", "lost_task_names",
            "DEFAULT_STARTUP_TIMEOUT_S", "DEFAULT_HEARTBEAT_TIMEOUT_S", "DEFAULT_COLLECTIVE_TIMEOUT_S", "ENV_NAMES"]
@@ -112,10 +117,6 @@ def configure_coordination(cluster_spec: Any, timeouts: PeerTimeouts) -> bool:
     Returns:
         True when tfaccel configured the service; False when one was configured already (left as it is).
     """
-    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
-    from tensorflow.python.distribute import multi_worker_util
-    from tensorflow.python.eager import context
-
     ctx = context.context()
     if ctx.coordination_service is not None:
         return False
@@ -143,8 +144,6 @@ def lost_task_names(message: str) -> List[str]:
 
 def _silent_peers(task: Any) -> List[str]:
     """The other coordinated tasks whose address does not accept connections now."""
-    from tfaccel.launch.procs import port_open
-
     silent = []
     for role in _COORDINATED_JOBS:
         for index, address in enumerate(task.spec.roles.get(role, ())):

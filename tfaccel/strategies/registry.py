@@ -13,19 +13,22 @@ objects, even over disjoint devices, failed with ``group is already full`` / ``e
 import dataclasses
 import inspect
 import threading
-from typing import Any, Callable, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, get_args
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+import tensorflow as tf
+
+from tfaccel.devices import detect_devices
 from tfaccel.errors import ConfigError, invalid_choice
 from tfaccel.log import get_logger
+from tfaccel.strategies._task import current_task
+from tfaccel.strategies.auto import choose_strategy, horovod_auto_strategy_error
 from tfaccel.strategies.base import Backend
+from tfaccel.strategies.entries import BUILTIN_ENTRIES
+from tfaccel.strategies.names import STRATEGY_NAMES, StrategyName
 
 __all__ = ["StrategyName", "STRATEGY_NAMES", "StrategyEntry", "BackendRequest", "register_strategy",
            "strategy_entries", "get_backend", "get_strategy", "reset_backends"]
 
-StrategyName = Literal["auto", "default", "one_device", "mirrored", "multi_worker", "parameter_server", "tpu",
-                       "horovod"]
-# The one list of built-in names (validation, CLI choices and docs use it); "auto" picks one of the others.
-STRATEGY_NAMES: Tuple[str, ...] = get_args(StrategyName)
 
 Factory = Callable[..., Backend]
 RequestFn = Callable[..., Mapping[str, Any]]
@@ -172,7 +175,6 @@ def _ensure_builtins() -> None:
     global _builtins_added
     if _builtins_added:
         return
-    from tfaccel.strategies.entries import BUILTIN_ENTRIES
 
     with _lock:
         if _builtins_added:
@@ -188,9 +190,6 @@ def _ensure_builtins() -> None:
 
 
 def _resolve_inputs(devices: Optional[Any], task: Optional[Any]) -> Tuple[Any, Optional[Any]]:
-    from tfaccel.devices import detect_devices
-    from tfaccel.strategies._task import current_task
-
     if devices is None:
         # Never initialise TensorFlow's runtime here: MultiWorkerMirroredStrategy must be created before it is.
         devices = detect_devices(initialise=False)
@@ -201,8 +200,6 @@ def _resolve_inputs(devices: Optional[Any], task: Optional[Any]) -> Tuple[Any, O
 
 def count_logical_cpus() -> int:
     """The logical CPU devices of TensorFlow's runtime (virtual CPUs included); initialises the runtime."""
-    import tensorflow as tf
-
     return len(tf.config.list_logical_devices("CPU"))
 
 
@@ -225,7 +222,6 @@ def choose(name: str = "auto", *, devices: Optional[Any] = None, task: Optional[
     devices, task = _resolve_inputs(devices, task)
     if name != "auto":
         return name, "requested explicitly", devices, task
-    from tfaccel.strategies.auto import choose_strategy
 
     chosen, reason = choose_strategy(devices=devices, task=task, environ=environ,
                                      count_cpus=count_logical_cpus if detected else None)
@@ -363,8 +359,6 @@ def get_strategy(name: str = "auto", **options: Any) -> Any:
     devices, task = options.pop("devices", None), options.pop("task", None)
     chosen, reason, devices, task = choose(name, devices=devices, task=task)
     if name == "auto" and chosen == "horovod":
-        from tfaccel.strategies.auto import horovod_auto_strategy_error
-
         raise horovod_auto_strategy_error(reason)
     return _backend_for(chosen, reason, devices, task, options, requested=name).strategy
 

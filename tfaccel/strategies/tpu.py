@@ -8,6 +8,8 @@ nothing here has run against a real TPU.
 import threading
 from typing import Any, Optional, Set
 
+import tensorflow as tf
+
 from tfaccel.errors import BackendUnavailableError, ConfigError
 from tfaccel.log import get_logger
 from tfaccel.strategies.base import Backend
@@ -22,23 +24,15 @@ class _TFTpuApi:
     """The real TensorFlow calls; tests substitute an object with the same methods."""
 
     def resolver(self, tpu: str, zone: Optional[str], project: Optional[str]) -> Any:
-        import tensorflow as tf
-
         return tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu, zone=zone, project=project)
 
     def connect(self, resolver: Any) -> None:
-        import tensorflow as tf
-
         tf.config.experimental_connect_to_cluster(resolver)
 
     def initialize(self, resolver: Any) -> None:
-        import tensorflow as tf
-
         tf.tpu.experimental.initialize_tpu_system(resolver)
 
     def strategy(self, resolver: Any) -> Any:
-        import tensorflow as tf
-
         return tf.distribute.TPUStrategy(resolver)
 
 

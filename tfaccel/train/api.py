@@ -6,13 +6,14 @@ from ``tfaccel.train.loops``, the optimizer, callbacks) -> the loop runs -> the 
 ``compile_and_fit`` builds and compiles inside ``tfaccel.scope()`` (``tfaccel.train.compile``) and calls ``fit``.
 """
 
+import inspect
 from typing import Any, Callable, Dict, Optional, Sequence, Union
 
 from tfaccel.compat.keras_generation import check_keras3_model
 from tfaccel.errors import ConfigError
+from tfaccel.resilience.evaluator import is_evaluator_task, run_evaluator
 from tfaccel.train.compile import build_compiled, check_build_inputs
 from tfaccel.train.context import prepare, train
-from tfaccel.train.evaluator import is_evaluator_task, run_evaluator
 from tfaccel.train.loops.base import STEPS_PER_EXECUTION_AUTO_MAX
 from tfaccel.train.request import LOOP_CHOICES, FitRequest
 from tfaccel.train.result import FitResult
@@ -134,8 +135,6 @@ def compile_and_fit(build_model: Callable[[], Any], train_data: Any, *, validati
 
 def _check_fit_options(**given: Any) -> None:
     """compile_and_fit: ``fit``'s keyword options checked before the model is built, so a typo costs no build."""
-    import inspect
-
     params = inspect.signature(fit).parameters
     try:
         bound = inspect.signature(fit).bind(None, **given)

@@ -3,8 +3,14 @@ inside ``tfaccel.scope()`` and settle the global batch."""
 
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
+import keras
+
+from tfaccel.compat.keras_generation import check_keras3_model
 from tfaccel.errors import ConfigError, invalid_choice
+from tfaccel.train.data import DEFAULT_BATCH_SIZE, check_seed, is_batched
+from tfaccel.train.request import OPTIMIZER_NAMES
 from tfaccel.train.request import check_int
+from tfaccel.train.scope import scope
 
 __all__ = ["check_build_inputs", "build_compiled", "make_optimizer", "global_batch"]
 
@@ -15,8 +21,6 @@ def check_build_inputs(build_model: Any, train_data: Any) -> None:
     Raises:
         ConfigError: ``build_model`` is not a callable, or ``train_data`` is a sequence of the wrong length.
     """
-    import keras
-
     if not callable(build_model) or isinstance(build_model, keras.layers.Layer):
         raise ConfigError(f"build_model must be a callable returning a keras.Model (it is called inside the strategy "
                           f"scope); received {type(build_model).__name__}. Pass the function, not its result: "
@@ -37,17 +41,10 @@ def build_compiled(build_model: Callable[[], Any], train_data: Any, *, strategy:
             global_clipnorm (for an optimizer given by name). seed: ``fit``'s seed (also seeds Keras, so the
             weights repeat).
     """
-    import keras
-
-    from tfaccel.compat.keras_generation import check_keras3_model
-    from tfaccel.train.scope import scope
-
     with scope(strategy, precision, jit_compile, strategy_options=strategy_options) as plan:
         batch = global_batch(*batch_sizes, plan.num_replicas, train_data)
         given_optimizer = None if loss is None else make_optimizer(optimizer, **optimizer_options)
         if seed is not None:  # tfaccel builds the model here: the seed makes its weights repeatable
-            from tfaccel.train.data import check_seed
-
             keras.utils.set_random_seed(check_seed(seed))
         model = build_model()
         check_keras3_model(model, where="compile_and_fit: build_model")
@@ -64,10 +61,6 @@ def build_compiled(build_model: Callable[[], Any], train_data: Any, *, strategy:
 def make_optimizer(optimizer: Any, *, learning_rate: Optional[float], clipnorm: Optional[float],
                     global_clipnorm: Optional[float]) -> Any:
     """compile_and_fit's optimizer: a name, a Keras optimizer (used as given) or a callable returning one."""
-    import keras
-
-    from tfaccel.train.optim import OPTIMIZER_NAMES
-
     if clipnorm is not None and global_clipnorm is not None:
         raise ConfigError(f"give clipnorm or global_clipnorm, not both (received clipnorm={clipnorm!r}, "
                           f"global_clipnorm={global_clipnorm!r})")
@@ -98,8 +91,6 @@ def global_batch(global_batch_size: Optional[int], per_replica_batch_size: Optio
     Raises:
         ConfigError: the two sizes disagree, or do not split over the replicas, or the data is already batched.
     """
-    from tfaccel.train.data import DEFAULT_BATCH_SIZE, is_batched
-
     for name, value in (("global_batch_size", global_batch_size), ("per_replica_batch_size", per_replica_batch_size)):
         check_int(name, value, 1, optional=True)
     if hasattr(train_data, "element_spec") and is_batched(train_data) or callable(train_data) \

@@ -10,18 +10,34 @@ makes the ``FitResult``.
 import dataclasses
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
+import keras
+
+from tfaccel.compat.keras_callless import build_callless_container
+from tfaccel.compat.keras_sharded import placements
+from tfaccel.devices import detect_devices
 from tfaccel.errors import ConfigError
+from tfaccel.integrations.ray_train import report_callbacks
 from tfaccel.log import get_logger
-from tfaccel.train.data import FitData
+from tfaccel.memory import enable_recompute
+from tfaccel.precision import check_output_dtype
+from tfaccel.resilience import job as resilience
+from tfaccel.resilience.backups import Throughput
+from tfaccel.resilience.evaluator import evaluator_callbacks
+from tfaccel.resilience.keras_callbacks import worker_callbacks
+from tfaccel.train.data import agree_on_seed, check_data_for_backend, prepare_data
 from tfaccel.train.fit_context import FitContext
+from tfaccel.train.loops import choose
+from tfaccel.train.loops.multi_step import uneven_batch_warning
+from tfaccel.train.optim import adapt_optimizer, restore_optimizer_class, scale_learning_rate as scale_lr
 from tfaccel.train.request import FitRequest
 from tfaccel.train.result import FitResult
+from tfaccel.train.scope import plan_for_model
+from tfaccel.train.xla_payback import job_decision
+from tfaccel.xla import decided_per_job
 
 if TYPE_CHECKING:
-    from tfaccel.plan import Plan
-    from tfaccel.strategies.base import Backend
     from tfaccel.train.loops.base import Loop, LoopResult
 
 __all__ = ["FitContext", "prepare", "train"]
@@ -39,12 +55,6 @@ def prepare(model: Any, request: FitRequest) -> Tuple[FitContext, "Loop"]:
     Raises:
         ConfigError: what the data, the loop, the backup or the model cannot honour, before training starts.
     """
-    from tfaccel.train.data import agree_on_seed, check_data_for_backend, prepare_data
-    from tfaccel.train.keras_callbacks import keras_resume_epoch, worker_callbacks
-    from tfaccel.train.loops import choose
-    from tfaccel.train.restarts import restarts_details
-    from tfaccel.train.scope import plan_for_model
-
     plan, backend, requested_jit = plan_for_model(model)
     data = prepare_data(request.x, request.y, sample_weight=request.sample_weight, class_weight=request.class_weight,
                         validation_split=request.validation.split, validation_data=request.validation.data,
@@ -60,16 +70,8 @@ def prepare(model: Any, request: FitRequest) -> Tuple[FitContext, "Loop"]:
                                                                 announce=request.verbose != 0))
     changes = _adapt(ctx, loop.name)
     if request.recompute is not None:
-        from tfaccel.memory import enable_recompute
-
         changes["recompute"] = "blocks " + ", ".join(enable_recompute(model, request.recompute))
-    _check_elastic(ctx)
-    state, (start_epoch, ctx.start_step) = _resume(ctx)
-    start_epoch = max(start_epoch, keras_resume_epoch(ctx.user_callbacks, model=model, backend=backend))
-    ctx.start_epoch, ctx.resumed = max(start_epoch, request.initial_epoch), state is not None
-    restarts = restarts_details(request.backups.backup_dir, resumed_from=(ctx.start_epoch, ctx.start_step)
-                                if ctx.resumed else None, backup=state, steps_per_epoch=ctx.data.steps_per_epoch or 0,
-                                is_chief=backend.is_chief)
+    state, restarts = resilience.resume(ctx)
     ctx.user_callbacks = worker_callbacks(ctx.user_callbacks, backend=backend)  # the chief alone writes user paths
     _add_callbacks(ctx, state)
     spe = loop.steps_per_execution(ctx)
@@ -86,69 +88,18 @@ def prepare(model: Any, request: FitRequest) -> Tuple[FitContext, "Loop"]:
     return ctx, loop
 
 
-def _check_elastic(ctx: FitContext) -> None:
-    """An elastic job (``tfaccel launch --workers MIN:MAX``): its batches must split evenly over every size."""
-    from tfaccel.train.elastic import check_elastic_batch, elastic_range, per_replica_statistics
-
-    workers = elastic_range()
-    if workers is not None:
-        backend, data = ctx.backend, ctx.data
-        check_elastic_batch(batch_size=data.batch_size, num_examples=data.num_examples, what=data.what,
-                            workers=workers,
-                            replicas_per_worker=max(1, backend.num_replicas_in_sync // max(1, backend.num_workers)))
-        per_replica = per_replica_statistics(ctx.model)
-        if per_replica and backend.is_chief:
-            get_logger().warning("elastic: %s normalize(s) with each replica's own batch statistics, so the "
-                                 "training changes when the world size (and the per-replica batch) does; "
-                                 "BatchNormalization(synchronized=True) uses the whole global batch",
-                                 ", ".join(per_replica[:5]))
-
-
-def _resume(ctx: FitContext) -> tuple:
-    """(state, (epoch, step)) of the backup to resume from; the weights and optimizer state are loaded."""
-    from tfaccel.train.backup_check import check_position
-    from tfaccel.train.backups import load_backup_weights, read_backup
-
-    backup_dir, backend, model = ctx.request.backups.backup_dir, ctx.backend, ctx.model
-    state = read_backup(backup_dir)
-    if state and state.get("format") and backend.uses_keras_fit:
-        raise ConfigError(f"backup_dir {backup_dir}: holds {state['weights']}, a {state['format']} backup written by "
-                          f"a parameter_server job; {backend.describe()} resumes only from its own Keras weight "
-                          "backups. Resume it with strategy='parameter_server', or give this job another backup_dir")
-    if backup_dir:  # Horovod: only rank 0 writes backups, so every rank resumes from rank 0's
-        state = backend.agree_on_backup(state)
-    if not state or not backend.uses_keras_fit:
-        return state, (state.epoch, state.step) if state else (0, 0)
-    if not model.built:
-        raise ConfigError("resuming from backup_dir needs a built model: give the model an Input layer "
-                          "(keras.Input(shape)) so its weights exist before training")
-    with backend.scope():
-        # model.optimizer: under mixed_float16 the LossScaleOptimizer, whose own variables the backup holds too.
-        model.optimizer.build(model.trainable_variables)
-    if state["weights_path"]:  # None: a Horovod rank without rank 0's file gets rank 0's broadcast
-        load_backup_weights(model, state, backup_dir=backup_dir)
-    # Keras weight backups only: the coordinator checks its own (in updates, gradient accumulation included).
-    check_position(state, backup_dir=backup_dir, steps_per_epoch=ctx.data.steps_per_epoch)
-    return state, (state.epoch, state.step)
-
-
 def _adapt(ctx: FitContext, loop_name: str) -> Dict[str, Any]:
     """Everything tfaccel changes on the user's model before training, each change named for the plan."""
-    from tfaccel.train.optim import adapt_optimizer, scale_learning_rate as scale_lr
-
     model, backend, data, request = ctx.model, ctx.backend, ctx.data, ctx.request
     if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False):
         raise ConfigError("fit: the model is not compiled; call model.compile(optimizer=..., loss=...) inside "
                           "`with tfaccel.scope():` first")
-    from tfaccel.compat.keras_callless import build_callless_container
 
     changes: Dict[str, Any] = {}
     built = build_callless_container(model)  # keras-io's GAN / VAE: no call(), unbuildable under a strategy
     if built:
         changes["build"] = built
     if backend.uses_keras_fit:  # the coordinator loop warns itself
-        from tfaccel.precision import check_output_dtype
-
         check_output_dtype(model)  # float16/bfloat16 outputs: the Keras mixed precision guide's warning
     accumulation = request.loop.gradient_accumulation_steps
     note = adapt_optimizer(model, replicas=backend.num_replicas_in_sync, accumulation_steps=accumulation)
@@ -162,14 +113,10 @@ def _adapt(ctx: FitContext, loop_name: str) -> Dict[str, Any]:
     backend.wrap_optimizer(model.optimizer)  # in place (Horovod): the user keeps their object
     if backend.optimizer_change:
         changes[backend.optimizer_change[0]] = backend.optimizer_change[1]
-    from tfaccel.devices import detect_devices
-    from tfaccel.xla import decided_per_job
 
     devices = detect_devices()
     jit, jit_reason = bool(ctx.plan.jit_compile), ctx.plan.jit_reason
     if decided_per_job(ctx.requested_jit, backend=backend, devices=devices):
-        from tfaccel.train.xla_payback import job_decision
-
         jit, jit_reason, ctx.xla_auto = job_decision(model, backend=backend, data=data, epochs=request.epochs,
                                                      loop_name=loop_name)
     if bool(model.jit_compile) != jit or jit_reason != ctx.plan.jit_reason:  # decided on this model and job
@@ -182,23 +129,10 @@ def _adapt(ctx: FitContext, loop_name: str) -> Dict[str, Any]:
 
 def _add_callbacks(ctx: FitContext, state: Optional[Dict[str, Any]] = None) -> None:
     """tfaccel's callbacks around the user's: the backend's first, then the user's, then tfaccel's own."""
-    import keras
-
-    from tfaccel.integrations.ray_train import report_callbacks
-    from tfaccel.train.backups import ChiefCheckpoint, StepBackup, Throughput
-    from tfaccel.train.evaluator import evaluator_callbacks
-
     backend, data, backups = ctx.backend, ctx.data, ctx.request.backups
     chief = backend.is_chief
-    named: Dict[str, Any] = {"timer": Throughput(examples_per_step=data.batch_size or 0)}
-    if backups.backup_dir and backend.uses_keras_fit:  # parameter_server: the coordinator loop writes its own
-        named["journal"] = _journal(ctx, state)  # before the backup: an epoch's backup holds that epoch's logs
-        named["backup"] = StepBackup(backups.backup_dir, save_freq=backups.backup_freq, is_chief=chief,
-                                     step_offset=ctx.start_step, steps_per_epoch=data.steps_per_epoch or 0,
-                                     record=named["journal"].record)
-    if backups.checkpoint_dir:
-        named["checkpoint"] = ChiefCheckpoint(backups.checkpoint_dir, is_chief=chief,
-                                              every_worker_saves=backend.traits.every_worker_saves)
+    named: Dict[str, Any] = {"timer": Throughput(examples_per_step=data.batch_size or 0),
+                             **resilience.backup_callbacks(ctx, state)}
     after = (list(backend.batch_sync_callbacks()) if ctx.per_batch else []) + list(named.values())
     after += evaluator_callbacks(checkpoint_dir=backups.checkpoint_dir, checkpoints=named.get("checkpoint"),
                                  is_chief=chief)
@@ -209,48 +143,11 @@ def _add_callbacks(ctx: FitContext, state: Optional[Dict[str, Any]] = None) -> N
     # reads the metrics, or ranks could stop at different epochs and hang.
     ctx.callbacks = list(backend.extra_callbacks()) + ctx.user_callbacks + after
     ctx.named = named
-    _add_preemption(ctx)
-
-
-def _add_preemption(ctx: FitContext) -> None:
-    """The job's preemption watch; on the Keras paths its callback goes last, after every epoch-end writer."""
-    from tfaccel.train.preemption import make_preemption, preemption_callback
-    from tfaccel.train.restarts import Progress
-
-    backend, backup, backup_dir = ctx.backend, ctx.named.get("backup"), ctx.request.backups.backup_dir
-    task = f"process {backend.worker_index} of {backend.num_workers}" if backend.uses_keras_fit else "the coordinator"
-    progress = Progress(backup_dir, is_chief=backend.is_chief, steps_per_epoch=ctx.data.steps_per_epoch or 0)
-    ctx.preemption = make_preemption(backend, save=backup.save if backup is not None else None,
-                                     can_save=bool(backup_dir), epochs=ctx.request.epochs, task=task, progress=progress)
-    if backend.uses_keras_fit:  # parameter_server: the coordinator loop checks between its joins
-        ctx.named["preemption"] = preemption_callback(ctx.preemption, steps_per_epoch=ctx.data.steps_per_epoch or 0,
-                                                      step_offset=ctx.start_step)
-        ctx.callbacks.append(ctx.named["preemption"])
-
-
-def _journal(ctx: FitContext, state: Optional[Dict[str, Any]]) -> Any:
-    """The world size and finished epochs a backup records; logs each change of world size on the chief."""
-    import os
-
-    from tfaccel.train.elastic import RESIZE_FROM_ENV, RESIZE_REASON_ENV, journal_callback, world_size_changes
-
-    backend, previous = ctx.backend, os.environ.get(RESIZE_FROM_ENV, "")
-    changes = world_size_changes(state, workers=backend.num_workers, reason=os.environ.get(RESIZE_REASON_ENV),
-                                 previous=int(previous) if previous.isdigit() else None)
-    if len(changes) > len((state or {}).get("world_size_changes", [])) and backend.is_chief:
-        get_logger().warning("elastic: world size %(from)d -> %(to)d workers at epoch %(epoch)d step %(step)d "
-                             "(%(reason)s); same global batch, per-replica batch recomputed", changes[-1])
-    backups = ctx.request.backups
-    return journal_callback(state, workers=backend.num_workers, replicas=backend.num_replicas_in_sync,
-                            changes=changes, save_freq=backups.backup_freq,
-                            steps_per_epoch=ctx.data.steps_per_epoch or 0,
-                            metric_state=not backend.traits.shards_by_rank)
+    resilience.add_preemption(ctx)
 
 
 def _warn_slow_path(ctx: FitContext, loop: "Loop") -> None:
     """A WARNING (on the chief) where the job leaves tfaccel's multi-step loop for a reason the user can change."""
-    from tfaccel.train.loops.multi_step import uneven_batch_warning
-
     if loop.name != "multi_step" and ctx.backend.is_chief and ctx.request.loop.loop != "keras":
         warning = uneven_batch_warning(ctx.backend, ctx.data)
         if warning:
@@ -267,9 +164,6 @@ def _announce(ctx: FitContext, *, loop_reason: str, changes: Dict[str, Any]) -> 
 
 def train(ctx: FitContext, loop: "Loop") -> FitResult:
     """Runs the loop from where the context starts; the ``FitResult``. A finished job's backup is removed."""
-    from tfaccel.train.backups import remove_backup
-    from tfaccel.train.optim import restore_optimizer_class
-
     t0 = time.perf_counter()
     try:
         with ctx.preemption.watch:
@@ -277,8 +171,7 @@ def train(ctx: FitContext, loop: "Loop") -> FitResult:
     finally:
         restore_optimizer_class(ctx.model)
     seconds = time.perf_counter() - t0
-    if ctx.request.backups.backup_dir and ctx.backend.is_chief:
-        remove_backup(ctx.request.backups.backup_dir)  # training completed: nothing to resume any more
+    resilience.finish(ctx)
     result = _result(ctx, outcome, seconds)
     if ctx.backend.is_chief and ctx.verbose:
         get_logger().info("%s", result.summary())
@@ -307,19 +200,13 @@ def _result(ctx: FitContext, outcome: Optional["LoopResult"], seconds: float) ->
     if outcome is not None:
         details.update(outcome.details)
     if not ctx.backend.uses_keras_fit:  # parameter_server: how each large variable was placed over the ps tasks
-        from tfaccel.compat.keras_sharded import placements
-
         details["variable_placement"] = placements(ctx.model.variables)
     if "backup" in ctx.named:
         details["backups_written"] = ctx.named["backup"].saves
     if "checkpoint" in ctx.named:
         details["checkpoints"] = list(ctx.named["checkpoint"].saved)
     details["preemption"] = ctx.preemption.details()
-    history = outcome.history if outcome else {}
-    if "journal" in ctx.named:  # a resumed job: the finished epochs its backup recorded come first
-        from tfaccel.train.elastic import merged_history
-
-        history = merged_history(ctx.named["journal"].before, history)
+    history = resilience.job_history(ctx, outcome.history if outcome else {})
     return FitResult(model=ctx.model, history=history, plan=ctx.plan,
                      examples_per_sec=examples_per_sec, seconds=seconds, global_batch_size=data.batch_size,
                      steps_per_epoch=data.steps_per_epoch, steps=outcome.steps if outcome else 0,

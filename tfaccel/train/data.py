@@ -14,8 +14,11 @@ import math
 import secrets
 from typing import Any, Dict, Optional, Tuple
 
+import keras
 import numpy as np
+import tensorflow as tf
 
+from tfaccel.compat.keras_internals import class_weight_to_sample_weights, train_validation_split
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
 
@@ -66,8 +69,6 @@ class FitData:
 
 def is_batched(dataset: Any) -> bool:
     """True when a tf.data.Dataset's elements already carry a (unknown-size) batch dimension."""
-    import tensorflow as tf
-
     if type(dataset).__name__ in ("BatchDataset", "_BatchDataset", "PaddedBatchDataset", "_PaddedBatchDataset",
                                   "ParallelBatchDataset", "_ParallelBatchDataset"):
         return True
@@ -102,8 +103,6 @@ def agree_on_seed(seed: Optional[int], *, backend: Any, announce: bool = True) -
     if backend.num_workers > 1 and backend.broadcast is not None:  # processes outside tf.distribute (Horovod)
         fresh = int(backend.broadcast(fresh, "tfaccel_seed"))
     elif backend.num_workers > 1:
-        import tensorflow as tf
-
         strategy = backend.strategy
         def first_replica_only() -> Any:  # the first replica of the whole job is on worker 0
             first = tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0)
@@ -118,14 +117,10 @@ def agree_on_seed(seed: Optional[int], *, backend: Any, announce: bool = True) -
 
 
 def _length(a: Any) -> int:
-    import tensorflow as tf
-
     return int(len(tf.nest.flatten(a)[0]))
 
 
 def _is_arrays(x: Any) -> bool:
-    import tensorflow as tf
-
     leaves = tf.nest.flatten(x)
     return bool(leaves) and all(isinstance(v, (np.ndarray, tf.Tensor, list)) or hasattr(v, "__array__")
                                 for v in leaves)
@@ -145,7 +140,6 @@ def _split(x: Any, y: Any, sample_weight: Any, validation_split: float) -> Tuple
     """Keras' split: the last ``validation_split`` of the examples, before any shuffling."""
     if not 0.0 < validation_split < 1.0:
         raise ConfigError(f"validation_split must be a fraction between 0 and 1; received {validation_split!r}")
-    from tfaccel.compat.keras_internals import train_validation_split
 
     try:
         return train_validation_split((x, y, sample_weight), validation_split)
@@ -163,7 +157,6 @@ def _class_weights(y: Any, class_weight: Optional[Dict[int, float]], sample_weig
         raise ConfigError(f"class_weight must be a dict {{class index: weight}}; received {class_weight!r}")
     if y is None:
         raise ConfigError("class_weight needs targets y")
-    from tfaccel.compat.keras_internals import class_weight_to_sample_weights
 
     return class_weight_to_sample_weights(y, class_weight)
 
@@ -171,7 +164,6 @@ def _class_weights(y: Any, class_weight: Optional[Dict[int, float]], sample_weig
 def _validation(validation_data: Any) -> Optional[Tuple[Any, Any, Any]]:
     if validation_data is None:
         return None
-    import tensorflow as tf
 
     if isinstance(validation_data, tf.data.Dataset) or not isinstance(validation_data, (tuple, list)):
         return (validation_data, None, None)
@@ -192,9 +184,6 @@ def prepare_data(x: Any, y: Any = None, *, sample_weight: Any = None, class_weig
             class_weight with sample_weight), mismatched lengths. A ``batch_size`` beside a batched dataset is
             ignored with a log line, as Keras ignores it.
     """
-    import keras
-    import tensorflow as tf
-
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer))
                                    or batch_size < 1):
         raise ConfigError(f"batch_size must be a whole number >= 1 or None; received {batch_size!r}")
@@ -238,8 +227,6 @@ def keras_adapted(x: Any) -> Optional[str]:
     """What ``x`` is when it is input Keras' own data adapters take but tfaccel does not prepare (a Python generator
     or iterator, sparse or ragged tensors, a dict of arrays with None for an optional input: Keras'
     ``GeneratorDataAdapter`` and its array adapter), for messages; None for anything else."""
-    import tensorflow as tf
-
     if isinstance(x, collections.abc.Iterator) and not isinstance(x, (tf.data.Iterator, str, bytes)):
         return "a Python generator"
     leaves = tf.nest.flatten(x)
@@ -350,8 +337,6 @@ def example_stream(data: FitData, *, epochs: int, initial_epoch: int, start_step
     Raises:
         ConfigError: the global batch or the last partial batch cannot be split evenly over the shards.
     """
-    import tensorflow as tf
-
     n, batch = data.num_examples, data.batch_size
     if batch % shards or (n % batch) % shards:
         raise ConfigError(

@@ -11,7 +11,13 @@ import json
 import os
 from typing import Any, Dict, Optional
 
+import keras
+import tensorflow as tf
+
+from tfaccel.compat.keras_internals import flatten_layers
+from tfaccel.devices import detect_devices
 from tfaccel.log import get_logger
+from tfaccel.resilience.atomic_io import atomic_write_text
 
 __all__ = ["CACHE_ENV", "cache_dir", "job_key", "read_record", "write_record", "clear"]
 
@@ -30,13 +36,6 @@ def job_key(model: Any, *, backend: Any, batch_size: int, loop: str) -> Optional
 
     The model's signature is its class, its layers' classes, each weight's shape and dtype, and its optimizer's class.
     """
-    import keras
-    import tensorflow as tf
-
-    from tfaccel.devices import detect_devices
-
-    from tfaccel.compat.keras_internals import flatten_layers
-
     weights = [(tuple(int(d) for d in w.shape), str(w.dtype)) for w in model.weights]
     if not weights:
         return None
@@ -77,8 +76,6 @@ def read_record(key: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
 
 def write_record(key: Optional[Dict[str, Any]], figures: Dict[str, Any]) -> Optional[str]:
     """Writes ``figures`` for ``key`` atomically; returns the file's path (None: not written, with a warning)."""
-    from tfaccel.train.atomic_io import atomic_write_text
-
     if key is None:
         return None
     path = _path(key)

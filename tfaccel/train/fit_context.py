@@ -31,7 +31,7 @@ class FitContext:
         callbacks: every callback, in Keras' order.
         named: tfaccel's own callbacks by role (``timer``, ``backup``, ``checkpoint``, ``preemption``).
         details: what goes into ``FitResult.details``.
-        preemption: what stops the job at an agreed step on SIGTERM (``tfaccel.train.preemption``).
+        preemption: what stops the job at an agreed step on SIGTERM (``tfaccel.resilience.preemption``).
         xla_auto: ``jit_compile="auto"``'s per-job XLA decision on one CPU device (``tfaccel.train.xla_payback``),
             where the loop makes it; None elsewhere.
     """

@@ -21,15 +21,17 @@ or schedule in :class:`ScaledSchedule` (registered for Keras serialisation as ``
 import math
 from typing import Any, Dict, Optional, Tuple
 
+import keras
+
 from tfaccel.compat import keras_internals
 from tfaccel.compat.keras_optimizer import adapted_class
 from tfaccel.errors import ConfigError, invalid_choice
+from tfaccel.strategies.horovod import check_optimizer
+from tfaccel.train.request import LR_SCALING
 
-__all__ = ["LR_SCALING", "OPTIMIZER_NAMES", "scale_factor", "scaled_schedule", "adapt_optimizer",
+__all__ = ["scale_factor", "scaled_schedule", "adapt_optimizer",
            "restore_optimizer_class"]
 
-LR_SCALING = ("linear", "sqrt", "none")
-OPTIMIZER_NAMES = ("adam", "adamw", "sgd", "rmsprop", "adagrad", "adamax", "nadam", "lion")
 
 
 def scale_factor(rule: Optional[str], *, global_batch: int, base_batch: int) -> Tuple[float, str]:
@@ -61,7 +63,6 @@ def _schedule_class() -> type:
     global _SCHEDULE_CLASS
     if _SCHEDULE_CLASS is not None:
         return _SCHEDULE_CLASS
-    import keras
 
     @keras.saving.register_keras_serializable(package="tfaccel")
     class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
@@ -110,10 +111,6 @@ def adapt_optimizer(model: Any, *, replicas: int, accumulation_steps: int) -> Op
         ConfigError: accumulation asked for an optimizer that is already built, or one that uses Keras' own
             ``gradient_accumulation_steps``.
     """
-    import keras
-
-    from tfaccel.strategies.horovod import check_optimizer  # refuses Horovod's Keras 2 wrapper, on any backend
-
     opt = model.optimizer
     inner = opt.inner_optimizer if isinstance(opt, keras.optimizers.LossScaleOptimizer) else opt
     check_optimizer(inner)
@@ -151,8 +148,6 @@ def adapt_optimizer(model: Any, *, replicas: int, accumulation_steps: int) -> Op
 
 def restore_optimizer_class(model: Any) -> None:
     """Gives the model's optimizer its own class back after training (its state stays)."""
-    import keras
-
     opt = getattr(model, "optimizer", None)
     inner = opt.inner_optimizer if isinstance(opt, keras.optimizers.LossScaleOptimizer) else opt
     original = getattr(inner, _ORIGINAL_CLASS, None)
@@ -171,8 +166,6 @@ def scale_learning_rate(model: Any, rule: Optional[str], *, global_batch: Option
     Raises:
         ConfigError: scaling asked for without a global batch (a batched dataset), or an unknown rule.
     """
-    import keras
-
     if rule in (None, False, "none") and not warmup_steps:
         return "learning rate as compiled"
     if not global_batch or not base_batch:

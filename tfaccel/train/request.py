@@ -11,10 +11,13 @@ from typing import Any, Dict, Optional, Tuple, Union
 from tfaccel.errors import ConfigError, invalid_choice
 
 __all__ = ["FitRequest", "ValidationOptions", "BackupOptions", "LearningRateScaling", "LoopOptions", "check_int",
-           "VERBOSE_CHOICES", "LOOP_CHOICES"]
+           "VERBOSE_CHOICES", "LOOP_CHOICES", "LR_SCALING", "OPTIMIZER_NAMES"]
 
 VERBOSE_CHOICES = ("auto", 0, 1, 2)
 LOOP_CHOICES = ("auto", "keras", "compiled")
+LR_SCALING = ("linear", "sqrt", "none")
+# The optimizers named by a string (compile_and_fit, tfaccel fit, tfaccel memory).
+OPTIMIZER_NAMES = ("adam", "adamw", "sgd", "rmsprop", "adagrad", "adamax", "nadam", "lion")
 
 
 def check_int(name: str, value: Any, minimum: int, *, optional: bool = False) -> None:

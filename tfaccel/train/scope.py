@@ -14,8 +14,13 @@ with the backend it was built under.
 import contextlib
 from typing import Any, Dict, Iterator, Mapping, Optional, Tuple, Union
 
+import keras
+import tensorflow as tf
+
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
+from tfaccel.plan import describe_auto, resolve_plan
+from tfaccel.precision import set_precision
 
 __all__ = ["scope", "plan_for_model", "outside_scope_error", "STARTUP_STRATEGIES"]
 
@@ -52,11 +57,6 @@ def scope(strategy: str = "auto", precision: str = "auto", jit_compile: Union[st
         ...     model.compile(optimizer="adam", loss="mse")
         >>> result = tfaccel.fit(model, x, y, batch_size=32, epochs=2)  # doctest: +SKIP
     """
-    import keras
-
-    from tfaccel.plan import resolve_plan
-    from tfaccel.precision import set_precision
-
     plan, backend = resolve_plan(strategy=strategy, precision=precision, jit_compile=jit_compile,
                                  strategy_options=strategy_options)
     previous = keras.config.dtype_policy()
@@ -81,8 +81,6 @@ def plan_for_model(model: Any) -> Tuple[Any, Any, Union[str, bool]]:
         ConfigError: the model's variables belong to a strategy no tfaccel plan made, or it was built outside
             the scope of a plan that needs one.
     """
-    import tensorflow as tf
-
     strategy = model.distribute_strategy
     found = _PLANS.get(id(strategy))
     if found is not None:
@@ -91,7 +89,6 @@ def plan_for_model(model: Any) -> Tuple[Any, Any, Union[str, bool]]:
         raise ConfigError(f"fit: the model was built under a {type(strategy).__name__} that tfaccel did not make. "
                           "Build and compile it inside `with tfaccel.scope():` (the same strategy is returned by "
                           "tfaccel.get_strategy()), then call tfaccel.fit outside that block")
-    from tfaccel.plan import describe_auto, resolve_plan
 
     auto = describe_auto()
     if auto["strategy"] in STARTUP_STRATEGIES:  # building the model started TF: too late for this strategy

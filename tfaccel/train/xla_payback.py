@@ -32,6 +32,13 @@ import dataclasses
 import math
 from typing import Any, Dict, List, Optional, Tuple
 
+import keras
+
+from tfaccel.compat.keras_internals import flatten_layers
+from tfaccel.train.data import batches_per_epoch
+from tfaccel.train.decisions import job_key, read_record
+from tfaccel.xla import has_convolutions
+
 __all__ = ["Figures", "Prior", "XlaAuto", "PRIOR_COMPILE_PER_OVERHEAD", "PRIOR_SPEEDUP", "PAYBACK_MARGIN",
            "DENSE_PRIOR", "CONV_CPU_PRIOR", "TRIAL_SHARE", "TRIAL_EPOCHS", "random_layers", "figures_from_epochs",
            "start_choice", "try_choice", "steps_to_try", "job_decision"]
@@ -156,10 +163,6 @@ def steps_to_try(off: Figures, *, prior: Prior = DENSE_PRIOR, steps_per_epoch: i
 def random_layers(model: Any) -> List[str]:
     """The names of the model's layers that draw random numbers in training (a Keras ``SeedGenerator``), but
     a Dropout-type layer with rate 0 (it draws nothing)."""
-    import keras
-
-    from tfaccel.compat.keras_internals import flatten_layers
-
     found = []
     for layer in flatten_layers(model):
         if float(getattr(layer, "rate", 1.0) or 0.0) == 0.0 and hasattr(layer, "rate"):
@@ -251,10 +254,6 @@ def job_decision(model: Any, *, backend: Any, data: Any, epochs: int, loop_name:
     Returns:
         (XLA on?, why, the compiled loop's decider between epochs or None for another loop).
     """
-    from tfaccel.train.data import batches_per_epoch
-    from tfaccel.train.decisions import job_key, read_record
-    from tfaccel.xla import has_convolutions
-
     steps = batches_per_epoch(data)
     prior = CONV_CPU_PRIOR if has_convolutions(model) else DENSE_PRIOR
     if loop_name != "compiled" or not steps:

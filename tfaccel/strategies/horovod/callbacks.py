@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from tfaccel.errors import TfaccelError
 from tfaccel.log import get_logger
+from tfaccel.resilience.backups import BackupState
 from tfaccel.strategies.horovod.runtime import import_horovod
 
 __all__ = ["BroadcastVariablesCallback", "GlobalMetricsCallback", "StopTogetherCallback", "agree_on_backup"]
@@ -129,14 +130,12 @@ def agree_on_backup(state: Optional[Mapping[str, Any]], *, _hvd: Any = None) -> 
     variables at train begin.
 
     Args:
-        state: the ``BackupState`` this rank read from ``backup_dir`` (``tfaccel.train.backups.read_backup``), or None.
+        state: the ``BackupState`` this rank read from ``backup_dir`` (``tfaccel.resilience.backups.read_backup``), or None.
 
     Returns:
         None when rank 0 has no backup; ``state`` when it is rank 0's; else a ``BackupState`` at rank 0's
         position with ``weights_path`` None.
     """
-    from tfaccel.train.backups import BackupState
-
     hvd = _hvd if _hvd is not None else import_horovod()
     mine = [1, int(state["epoch"]), int(state["step"]), int(state.get("global_step", 0))] if state else [0, 0, 0, 0]
     root = [int(v) for v in np.asarray(hvd.broadcast(tf.constant(mine, dtype=tf.int64), root_rank=0,

@@ -4,6 +4,8 @@ rank to its GPU."""
 import os
 from typing import Any, Mapping, Optional
 
+from tfaccel._lazy import optional_module
+from tfaccel.devices import device_backend
 from tfaccel.errors import BackendUnavailableError, DeviceError
 from tfaccel.log import get_logger
 
@@ -41,8 +43,7 @@ def import_horovod() -> Any:
             without Gloo; the message says how to build it.
     """
     try:
-        import horovod.tensorflow as hvd
-
+        hvd = optional_module("horovod.tensorflow")
         gloo = hvd.gloo_built()  # loads the compiled ops library
     except ImportError as exc:
         raise BackendUnavailableError(f"strategy 'horovod': cannot import horovod.tensorflow ({exc}). "
@@ -72,8 +73,6 @@ def pin_gpu_to_local_rank(local_rank: int, *, _backend_override: Any = None) -> 
     Raises:
         DeviceError: TensorFlow already initialised its devices with another GPU visible.
     """
-    from tfaccel.devices import device_backend
-
     be = device_backend(_backend_override)
     gpus = be.list_physical_devices("GPU")
     if not gpus:

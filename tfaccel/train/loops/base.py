@@ -6,12 +6,14 @@ import dataclasses
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+import keras
 import numpy as np
+import tensorflow as tf
 
+from tfaccel.compat.keras_internals import backup_and_restore_epoch
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
 from tfaccel.train.fit_context import FitContext
-
 
 __all__ = ["Loop", "LoopResult", "EpochHooks", "step_data", "python_logs", "should_validate", "metrics_or_logs",
            "run_epochs", "evaluation_pass", "steps_per_execution", "STEPS_PER_EXECUTION_AUTO_MAX"]
@@ -110,9 +112,6 @@ def step_data(x: Any, y: Any, sample_weight: Any, *, constants: bool = False) ->
     Args:
         constants: make every array a ``tf.constant`` (kept on the device); NumPy arrays otherwise.
     """
-    import keras
-    import tensorflow as tf
-
     def convert(a: Any) -> Any:
         if tf.is_tensor(a) and a.dtype == tf.string:  # as numpy it would be an object array, which Keras refuses
             return a
@@ -214,10 +213,6 @@ def run_epochs(model: Any, *, callbacks: List[Any], verbose: Any, epochs: int, i
     Returns:
         Keras' history, the training seconds of each epoch (validation and callbacks excluded), the steps run.
     """
-    import keras
-
-    from tfaccel.compat.keras_internals import backup_and_restore_epoch
-
     hooks = hooks or EpochHooks()
     cb_list = keras.callbacks.CallbackList(callbacks, add_history=True, add_progbar=progress_bar and verbose != 0,
                                            model=model, verbose=verbose, epochs=epochs, steps=steps_per_epoch)

@@ -9,12 +9,15 @@ runs every whole batch, and the partial last batch runs as its own step (no padd
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+import keras
 import numpy as np
+import tensorflow as tf
 
 from tfaccel.compat import keras_internals
 from tfaccel.errors import ConfigError
 from tfaccel.train.callback_hooks import batch_hook_reasons
 from tfaccel.train.data import example_order
+from tfaccel.train.decisions import write_record
 from tfaccel.train.fit_context import FitContext
 from tfaccel.train.loops.base import Loop, LoopResult, evaluation_pass, run_epochs, step_data
 
@@ -53,8 +56,6 @@ class _Pass:
 
     def __init__(self, model: Any, step: Callable[[Any], Any], data: Any, *, batch_size: int,
                  jit_compile: bool) -> None:
-        import tensorflow as tf
-
         self.num_examples = int(tf.nest.flatten(data)[0].shape[0])
         if self.num_examples == 0:
             raise ValueError("compiled loop: the data has 0 examples; pass at least one example (or a batch)")
@@ -88,9 +89,6 @@ class _Pass:
         does (its symbolic build) and traces the epoch loop alone, its carried outputs shaped like the model's
         metrics (the step is traced once, as in ``fit``; tracing one step first as well cost MobileNetV3Small
         ~10 s here). False where that does not apply or the trace fails (then the step is traced first)."""
-        import keras
-        import tensorflow as tf
-
         name = getattr(step, "__name__", "")
         if name not in ("train_step", "test_step") or getattr(type(model), name) is not getattr(keras.Model, name):
             return False
@@ -106,15 +104,11 @@ class _Pass:
         return True
 
     def _gather(self, idx: Any, data: Any = None) -> Any:
-        import tensorflow as tf
-
         return tf.nest.map_structure(lambda t: tf.gather(t, idx), self._data if data is None else data)
 
     def _whole_batches(self, order: Any, data: Any) -> Any:
         """The loop's function: the data is an argument (not captured), so a later ``fit`` on other arrays of the
         same shapes runs the same traced loop (:func:`cached_pass`)."""
-        import tensorflow as tf
-
         def body(i: Any, *last: Any) -> Any:
             # tf.slice, not order[i*b:(i+1)*b]: Python slicing inside the XLA loop ran 100x slower here.
             out = self._one_step(self._gather(tf.slice(order, [i * self.batch_size], [self.batch_size]), data))
@@ -126,8 +120,6 @@ class _Pass:
 
     def run(self, order: np.ndarray) -> Any:
         """Runs every batch in ``order`` (int32 example indices); returns the last step's outputs."""
-        import tensorflow as tf
-
         with self._strategy.scope():
             split = self.whole * self.batch_size
             last = self._loop(tf.constant(order[:split]), self._data) if self.whole else None
@@ -157,8 +149,6 @@ _CACHE_ATTR = "_tfaccel_compiled_passes"
 
 def _identity(model: Any, step_name: str, data: Any, batch_size: int, jit: bool) -> Tuple[Tuple[Any, ...], Any]:
     """(what the traced pass depends on, as objects compared by identity; the shapes/settings, as a hashable key)."""
-    import tensorflow as tf
-
     step = getattr(model, step_name)
     objects = (getattr(step, "__func__", step), model.distribute_strategy, model.optimizer,
                *keras_internals.compile_objects(model), *model.trainable_variables)
@@ -312,8 +302,6 @@ class CompiledLoop(Loop):
                               jit_compile=bool(ctx.model.jit_compile), callbacks=ctx.loop_callbacks(),
                               verbose=ctx.verbose, xla_auto=auto)
         if auto is not None:
-            from tfaccel.train.decisions import write_record
-
             record = auto.cache_record()
             result.details["xla_auto"] = {**auto.details(), "cache": write_record(auto.key, record) if record else
                                           "nothing written (both settings were not measured in this job)"}

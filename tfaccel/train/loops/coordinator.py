@@ -34,18 +34,23 @@ at every epoch end and every ``backup_freq`` steps; a restarted coordinator rest
 import math
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import keras
 import numpy as np
+import tensorflow as tf
 
 from tfaccel.compat.keras_ps_model import release_from_strategy
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
-from tfaccel.train.backups import PS_BACKUP_FORMAT, restore_checkpoint_backup, write_checkpoint_backup
+from tfaccel.precision import check_output_dtype
+from tfaccel.resilience.backups import PS_BACKUP_FORMAT, read_backup, restore_checkpoint_backup, write_checkpoint_backup
 from tfaccel.train.data import FitData
 from tfaccel.train.fit_context import FitContext
 from tfaccel.train.loops.base import (EpochHooks, Loop, LoopResult, evaluation_pass, run_epochs, should_validate,
                                       step_data)
+from tfaccel.train.loops.compiled import compiled_blockers
 from tfaccel.train.loops.ps_step import (STEPS_PER_CLOSURE, WHY_NO_METRIC_OBJECTS, Accounting, Schedule, WorkerStep,
                                          build_on_ps, check_metrics)
+from tfaccel.train.optim import restore_optimizer_class
 
 if TYPE_CHECKING:
     from tfaccel.train.request import FitRequest
@@ -55,10 +60,6 @@ __all__ = ["CoordinatorLoop", "run_coordinator"]
 
 def _refuse(model: Any, data: FitData, callbacks: Sequence[Any], accum: int, validation_freq: Any) -> None:
     """ConfigError for what this loop cannot train exactly as Keras fit would, before anything runs."""
-    import keras
-
-    from tfaccel.train.loops.compiled import compiled_blockers
-
     if data.validation is not None:
         should_validate(0, validation_freq)  # raises on a value Keras refuses too
 
@@ -94,10 +95,6 @@ def _refuse(model: Any, data: FitData, callbacks: Sequence[Any], accum: int, val
 
 def _own_optimizer(model: Any) -> None:
     """Accumulation happens in this loop's closures: the optimizer gets its own class back (tfaccel.train.optim)."""
-    import keras
-
-    from tfaccel.train.optim import restore_optimizer_class
-
     opt = model.optimizer
     inner = opt.inner_optimizer if isinstance(opt, keras.optimizers.LossScaleOptimizer) else opt
     if getattr(inner, "tfaccel_accumulation_steps", 1) > 1:
@@ -107,8 +104,6 @@ def _own_optimizer(model: Any) -> None:
 
 def _evaluate(model: Any, data: FitData, request: "FitRequest", test_step: Any, cb_list: Any) -> Dict[str, Any]:
     """Keras' evaluate as fit calls it, on the coordinator (one process: Keras' metric objects count right)."""
-    import tensorflow as tf
-
     vx, vy, vsw = data.validation
     limit = request.validation.steps
     if vy is None and vsw is None and isinstance(vx, tf.data.Dataset):
@@ -158,7 +153,7 @@ def _resume(state: Any, checkpoint: Any, *, backup_dir: str, step: WorkerStep) -
 def _train_epoch(sched: Schedule, epoch: int, first: int, *, backup: Optional[Callable[[int, int], None]],
                  backup_freq: Optional[int], preemption: Any = None) -> List[np.ndarray]:
     """Runs steps ``first..`` of ``epoch``; returns the metric totals (joins before each backup, so it is whole).
-    After each backup, ``preemption`` (a ``tfaccel.train.preemption.Preemption``) stops there if SIGTERM came."""
+    After each backup, ``preemption`` (a ``tfaccel.resilience.preemption.Preemption``) stops there if SIGTERM came."""
     order = sched.order(epoch) if sched.data.kind == "arrays" else None
     remotes: List[Any] = []
     position, steps = first, sched.steps_per_epoch
@@ -177,9 +172,6 @@ def _train_epoch(sched: Schedule, epoch: int, first: int, *, backup: Optional[Ca
 
 def _prepare(model: Any, data: FitData, *, backend: Any, callbacks: List[Any], request: "FitRequest") -> tuple:
     """Refusals and backup checks, then the build inside the scope: (backup state or None, step, schedule)."""
-    from tfaccel.precision import check_output_dtype
-    from tfaccel.train.backups import read_backup
-
     accum, backup_dir = request.loop.gradient_accumulation_steps, request.backups.backup_dir
     _refuse(model, data, callbacks, accum, request.validation.freq)
     state = read_backup(backup_dir)  # what fit's _resume found: restored after the model is built
@@ -197,8 +189,6 @@ def _prepare(model: Any, data: FitData, *, backend: Any, callbacks: List[Any], r
 
 def _write_metric_totals(model: Any, step: WorkerStep, totals: List[np.ndarray]) -> Dict[str, Any]:
     """The epoch's summed metric totals written into the model's metrics; Keras' epoch logs from them."""
-    import tensorflow as tf
-
     for variable, total in zip(step.metric_variables, totals):
         variable.assign(tf.cast(total, variable.dtype))
     return model.get_metrics_result()
@@ -228,7 +218,7 @@ def run_coordinator(model: Any, *, data: FitData, backend: Any, plan: Any, epoch
         callbacks: epoch-level callbacks, called on the coordinator.
         request: the ``fit`` request: its validation, backups and gradient accumulation (``checkpoint_dir`` is
             written by tfaccel's callback).
-        preemption: the job's ``tfaccel.train.preemption.Preemption``: on SIGTERM the coordinator stops at its next
+        preemption: the job's ``tfaccel.resilience.preemption.Preemption``: on SIGTERM the coordinator stops at its next
             backup (every ``backup_freq`` steps, each epoch end), writes it there and raises ``Preempted``.
 
     Returns:
@@ -241,8 +231,6 @@ def run_coordinator(model: Any, *, data: FitData, backend: Any, plan: Any, epoch
         ConfigError: what this loop cannot train exactly like ``fit`` (custom train_step, metrics other than mean
             metrics, per-batch callbacks, tf.data datasets), backups that do not fit, no coordinator.
     """
-    import tensorflow as tf
-
     state, step, sched = _prepare(model, data, backend=backend, callbacks=callbacks, request=request)
     ckpt = tf.train.Checkpoint(model=model, optimizer=model.optimizer, steps=step.steps)  # with the step counter
     resumed = _resume(state, ckpt, backup_dir=request.backups.backup_dir, step=step) if state else None
@@ -261,8 +249,6 @@ class _Epochs:
 
     def __init__(self, model: Any, step: WorkerStep, sched: Schedule, ckpt: Any, *, request: "FitRequest",
                  first: Tuple[int, int], epochs: int, say: Callable[..., None], preemption: Any = None) -> None:
-        import tensorflow as tf
-
         self.preemption = preemption
         if preemption is not None and request.backups.backup_dir:
             preemption.save = self.backup

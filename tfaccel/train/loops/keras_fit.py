@@ -12,12 +12,13 @@ go through ``tfaccel.train.data.example_stream`` instead, whose order is a funct
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import tensorflow as tf
+
 from tfaccel.compat import keras_mwms
 from tfaccel.errors import ConfigError
 from tfaccel.train.data import FitData, example_stream
 from tfaccel.train.fit_context import FitContext
 from tfaccel.train.loops.base import Loop, LoopResult, steps_per_execution
-
 
 __all__ = ["KerasFitLoop", "uses_stream", "run_keras_fit", "fix_symbolic_build"]
 
@@ -31,7 +32,6 @@ def _distributed(x: Any, backend: Any) -> Any:
     """A ``dataset_fn(input_context)`` made into what ``fit`` takes (a distributed dataset, or this rank's)."""
     if not callable(x):
         return x  # already a tf.distribute.DistributedDataset
-    import tensorflow as tf
 
     if backend.traits.shards_by_rank:
         return x(tf.distribute.InputContext(backend.num_workers, backend.worker_index, backend.num_replicas_in_sync))

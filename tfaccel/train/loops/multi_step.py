@@ -20,14 +20,15 @@ calls it, K steps per call too.
 
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import keras
 import numpy as np
+import tensorflow as tf
 
 from tfaccel.compat import keras_internals
 from tfaccel.errors import ConfigError
 from tfaccel.train.data import example_order
 from tfaccel.train.fit_context import FitContext
 from tfaccel.train.loops.base import Loop, LoopResult, evaluation_pass, run_epochs, step_data, steps_per_execution
-
 
 __all__ = ["MULTI_STEP_STRATEGIES", "MultiStepLoop", "multi_step_blockers", "uneven_batch_warning", "replica_splits",
            "run_multi_step"]
@@ -77,8 +78,6 @@ def multi_step_blockers(model: Any, *, backend: Any, data: Any, validation_steps
 
 
 def _num_examples(x: Any) -> int:
-    import tensorflow as tf
-
     return int(len(tf.nest.flatten(x)[0]))
 
 
@@ -132,8 +131,6 @@ class _ReplicatedPass:
 
     def __init__(self, model: Any, step: Callable[[Any], Any], data: Any, *, batch_size: int, jit_compile: bool
                  ) -> None:
-        import tensorflow as tf
-
         self.strategy = model.distribute_strategy
         self.replicas = self.strategy.num_replicas_in_sync
         self.num_examples = int(tf.nest.flatten(data)[0].shape[0])
@@ -156,7 +153,6 @@ class _ReplicatedPass:
         # Reading the metrics' shapes
         # under MultiWorkerMirroredStrategy would be a collective, so there the last step stays outside the loop.
         # None: decided at the first call; False: the last step runs outside the loop.
-        import keras
 
         name = getattr(step, "__name__", "")
         own_step = name in ("train_step", "test_step") and getattr(type(model), name) is getattr(keras.Model, name)
@@ -168,8 +164,6 @@ class _ReplicatedPass:
         return keras_internals.reduce_per_replica(outputs, self.strategy)  # Keras' own reduction
 
     def _one(self, values: Any, indices: Any, i: Any) -> Any:
-        import tensorflow as tf
-
         def on_replica(v: Any, idx: Any) -> Any:
             # tf.slice, not idx[a:b]: Python slicing of a tensor inside a loop ran 100x slower under XLA here.
             return self._replica_step(v, tf.slice(idx, [i * self.per_replica], [self.per_replica]))
@@ -177,8 +171,6 @@ class _ReplicatedPass:
         return self.strategy.run(on_replica, args=(values, indices))
 
     def _run_steps(self, values: Any, indices: Any, start: Any, count: Any) -> Any:
-        import tensorflow as tf
-
         if self._zeros is not False:
             last = self._zeros
             for i in tf.range(start, start + count):
@@ -190,8 +182,6 @@ class _ReplicatedPass:
 
     def _call_steps(self, whole_idx: Any, begin: int, stop: int) -> Any:
         """Runs whole batches ``begin..stop-1``; the first call decides whether the loop carries the outputs."""
-        import tensorflow as tf
-
         args = (self._data, whole_idx, tf.constant(begin), tf.constant(stop - begin))
         if self._zeros is None:  # the model's metrics exist now (Keras' symbolic build ran before the first call)
             self._zeros = tf.nest.map_structure(lambda t: tf.zeros_like(tf.convert_to_tensor(t)),
@@ -206,8 +196,6 @@ class _ReplicatedPass:
         return self._reduce(self.strategy.run(self._replica_step, args=(values, indices)))
 
     def _per_replica(self, arrays: Sequence[np.ndarray]) -> Any:
-        import tensorflow as tf
-
         return self.strategy.experimental_distribute_values_from_function(
             lambda ctx: tf.constant(arrays[ctx.replica_id_in_sync_group]))
 
@@ -242,8 +230,6 @@ def _executions(first: int, num_batches: int, steps_per_execution: int) -> List[
 
 
 def _wait(logs: Any) -> Any:
-    import tensorflow as tf
-
     for value in tf.nest.flatten(logs):
         value.numpy()  # waits for the device, so the epoch's time is the work's time
     return logs
@@ -319,8 +305,6 @@ def run_multi_step(model: Any, *, data: Any, epochs: int, initial_epoch: int, st
 
 def _first_rows(data: Any, rows: int) -> Tuple[Any, Any, Any]:
     """The first ``rows`` examples of the arrays: a batch with a replica's shapes, for Keras' symbolic build."""
-    import tensorflow as tf
-
     def rows_of(v: Any) -> Any:  # a tensor keeps its dtype (a string tensor as numpy is an object array)
         return v[:rows] if tf.is_tensor(v) else np.asarray(v)[:rows]
 

@@ -15,6 +15,8 @@ the coordinator loop can say how many updates and examples each worker contribut
 
 from typing import Any, Callable
 
+import tensorflow as tf
+
 from tfaccel.compat import keras_internals
 
 __all__ = ["per_worker_choice", "worker_index_iterator", "sharded_dataset_iterator"]
@@ -31,8 +33,6 @@ def per_worker_choice(coordinator: Any, make_dataset_fn: Callable[[int], Callabl
     Returns:
         A ``tf.distribute.experimental.coordinator.PerWorkerValues`` of iterators, to pass to ``schedule``.
     """
-    import tensorflow as tf
-
     if num_workers == 1:
         return iter(coordinator.create_per_worker_dataset(make_dataset_fn(0)))
     picked = []
@@ -44,8 +44,6 @@ def per_worker_choice(coordinator: Any, make_dataset_fn: Callable[[int], Callabl
 
 def worker_index_iterator(coordinator: Any, num_workers: int) -> Any:
     """A per-worker iterator that yields, on worker ``k``, the int32 scalar ``k`` forever."""
-    import tensorflow as tf
-
     def make(k: int) -> Callable[[], Any]:
         return lambda: tf.data.Dataset.from_tensors(tf.constant(k, tf.int32)).repeat()
 
@@ -63,8 +61,6 @@ def sharded_dataset_iterator(coordinator: Any, strategy: Any, dataset_fn: Callab
             ``tfaccel.datasets.tfrecord_dataset(..., input_context=ctx)``).
         num_workers: worker tasks of the cluster.
     """
-    import tensorflow as tf
-
     def make(k: int) -> Callable[[], Any]:
         context = tf.distribute.InputContext(num_input_pipelines=num_workers, input_pipeline_id=k,
                                              num_replicas_in_sync=strategy.num_replicas_in_sync)

@@ -5,7 +5,9 @@ what must be built on the ps tasks before the first of them (see ``tfaccel.train
 import inspect
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import keras
 import numpy as np
+import tensorflow as tf
 
 from tfaccel.compat import keras_internals, keras_sharded
 from tfaccel.errors import ConfigError
@@ -23,8 +25,6 @@ WHY_NO_METRIC_OBJECTS = "Keras metric objects miscount in functions scheduled on
 
 def exact_assign_add(variable: Any) -> None:
     """Makes a Keras 3 variable's ``assign_add`` the atomic TensorFlow one (see module docstring)."""
-    import keras
-
     raw = getattr(variable, "value", variable)
     if not isinstance(variable, keras.Variable):
         return
@@ -36,8 +36,6 @@ def exact_assign_add(variable: Any) -> None:
 
 
 def leaf_metrics(metrics: Sequence[Any]) -> List[Any]:
-    import keras
-
     out = []
     for metric in metrics:
         inner = getattr(metric, "metrics", None)  # Keras' CompileMetrics: a container of the compiled metrics
@@ -49,8 +47,6 @@ def leaf_metrics(metrics: Sequence[Any]) -> List[Any]:
 
 
 def check_metrics(model: Any) -> None:
-    import keras
-
     for metric in leaf_metrics(model.metrics):
         if not isinstance(metric, (keras.metrics.Mean, keras.metrics.Sum)):
             raise ConfigError(
@@ -72,8 +68,6 @@ class Accounting:
     """
 
     def __init__(self, num_workers: int) -> None:
-        import tensorflow as tf
-
         def counter(name: str) -> Any:
             return tf.Variable(0, dtype=tf.int64, trainable=False, name=name)
 
@@ -85,8 +79,6 @@ class Accounting:
     def count(self, worker: Any, examples: Any) -> Any:
         """One update of ``examples`` examples applied by worker ``worker`` (inside a scheduled function); returns
         a tensor that exists once both counters are written."""
-        import tensorflow as tf
-
         def on(k: int) -> Callable[[], Any]:
             def add() -> Any:
                 self.updates[k].assign_add(1)
@@ -120,8 +112,6 @@ class WorkerStep:
     """Keras' train_step for one worker, with the metric updates returned as totals instead of applied."""
 
     def __init__(self, model: Any, *, backend: Any, accum: int) -> None:
-        import tensorflow as tf
-
         self.model, self.strategy, self.accum = model, backend.strategy, accum
         self.optimizer = model.optimizer
         self.call_training = "training" in inspect.signature(model.call).parameters
@@ -140,9 +130,6 @@ class WorkerStep:
 
     def forward(self, batch: Any) -> tuple:
         """(scaled loss, metric totals) of one batch; layer state updates (BatchNorm, seeds) applied."""
-        import keras
-        import tensorflow as tf
-
         model = self.model
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
         # Metric variables start at zero; the weights are read once here, inside the caller's tape (Keras reads
@@ -170,9 +157,6 @@ class WorkerStep:
     def update(self, batches: Sequence[Any]) -> List[Any]:
         """One optimizer update from ``accum`` micro-batches: the metric totals of those batches, then (last) the
         number of examples in them."""
-        import keras
-        import tensorflow as tf
-
         weights = keras_sharded.trainable_shards(self.model.trainable_variables)  # one per shard
         grads_sum, totals, examples = None, None, tf.constant(0, tf.int64)
         for batch in batches:
@@ -197,8 +181,6 @@ class WorkerStep:
         worker SIGKILLed mid-closure had applied 8 updates that ``optimizer.iterations`` had and the per-worker
         counters had not); with it at most the update in flight when a worker dies is applied but not counted.
         """
-        import tensorflow as tf
-
         graph = tf.compat.v1.get_default_graph()
         counted = [self.accounting.started.assign_add(1)]  # no update before its closure is counted as started
         totals = None
@@ -231,8 +213,6 @@ class Schedule:
     """The per-worker input (built on the workers) and the closures the coordinator schedules over it."""
 
     def __init__(self, step: WorkerStep, data: FitData, *, backend: Any) -> None:
-        import tensorflow as tf
-
         self.step, self.data, self.coordinator = step, data, backend.coordinator
         self.steps_per_epoch = data.steps_per_epoch
         self.closures_scheduled = self.updates_scheduled = 0
@@ -259,8 +239,6 @@ class Schedule:
                 if callable(data.x) else iter(self.coordinator.create_per_worker_dataset(data.x))
 
     def _stream_closure(self, updates: int) -> Any:
-        import tensorflow as tf
-
         if updates not in self._closures:
             step = self.step
 
@@ -278,8 +256,6 @@ class Schedule:
 
     def schedule(self, order: Optional[np.ndarray], start: int, end: int) -> List[Any]:
         """Schedules steps ``[start, end)`` of an epoch (whole updates) in closures of ``STEPS_PER_CLOSURE`` updates."""
-        import tensorflow as tf
-
         accum = self.step.accum
         remotes = []
         for first, last in closure_spans(start, end, accum):
@@ -297,9 +273,6 @@ class Schedule:
 
 def build_on_ps(model: Any, data: FitData, *, backend: Any) -> None:
     """Creates, inside the scope (so on the ps tasks), what Keras' fit builds before its first step."""
-    import keras
-    import tensorflow as tf
-
     if data.kind == "arrays":
         sample = tf.nest.map_structure(lambda a: a[:data.batch_size],
                                        step_data(data.x, data.y, data.sample_weight))

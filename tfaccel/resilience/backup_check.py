@@ -11,6 +11,8 @@ import shutil
 import tempfile
 from typing import Any, Dict, List, Optional, Tuple
 
+import h5py
+
 from tfaccel.errors import ConfigError
 
 __all__ = ["weights_layout", "check_weights_file", "check_position"]
@@ -24,8 +26,6 @@ def weights_layout(path: str) -> Dict[str, Tuple[int, ...]]:
     Raises:
         OSError: the file is missing, truncated or not HDF5 (h5py's error).
     """
-    import h5py
-
     layout: Dict[str, Tuple[int, ...]] = {}
     with h5py.File(path, "r") as fh:
         def visit(name: str, obj: Any) -> None:

@@ -21,10 +21,17 @@ import os
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
+import keras
+import tensorflow as tf
+
 from tfaccel.errors import ConfigError, TfaccelError
-from tfaccel.log import get_logger
 from tfaccel.job_id import environment_job_id
-from tfaccel.train.backup_guard import confined, job_identity
+from tfaccel.log import get_logger
+from tfaccel.resilience.atomic_io import atomic_write_text
+from tfaccel.resilience.backup_guard import confined, job_identity
+from tfaccel.strategies._task import current_task
+from tfaccel.train.result import FitResult
+from tfaccel.train.scope import plan_for_model
 
 __all__ = ["PROGRESS_FILE", "TIMEOUT_ENV", "DEFAULT_TIMEOUT_S", "EvaluatorTimeout", "is_evaluator_task",
            "chief_address", "progress_callback", "evaluator_callbacks", "run_evaluator"]
@@ -45,8 +52,6 @@ class EvaluatorTimeout(TfaccelError, TimeoutError):
 def is_evaluator_task(task: Optional[Any] = None) -> bool:
     """True in the ``evaluator`` task of a cluster (TF_CONFIG task type ``evaluator``)."""
     if task is None:
-        from tfaccel.strategies._task import current_task
-
         task = current_task()
     return task is not None and task.task_type == "evaluator"
 
@@ -61,8 +66,6 @@ def chief_address(task: Any) -> Optional[str]:
 
 
 def _write_json(path: str, payload: Dict[str, Any]) -> None:
-    from tfaccel.train.atomic_io import atomic_write_text
-
     atomic_write_text(path, json.dumps(payload))
 
 
@@ -77,8 +80,6 @@ def progress_callback(checkpoint_dir: str, *, checkpoints: Any, task: Any) -> An
     Returns:
         A ``keras.callbacks.Callback``.
     """
-    import keras
-
     path = os.path.join(checkpoint_dir, PROGRESS_FILE)
     chief = chief_address(task)
 
@@ -173,16 +174,12 @@ class _Evaluation:
 
     def __init__(self, model: Any, *, validation_data: Any, batch_size: Optional[int], steps: Optional[int],
                  tensorboard_dir: Optional[str]) -> None:
-        import tensorflow as tf
-
         self.model, self.steps, self.batch_size = model, steps, batch_size
         self.x, self.y, self.sample_weight = _unpack(validation_data)
         self.writer = (tf.summary.create_file_writer(os.path.join(tensorboard_dir, "evaluator"))
                        if tensorboard_dir else None)
 
     def __call__(self, path: str, epoch: int) -> Dict[str, float]:
-        import tensorflow as tf
-
         try:
             tf.train.Checkpoint(model=self.model).read(path).expect_partial().assert_existing_objects_matched()
         except (AssertionError, ValueError, tf.errors.OpError) as exc:
@@ -267,10 +264,6 @@ def run_evaluator(model: Any, *, validation_data: Any, checkpoint_dir: Optional[
         ConfigError: no checkpoint_dir or validation_data, or a checkpoint that does not fit the model.
         EvaluatorTimeout: the chief wrote no progress within ``TFACCEL_EVALUATOR_TIMEOUT`` seconds.
     """
-    from tfaccel.strategies._task import current_task
-    from tfaccel.train.result import FitResult
-    from tfaccel.train.scope import plan_for_model
-
     task = task if task is not None else current_task()
     _check_options(checkpoint_dir=checkpoint_dir, backup_dir=backup_dir, validation_data=validation_data, task=task)
     plan, _, _ = plan_for_model(model)
@@ -306,8 +299,6 @@ def evaluator_callbacks(*, checkpoint_dir: Optional[str], checkpoints: Any, is_c
     if not (is_chief and checkpoint_dir and checkpoints is not None):
         return []
     if task is None:
-        from tfaccel.strategies._task import current_task
-
         task = current_task()
     if task is None or not task.spec.roles.get("evaluator"):
         return []

@@ -13,12 +13,16 @@ import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional
 
+import keras
+import tensorflow as tf
+
 from tfaccel.errors import ConfigError
-from tfaccel.log import get_logger
 from tfaccel.job_id import JOB_ID_ENV
-from tfaccel.train.atomic_io import atomic_write_text, swap_prefix
-from tfaccel.train.backup_guard import confined, describe_job, fsync_path, job_alive, job_identity, same_job
-from tfaccel.train.restarts import PROGRESS_FILE, RECORD_FILE
+from tfaccel.log import get_logger
+from tfaccel.resilience.atomic_io import atomic_write_text, swap_prefix
+from tfaccel.resilience.backup_check import check_weights_file
+from tfaccel.resilience.backup_guard import confined, describe_job, fsync_path, job_alive, job_identity, same_job
+from tfaccel.resilience.restarts import PROGRESS_FILE, RECORD_FILE
 
 __all__ = ["BackupState", "read_backup", "load_backup_weights", "StepBackup", "ChiefCheckpoint", "Throughput",
            "PS_BACKUP_FORMAT", "write_checkpoint_backup", "restore_checkpoint_backup"]
@@ -92,8 +96,6 @@ def load_backup_weights(model: Any, state: BackupState, *, backup_dir: str) -> N
     Raises:
         ConfigError: the file is unreadable, or its layers and shapes are not this model's (names what differs).
     """
-    from tfaccel.train.backup_check import check_weights_file
-
     check_weights_file(model, state["weights_path"], backup_dir=backup_dir, name=state["weights"])
     model.load_weights(state["weights_path"])
 
@@ -111,55 +113,50 @@ def save_weights_atomically(model: Any, path: str) -> None:
         raise
 
 
-class StepBackup:
-    """Builds the Keras callback that backs up model + optimizer every ``save_freq`` steps and each epoch end.
+class StepBackup(keras.callbacks.Callback):
+    """The Keras callback that backs up model + optimizer every ``save_freq`` steps and each epoch end.
 
     Only the chief writes (Keras 3 reads mirrored variables locally, so saving needs no collective and the
-    other workers have nothing to contribute). ``epoch_offset``/``step_offset`` let a resumed partial epoch
-    report its true position; ``record(epoch, step)`` returns more fields for the backup's pointer (the world size, the
-    finished epochs' logs: ``tfaccel.train.elastic.journal_callback``).
+    other workers have nothing to contribute). ``step_offset`` lets a resumed partial epoch report its true
+    position; ``record(epoch, step)`` returns more fields for the backup's pointer (the world size, the finished
+    epochs' logs: ``tfaccel.resilience.elastic.journal_callback``). ``saves`` counts the backups written.
     """
 
-    def __new__(cls, backup_dir: str, *, save_freq: Optional[int], is_chief: bool, step_offset: int = 0,
-                steps_per_epoch: int, record: Optional[Callable[[int, int], Dict[str, Any]]] = None
-                ) -> Any:
-        import keras
+    def __init__(self, backup_dir: str, *, save_freq: Optional[int], is_chief: bool, step_offset: int = 0,
+                 steps_per_epoch: int, record: Optional[Callable[[int, int], Dict[str, Any]]] = None) -> None:
+        super().__init__()
+        self.backup_dir, self.save_freq, self.is_chief = backup_dir, save_freq, is_chief
+        self.steps_per_epoch, self.record = steps_per_epoch, record
+        self.epoch = 0
+        self.step_offset = step_offset
+        self.last_saved: Optional[tuple] = None
+        self.saves = 0
 
-        class _StepBackup(keras.callbacks.Callback):
-            def __init__(self) -> None:
-                super().__init__()
-                self.epoch = 0
-                self.step_offset = step_offset
-                self.last_saved: Optional[tuple] = None
-                self.saves = 0
+    def on_epoch_begin(self, epoch: int, logs: Optional[Dict] = None) -> None:
+        self.epoch = epoch
 
-            def on_epoch_begin(self, epoch: int, logs: Optional[Dict] = None) -> None:
-                self.epoch = epoch
+    def on_train_batch_end(self, batch: int, logs: Optional[Dict] = None) -> None:
+        step = self.step_offset + batch + 1
+        if self.save_freq and step % self.save_freq == 0 and step < self.steps_per_epoch:
+            self.save(self.epoch, step)
 
-            def on_train_batch_end(self, batch: int, logs: Optional[Dict] = None) -> None:
-                step = self.step_offset + batch + 1
-                if save_freq and step % save_freq == 0 and step < steps_per_epoch:
-                    self.save(self.epoch, step)
+    def on_epoch_end(self, epoch: int, logs: Optional[Dict] = None) -> None:
+        self.step_offset = 0  # only the first (resumed) epoch starts mid-way
+        self.save(epoch + 1, 0)
 
-            def on_epoch_end(self, epoch: int, logs: Optional[Dict] = None) -> None:
-                self.step_offset = 0  # only the first (resumed) epoch starts mid-way
-                self.save(epoch + 1, 0)
-
-            def save(self, epoch: int, step: int) -> None:
-                """Writes the backup at (epoch, step) on the chief (a no-op elsewhere, or where it was written)."""
-                if not is_chief or self.last_saved == (epoch, step):
-                    return
-                os.makedirs(backup_dir, exist_ok=True)
-                global_step = epoch * steps_per_epoch + step
-                name = f"backup-{global_step}.weights.h5"
-                save_weights_atomically(self.model, os.path.join(backup_dir, name))
-                commit_backup(backup_dir, {**(record(epoch, step) if record else {}), "epoch": epoch, "step": step,
-                                           "global_step": global_step, "weights": name,
-                                           "steps_per_epoch": steps_per_epoch})
-                self.last_saved = (epoch, step)
-                self.saves += 1
-
-        return _StepBackup()
+    def save(self, epoch: int, step: int) -> None:
+        """Writes the backup at (epoch, step) on the chief (a no-op elsewhere, or where it was written)."""
+        if not self.is_chief or self.last_saved == (epoch, step):
+            return
+        os.makedirs(self.backup_dir, exist_ok=True)
+        global_step = epoch * self.steps_per_epoch + step
+        name = f"backup-{global_step}.weights.h5"
+        save_weights_atomically(self.model, os.path.join(self.backup_dir, name))
+        commit_backup(self.backup_dir, {**(self.record(epoch, step) if self.record else {}), "epoch": epoch,
+                                        "step": step, "global_step": global_step, "weights": name,
+                                        "steps_per_epoch": self.steps_per_epoch})
+        self.last_saved = (epoch, step)
+        self.saves += 1
 
 
 def commit_backup(backup_dir: str, state: Dict[str, Any]) -> None:
@@ -216,77 +213,69 @@ def remove_backup(backup_dir: str) -> None:
         os.rmdir(backup_dir)
 
 
-class ChiefCheckpoint:
-    """Builds the callback that writes ``tf.train.Checkpoint``s of model + optimizer at each epoch end.
+class ChiefCheckpoint(keras.callbacks.Callback):
+    """The callback that writes ``tf.train.Checkpoint``s of model + optimizer at each epoch end (``saved``: their
+    paths).
 
     The chief writes into ``checkpoint_dir``. Under MultiWorkerMirroredStrategy every worker saves (TF's
     rule for collective-backed variables); non-chief workers write into a private temporary directory
     that is removed right after.
     """
 
-    def __new__(cls, checkpoint_dir: str, *, is_chief: bool, every_worker_saves: bool, max_to_keep: int = 3) -> Any:
-        import keras
-        import tensorflow as tf
+    def __init__(self, checkpoint_dir: str, *, is_chief: bool, every_worker_saves: bool, max_to_keep: int = 3) -> None:
+        super().__init__()
+        self.checkpoint_dir, self.is_chief, self.every_worker_saves = checkpoint_dir, is_chief, every_worker_saves
+        self.max_to_keep = max_to_keep
+        self.saved: List[str] = []
+        self._manager: Any = None
 
-        class _ChiefCheckpoint(keras.callbacks.Callback):
-            def __init__(self) -> None:
-                super().__init__()
-                self.saved: List[str] = []
-                self._manager = None
+    def _ckpt(self) -> Any:
+        return tf.train.Checkpoint(model=self.model, optimizer=self.model.optimizer)
 
-            def _ckpt(self) -> Any:
-                return tf.train.Checkpoint(model=self.model, optimizer=self.model.optimizer)
-
-            def on_epoch_end(self, epoch: int, logs: Optional[Dict] = None) -> None:
-                if is_chief:
-                    if self._manager is None:
-                        self._manager = tf.train.CheckpointManager(self._ckpt(), checkpoint_dir, max_to_keep=max_to_keep,
-                                                                   checkpoint_name="ckpt")
-                    self.saved.append(self._manager.save(checkpoint_number=epoch + 1))
-                elif every_worker_saves:
-                    tmp = tempfile.mkdtemp(prefix="tfaccel-worker-ckpt-")
-                    try:
-                        self._ckpt().write(os.path.join(tmp, "ckpt"))
-                    finally:
-                        shutil.rmtree(tmp, ignore_errors=True)
-
-        return _ChiefCheckpoint()
+    def on_epoch_end(self, epoch: int, logs: Optional[Dict] = None) -> None:
+        if self.is_chief:
+            if self._manager is None:
+                self._manager = tf.train.CheckpointManager(self._ckpt(), self.checkpoint_dir,
+                                                           max_to_keep=self.max_to_keep, checkpoint_name="ckpt")
+            self.saved.append(self._manager.save(checkpoint_number=epoch + 1))
+        elif self.every_worker_saves:
+            tmp = tempfile.mkdtemp(prefix="tfaccel-worker-ckpt-")
+            try:
+                self._ckpt().write(os.path.join(tmp, "ckpt"))
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
 
 
-class Throughput:
-    """Builds the callback that times epochs; the first epoch (tracing, XLA compilation) is reported apart."""
+class Throughput(keras.callbacks.Callback):
+    """The callback that times epochs; the first epoch (tracing, XLA compilation) is reported apart."""
 
-    def __new__(cls, *, examples_per_step: int) -> Any:
-        import keras
+    def __init__(self, *, examples_per_step: int) -> None:
+        super().__init__()
+        self.examples_per_step = examples_per_step
+        self.epoch_seconds: List[float] = []
+        self.epoch_steps: List[int] = []
+        self._t0 = 0.0
+        self._steps = 0
 
-        class _Throughput(keras.callbacks.Callback):
-            def __init__(self) -> None:
-                super().__init__()
-                self.epoch_seconds: List[float] = []
-                self.epoch_steps: List[int] = []
-                self._t0 = 0.0
-                self._steps = 0
+    def on_epoch_begin(self, epoch: int, logs: Optional[Dict] = None) -> None:
+        self._t0 = time.perf_counter()
+        self._steps = 0
 
-            def on_epoch_begin(self, epoch: int, logs: Optional[Dict] = None) -> None:
-                self._t0 = time.perf_counter()
-                self._steps = 0
+    def on_train_batch_end(self, batch: int, logs: Optional[Dict] = None) -> None:
+        # Keras numbers a call of several steps by its last step, also where the epoch ends inside it
+        self._steps = min(batch + 1, self.params.get("steps") or batch + 1)
 
-            def on_train_batch_end(self, batch: int, logs: Optional[Dict] = None) -> None:
-                # Keras numbers a call of several steps by its last step, also where the epoch ends inside it
-                self._steps = min(batch + 1, self.params.get("steps") or batch + 1)
+    def on_epoch_end(self, epoch: int, logs: Optional[Dict] = None) -> None:
+        self.epoch_seconds.append(time.perf_counter() - self._t0)
+        self.epoch_steps.append(self._steps)
 
-            def on_epoch_end(self, epoch: int, logs: Optional[Dict] = None) -> None:
-                self.epoch_seconds.append(time.perf_counter() - self._t0)
-                self.epoch_steps.append(self._steps)
-
-            def examples_per_sec(self) -> float:
-                secs, steps = self.epoch_seconds, self.epoch_steps
-                if len(secs) > 1:  # leave out the first epoch: it pays for tracing and compilation
-                    secs, steps = secs[1:], steps[1:]
-                total = sum(secs)
-                return float(sum(steps) * examples_per_step / total) if total > 0 else 0.0
-
-        return _Throughput()
+    def examples_per_sec(self) -> float:
+        """Examples per second over the epochs after the first (all of them when only one ran)."""
+        secs, steps = self.epoch_seconds, self.epoch_steps
+        if len(secs) > 1:  # leave out the first epoch: it pays for tracing and compilation
+            secs, steps = secs[1:], steps[1:]
+        total = sum(secs)
+        return float(sum(steps) * self.examples_per_step / total) if total > 0 else 0.0
 
 
 def log_progress(message: str) -> None:

@@ -7,7 +7,7 @@ Two sources, each saying what it knows:
   ``from_workers`` / ``to_workers``), the task whose exit decided it, and when the attempt ended;
 * the chief keeps two small files in ``backup_dir``: ``tfaccel_progress.json`` (the position training reached,
   written at most once a second) and ``tfaccel_restarts.json`` (each attempt's resume position, time, and the
-  progress the attempt before it had reached), each written atomically (:mod:`tfaccel.train.atomic_io`). Both are
+  progress the attempt before it had reached), each written atomically (:mod:`tfaccel.resilience.atomic_io`). Both are
   removed with the backup when training completes.
 
 Steps lost: the position the previous attempt had reached minus the one this attempt resumed from. After a
@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
-from tfaccel.train.atomic_io import atomic_write_json
+from tfaccel.resilience.atomic_io import atomic_write_json
 
 __all__ = ["RESTARTS_ENV", "PROGRESS_FILE", "RECORD_FILE", "launcher_restarts", "Progress", "restarts_details"]
 

@@ -20,15 +20,22 @@ a step through the coordination service); Keras ``fit`` has nothing. tfaccel doe
 """
 
 import atexit
+import logging
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from tfaccel.errors import EXIT_PREEMPTED, ConfigError, Preempted
+import keras
+import tensorflow as tf
+
+from tfaccel.errors import EXIT_PREEMPTED, Preempted
 from tfaccel.log import get_logger
+from tfaccel.resilience.contract import (CHECK_EVERY_ENV, DEFAULT_TIMEOUT_S, SIGNAL_ENV, TIMEOUT_ENV, env_number,
+                                         preemption_signals)
 
 __all__ = ["SIGNAL_ENV", "TIMEOUT_ENV", "CHECK_EVERY_ENV", "preemption_signals", "SignalWatch", "Preemption",
            "strategy_sum", "preemption_callback", "make_preemption", "DEFAULT_TIMEOUT_S"]
@@ -37,11 +44,6 @@ __all__ = ["SIGNAL_ENV", "TIMEOUT_ENV", "CHECK_EVERY_ENV", "preemption_signals",
 NOTHING_SAVED = ("NOTHING WAS SAVED: this job has no backup_dir, so a restart starts from the beginning (give fit "
                  "backup_dir=... to resume where it stopped)")
 
-SIGNAL_ENV = "TFACCEL_PREEMPTION_SIGNAL"
-TIMEOUT_ENV = "TFACCEL_PREEMPTION_TIMEOUT"
-CHECK_EVERY_ENV = "TFACCEL_PREEMPTION_CHECK_EVERY"
-# Seconds from the signal to an agreed, saved step before the process gives up (GCE spot and Kubernetes give 30 s).
-DEFAULT_TIMEOUT_S = 25.0
 # "auto": the interval is chosen at this boundary from the time the boundaries before it took (the first one left
 # out: tracing), so that a check comes about once every CHECK_PERIOD_S seconds of training. A check costs 1.7 ms
 # between 2 idle MultiWorkerMirrored workers on loopback here (7-30 ms with the 2 cores loaded 6x), so the checks
@@ -49,42 +51,6 @@ DEFAULT_TIMEOUT_S = 25.0
 PROBE_BOUNDARIES = 10
 CHECK_PERIOD_S = 1.0
 MAX_CHECK_EVERY = 1000
-
-
-def _env_number(name: str, default: float, *, low: float, whole: bool) -> float:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw) if whole else float(raw)
-    except ValueError:
-        value = low - 1
-    if value < low:
-        kind = "a whole number" if whole else "a number of seconds"
-        raise ConfigError(f"{name} must be {kind} >= {low:g}; received {raw[:40]!r}. Unset it for the default "
-                          f"({default:g})")
-    return value
-
-
-def preemption_signals() -> Tuple[int, ...]:
-    """SIGTERM, plus the signal ``TFACCEL_PREEMPTION_SIGNAL`` names (``USR1``, ``SIGUSR1`` or a number).
-
-    Raises:
-        ConfigError: the variable names no catchable signal (received value and examples shown).
-    """
-    raw = os.environ.get(SIGNAL_ENV, "").strip()
-    if not raw:
-        return (int(signal.SIGTERM),)
-    name = raw.upper() if raw.upper().startswith("SIG") else f"SIG{raw.upper()}"
-    try:
-        sig = signal.Signals(int(raw)) if raw.isdigit() else signal.Signals[name]
-    except (KeyError, ValueError):
-        sig = None
-    if sig is None or sig in (signal.SIGKILL, signal.SIGSTOP):
-        raise ConfigError(f"{SIGNAL_ENV} must name a signal tfaccel can catch; received {raw[:40]!r}. Valid: a name "
-                          "such as USR1, SIGUSR2, INT, or its number (not KILL or STOP); e.g. with SLURM's "
-                          f"--signal=USR1@60 set {SIGNAL_ENV}=USR1")
-    return tuple(sorted({int(signal.SIGTERM), int(sig)}))
 
 
 class SignalWatch:
@@ -189,9 +155,6 @@ class SignalWatch:
 
 
 def _flush_and_exit(code: int) -> None:
-    import logging
-    import sys
-
     for handler in list(logging.getLogger("tfaccel").handlers) + list(logging.getLogger().handlers):
         try:
             handler.flush()
@@ -211,8 +174,6 @@ def strategy_sum(strategy: Any) -> Callable[[float], float]:
 
     Every process of the strategy must call it at the same point (it is a collective).
     """
-    import tensorflow as tf
-
     @tf.function
     def reduce(value: Any) -> Any:
         per_replica = strategy.run(tf.identity, args=(value,))
@@ -230,7 +191,7 @@ class Preemption:
         processes: how many processes add to ``total``.
         save: ``(epoch, step) -> None`` writes the backup on the chief (a no-op elsewhere); None: no backup_dir.
         epochs: the job's epochs (a stop agreed at the end of the last one is no stop: the job is complete).
-        progress: the chief's ``tfaccel.train.restarts.Progress`` (noted at every boundary). Defaults to None.
+        progress: the chief's ``tfaccel.resilience.restarts.Progress`` (noted at every boundary). Defaults to None.
         check_every: check every this many batch boundaries (epoch ends are always checked); None: "auto", none in
             the first :data:`PROBE_BOUNDARIES` boundaries, then about one every :data:`CHECK_PERIOD_S` seconds of
             training (the interval agreed by every process: the mean of what each measured).
@@ -240,7 +201,7 @@ class Preemption:
                  save: Optional[Callable[[int, int], None]], epochs: int, check_every: Optional[int] = None,
                  progress: Any = None) -> None:
         self.watch, self.total, self.processes, self.save = watch, total, max(1, processes), save
-        self.progress = progress  # a tfaccel.train.restarts.Progress: how far training got, for details["restarts"]
+        self.progress = progress  # a tfaccel.resilience.restarts.Progress: how far training got, for details["restarts"]
         self.epochs, self.auto = epochs, check_every is None
         self.check_every = 1 if check_every is None else max(1, int(check_every))
         self.boundaries = self.checks = 0
@@ -312,8 +273,6 @@ def preemption_callback(preemption: Preemption, *, steps_per_epoch: int, step_of
     A batch end that finishes an epoch is left to the epoch end (after validation and the epoch's backup). Put it
     after the backup callback, so that the epoch-end backup is written before the check.
     """
-    import keras
-
     class _Preemption(keras.callbacks.Callback):
         def __init__(self) -> None:
             super().__init__()
@@ -348,9 +307,9 @@ def make_preemption(backend: Any, *, save: Optional[Callable[[int, int], None]],
         ConfigError: ``TFACCEL_PREEMPTION_SIGNAL``, ``_TIMEOUT`` or ``_CHECK_EVERY`` is malformed.
     """
     preemption_signals()  # a malformed TFACCEL_PREEMPTION_SIGNAL fails before training, not at __enter__
-    timeout = _env_number(TIMEOUT_ENV, DEFAULT_TIMEOUT_S, low=1, whole=False)
+    timeout = env_number(TIMEOUT_ENV, DEFAULT_TIMEOUT_S, low=1, whole=False)
     given = os.environ.get(CHECK_EVERY_ENV, "").strip()
-    check_every = None if given in ("", "auto") else int(_env_number(CHECK_EVERY_ENV, 1, low=1, whole=True))
+    check_every = None if given in ("", "auto") else int(env_number(CHECK_EVERY_ENV, 1, low=1, whole=True))
     processes = backend.num_workers if backend.uses_keras_fit else 1
     if processes == 1:
         check_every = 1  # nothing to agree with: every boundary costs one flag read (the coordinator: every backup)

@@ -14,45 +14,20 @@ job reports each epoch of the whole job once (``FitResult.history``) and every c
 (``FitResult.details["world_size"]``: ``{"from", "to", "epoch", "step", "reason"}`` per change, oldest first).
 """
 
-import os
+import math
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+import keras
+import numpy as np
+
+from tfaccel.compat.keras_internals import flatten_layers
 from tfaccel.errors import ConfigError
+from tfaccel.log import get_logger
+from tfaccel.resilience.contract import (ELASTIC_ENV, RESIZE_FROM_ENV, RESIZE_REASON_ENV, elastic_range,
+                                         parse_workers_range)
 
 __all__ = ["ELASTIC_ENV", "RESIZE_REASON_ENV", "RESIZE_FROM_ENV", "parse_workers_range", "elastic_range",
            "check_elastic_batch", "per_replica_statistics", "world_size_changes", "journal_callback", "merged_history"]
-
-ELASTIC_ENV = "TFACCEL_ELASTIC"  # "MIN:MAX", set by `tfaccel launch --workers MIN:MAX` in every task
-RESIZE_REASON_ENV = "TFACCEL_RESIZE_REASON"  # why this attempt runs on another number of workers than the last
-RESIZE_FROM_ENV = "TFACCEL_RESIZE_FROM"  # the workers of the last attempt (for a restart before any backup)
-
-
-def parse_workers_range(text: str, *, field: str = "--workers") -> Tuple[int, int]:
-    """``"2:3"`` -> ``(2, 3)``; ``"3"`` -> ``(3, 3)``.
-
-    Raises:
-        ConfigError: not ``N`` or ``MIN:MAX`` with 1 <= MIN <= MAX (names ``field`` and what was received).
-
-    Example:
-        >>> parse_workers_range("2:4")
-        (2, 4)
-    """
-    parts = str(text).strip().split(":")
-    try:
-        low, high = (int(parts[0]), int(parts[-1])) if len(parts) in (1, 2) else (0, -1)
-    except ValueError:
-        low, high = 0, -1
-    if not 1 <= low <= high:
-        raise ConfigError(f"{field}: expected a number of workers N or a range MIN:MAX with 1 <= MIN <= MAX; "
-                          f"received {str(text)[:40]!r}; e.g. {field} 2:4 (start on 4, go on with no fewer than 2)")
-    return low, high
-
-
-def elastic_range(environ: Optional[Mapping[str, str]] = None) -> Optional[Tuple[int, int]]:
-    """The ``(MIN, MAX)`` workers of an elastic job from ``TFACCEL_ELASTIC``, or None outside one."""
-    value = (os.environ if environ is None else environ).get(ELASTIC_ENV)
-    return parse_workers_range(value, field=ELASTIC_ENV) if value else None
-
 
 def _splits(count: int, sizes: range, replicas_per_worker: int) -> List[int]:
     return [n for n in sizes if count % (n * replicas_per_worker) == 0]
@@ -106,8 +81,6 @@ def _replicas(sizes: List[int], per_worker: int) -> str:
 
 
 def _lcm_multiple(batch: int, sizes: range, per_worker: int) -> int:
-    import math
-
     step = 1
     for n in sizes:
         step = step * n * per_worker // math.gcd(step, n * per_worker)
@@ -117,10 +90,6 @@ def _lcm_multiple(batch: int, sizes: range, per_worker: int) -> int:
 def per_replica_statistics(model: Any) -> List[str]:
     """The names of the model's layers that normalize with each replica's own batch statistics
     (``BatchNormalization`` without ``synchronized=True``): their training depends on the per-replica batch."""
-    import keras
-
-    from tfaccel.compat.keras_internals import flatten_layers
-
     return [layer.name for layer in flatten_layers(model)
             if isinstance(layer, keras.layers.BatchNormalization) and not getattr(layer, "synchronized", False)]
 
@@ -172,8 +141,6 @@ def journal_callback(state: Optional[Mapping[str, Any]], *, workers: int, replic
         metric_state: whether the metrics read here are the whole job's (False where each process keeps its own,
             as Horovod's ranks do: then a resumed epoch's logs cover the steps after the resume). Defaults to True.
     """
-    import keras
-
     start_epoch, start_step = (int(state["epoch"]), int(state["step"])) if state else (0, 0)
     before = {k: list(v)[:start_epoch] for k, v in (state or {}).get("history", {}).items()}
     saved = (state or {}).get("metrics") if metric_state and start_step else None
@@ -213,12 +180,8 @@ def journal_callback(state: Optional[Mapping[str, Any]], *, workers: int, replic
 def _assign_metrics(model: Any, values: List[Any]) -> None:
     """Puts the metrics' state a backup read back (a sum over replicas is spread over this run's replicas by
     ``assign`` in cross-replica context)."""
-    import numpy as np
-
     variables = list(model.metrics_variables)
     if len(variables) != len(values):
-        from tfaccel.log import get_logger
-
         get_logger().warning("resume: the backup holds %d metric values, the model has %d metric variables; the "
                              "resumed epoch's logs cover only the steps after the resume", len(values),
                              len(variables))

@@ -22,6 +22,9 @@ import shutil
 import tempfile
 from typing import Any, List, Optional, Sequence
 
+import keras
+
+from tfaccel.compat.keras_backup_restore import restored_initial_epoch
 from tfaccel.launch.procs import pid_alive
 from tfaccel.log import get_logger
 
@@ -32,8 +35,6 @@ _PREFIX = "tfaccel-worker-"  # + "<pid>-": the owner, so a restarted worker can 
 
 def _private_backup(user_cb: Any, directory: str) -> Any:
     """A BackupAndRestore that reads the user's ``backup_dir`` but writes into ``directory``."""
-    import keras
-
     class _PrivateBackupAndRestore(keras.callbacks.BackupAndRestore):
         def __init__(self) -> None:
             super().__init__(directory, save_freq=user_cb.save_freq, double_checkpoint=user_cb.double_checkpoint,
@@ -83,15 +84,11 @@ def _private_csv(user_cb: Any, directory: str) -> Any:
 
 def _private_copies() -> dict:
     """Each Keras callback class that writes a user path -> the function making a copy that writes privately."""
-    import keras
-
     return {keras.callbacks.BackupAndRestore: _private_backup, keras.callbacks.ModelCheckpoint: _private_checkpoint,
             keras.callbacks.TensorBoard: _private_tensorboard, keras.callbacks.CSVLogger: _private_csv}
 
 
 def _remover(directory: str) -> Any:
-    import keras
-
     class _RemovePrivateDir(keras.callbacks.Callback):
         def on_train_end(self, logs: Optional[dict] = None) -> None:
             shutil.rmtree(directory, ignore_errors=True)
@@ -143,10 +140,6 @@ def keras_resume_epoch(callbacks: Sequence[Any], *, model: Any, backend: Any) ->
     Runs each one's ``on_train_begin`` inside the strategy scope (Keras builds the optimizer there when it loads a
     backup); Keras' ``fit`` runs it again at train begin and restores the same state.
     """
-    import keras
-
-    from tfaccel.compat.keras_backup_restore import restored_initial_epoch
-
     epoch = 0
     for cb in callbacks:
         if isinstance(cb, keras.callbacks.BackupAndRestore):
