@@ -3,23 +3,20 @@ one replica against N, with the first step where the runs part marked."""
 
 from typing import Any, Dict, List, Optional
 
+from tfaccel._lazy import optional_module
 from tfaccel.errors import ConfigError
 
 __all__ = ["plot_report"]
 
 
 def _pyplot() -> Any:
-    """matplotlib's pyplot on the Agg backend (no display needed); matplotlib is the optional ``doctor`` extra,
-    imported only when a plot is asked for."""
+    """matplotlib's pyplot on the Agg backend (no display needed); matplotlib is the optional ``doctor`` extra."""
     try:
-        import matplotlib
+        optional_module("matplotlib").use("Agg")
     except ImportError:
         raise ConfigError("doctor: --plot needs matplotlib, which is not installed; pip install 'tfaccel[doctor]' "
                           "(or leave --plot out)") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return optional_module("matplotlib.pyplot")
 
 
 def _series(rows: List[Dict[str, Any]], key: str, run: int) -> List[float]:
