@@ -47,6 +47,18 @@ def test_a_missing_script_is_refused_before_anything_starts(tmp_path):
     assert normalize_command(["python3", "nosuch.py"])[0] == ("python3", "nosuch.py")  # for other hosts: unchecked
 
 
+def test_python_missing_from_path_runs_with_this_python(tmp_path):
+    """A PATH with python3 only (``env -i``, Debian without python-is-python3): ``-- python train.py`` runs."""
+    script = tmp_path / "train.py"
+    script.write_text("")
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    argv, notes = normalize_command(["python", str(script)], check_exists=True, env={"PATH": str(bare)})
+    assert argv == (sys.executable, str(script)) and "not on PATH" in notes[0]
+    with pytest.raises(ConfigError, match=r"program 'pythonx' not found on PATH"):
+        normalize_command(["pythonx", str(script)], check_exists=True, env={"PATH": str(bare)})
+
+
 def test_tensorflows_start_up_noise_is_recognised_and_nothing_else():
     noise = ["WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n",
              "I0000 00:00:1795838446.735485    4993 port.cc:153] oneDNN custom operations are on. You may see ...\n",

@@ -149,7 +149,7 @@ def _load_cifar10(split: str, cache_dir: Optional[str]) -> Tuple[np.ndarray, np.
         get_logger().info("extracting %s to %s", archive, target)
         try:
             with tarfile.open(archive, "r:*") as tar:
-                tar.extractall(target, filter="data")
+                _extract_data(tar, target)
         except (tarfile.TarError, OSError) as exc:
             raise ConfigError(f"dataset 'cifar10': cannot extract {archive}: {exc}; delete it and fetch the "
                               "CIFAR-10 python archive again") from exc
@@ -287,3 +287,17 @@ def _make_synthetic(name: str, split: str, seed: int, num_examples: int,
         raise ConfigError("dataset 'synthetic': input_shape must have at least one dimension; received ()")
     return _synthetic(split, seed, num_examples, input_shape,
                       _positive_int(name, "num_classes", options.get("num_classes", 10)))
+
+
+def _extract_data(tar: tarfile.TarFile, target: Path) -> None:
+    """Extracts an archive's plain files and folders only, inside ``target`` (``tarfile``'s "data" filter; Python
+    before 3.11.4 has no filter, so the same rule is checked here: no link, device, absolute path or "..")."""
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(target, filter="data")
+        return
+    for member in tar.getmembers():
+        parts = Path(member.name).parts
+        if not (member.isfile() or member.isdir()) or Path(member.name).is_absolute() or ".." in parts:
+            raise tarfile.TarError(f"refusing archive member {member.name!r} (not a plain file or folder inside the "
+                                   "archive)")
+    tar.extractall(target)

@@ -99,13 +99,16 @@ def test_sigusr1_to_the_launcher_reaches_the_tasks_when_it_is_the_preemption_sig
 
     task = ("import signal, sys, time\n"
             "signal.signal(signal.SIGUSR1, lambda *a: sys.exit(75))\n"
-            "print('up', flush=True)\n"
+            "open('up', 'w').close()\n"
             "time.sleep(60)\n")
     launcher = ("import os, signal, sys, threading, time\n"
                 "from tfaccel.launch.outcome import LaunchTask\n"
                 "from tfaccel.launch.supervisor import run_job\n"
                 f"task = LaunchTask('worker', 0, (sys.executable, '-c', {task!r}), {{'PATH': '/usr/bin:/bin'}})\n"
-                "threading.Timer(3.0, lambda: os.kill(os.getpid(), signal.SIGUSR1)).start()\n"
+                "def signal_once_up():  # once the task's handler is in place (a loaded machine starts it late)\n"
+                "    while not os.path.exists('up'): time.sleep(0.05)\n"
+                "    os.kill(os.getpid(), signal.SIGUSR1)\n"
+                "threading.Thread(target=signal_once_up, daemon=True).start()\n"
                 "began = time.monotonic()\n"
                 "result = run_job(lambda attempt: [task], echo=False, grace=5, timeout=40)\n"
                 "print('RESULT', result.returncode, result.reason, round(time.monotonic() - began, 1), flush=True)\n")

@@ -4,6 +4,7 @@ files written in exactly the format keras.datasets downloads (never downloading)
 import gzip
 import io
 import pickle
+import shutil
 import tarfile
 from pathlib import Path
 from typing import Dict, Tuple
@@ -143,6 +144,22 @@ def test_cifar10_from_keras3_archive(keras_home: Path) -> None:
 def test_cifar10_from_original_tarball_name(keras_home: Path) -> None:
     _cifar_archive(keras_home / "datasets" / "cifar-10-python.tar.gz", n_per_batch=2)
     assert load_dataset("cifar10", num_examples=3)[0].shape == (3, 32, 32, 3)
+
+
+def test_cifar10_extracts_on_a_python_without_tarfile_filters(keras_home: Path, monkeypatch) -> None:
+    """Python before 3.11.4 (Debian 12's 3.11.2) has no ``filter=``: the same rule is checked by hand."""
+    monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    _cifar_archive(keras_home / "datasets" / "cifar-10-python.tar.gz", n_per_batch=2)
+    assert load_dataset("cifar10", num_examples=3)[0].shape == (3, 32, 32, 3)
+    for name in ("cifar-10-python.tar.gz", "cifar-10-batches-py-target"):  # a fresh cache: an archive with a link
+        path = keras_home / "datasets" / name
+        path.unlink() if path.is_file() else shutil.rmtree(path)
+    with tarfile.open(keras_home / "datasets" / "cifar-10-python.tar.gz", "w:gz") as tar:
+        link = tarfile.TarInfo("cifar-10-batches-py/data_batch_1")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tar.addfile(link)
+    with pytest.raises(ConfigError, match=r"cannot extract .*refusing archive member 'cifar-10-batches-py/data_batch_1'"):
+        load_dataset("cifar10")
 
 
 @pytest.mark.parametrize("name, expected", [
