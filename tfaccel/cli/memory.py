@@ -156,9 +156,9 @@ def _measure(options: Dict[str, Any]) -> Tuple[Dict[str, Optional[int]], Dict[st
 
 
 def run(args: argparse.Namespace) -> int:
+    options = parse_options(args)  # before TensorFlow loads: a bad flag is one line, without its start-up logs
     from tfaccel.memory.estimate import estimate_memory
 
-    options = parse_options(args)
     report = estimate_memory(**options).to_dict()
     if args.measure:
         report["measured"], report["measured_unavailable"] = _measure(options)
