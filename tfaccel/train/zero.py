@@ -1,0 +1,102 @@
+"""Optimizer-state sharding (ZeRO-1), ``tfaccel.fit(..., shard_optimizer_state=True)``.
+
+Each replica of one host's MirroredStrategy owns a subset of the trainable variables (greedy balance by bytes,
+deterministic): their optimizer slots exist on the owner's device only, their gradients are reduced to the owner,
+the owner runs the user's own optimizer update (same object, class, hyper-parameters, schedule and iteration
+counter) and the new value is copied to every replica. The mechanism is in ``tfaccel.compat.keras_zero``.
+
+What would not train exactly as ``model.fit`` is refused before training, with the reason: other strategies (one
+device, multi_worker, parameter_server, TPU, Horovod), mixed precision, gradient accumulation, sparse (embedding)
+gradients, a model's own ``train_step``, an optimizer's moving average (``use_ema``), an optimizer built unsharded.
+"""
+
+from typing import Any, List, Optional, Sequence
+
+import keras
+import tensorflow as tf
+
+from tfaccel.compat import keras_internals
+from tfaccel.compat.keras_zero import is_sharded, sharded_class
+from tfaccel.errors import ConfigError
+
+__all__ = ["partition_by_bytes", "shard_optimizer_state"]
+
+_FIX = "train with shard_optimizer_state=False (the default)"
+
+
+def partition_by_bytes(sizes: Sequence[int], replicas: int) -> List[int]:
+    """The owner (0..replicas-1) of each variable: largest first, each to the least-loaded replica (lowest index on
+    a tie), so the same sizes always give the same owners.
+
+    Example:
+        >>> partition_by_bytes([400, 16, 400, 8], 2)
+        [0, 1, 1, 1]
+    """
+    load = [0] * replicas
+    owners = [0] * len(sizes)
+    for index in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        owner = min(range(replicas), key=lambda r: (load[r], r))
+        owners[index] = owner
+        load[owner] += sizes[index]
+    return owners
+
+
+def _refuse(reason: str, fix: str = _FIX) -> ConfigError:
+    return ConfigError(f"shard_optimizer_state=True: {reason}; {fix}")
+
+
+def _check_strategy(strategy: Any) -> None:
+    replicas = strategy.num_replicas_in_sync
+    if not isinstance(strategy, tf.distribute.MirroredStrategy):
+        raise _refuse(f"tfaccel shards optimizer state under one host's mirrored strategy only for now; this job runs "
+                      f"under {type(strategy).__name__} with {replicas} replica(s) in sync",
+                      f"use strategy='mirrored' on a host with several devices, or {_FIX}")
+    if replicas < 2:
+        raise _refuse("there is one replica, so nothing to shard",
+                      f"use strategy='mirrored' over several devices, or {_FIX}")
+
+
+def _check_model(model: Any, optimizer: Any, accumulation_steps: int) -> None:
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) or model.dtype_policy.name != "float32":
+        raise _refuse(f"the model trains under the {model.dtype_policy.name!r} dtype policy; sharding is exact and "
+                      "tested for float32 only (loss scaling is not sharded yet)", f"use precision='float32', or {_FIX}")
+    if accumulation_steps > 1 or optimizer.gradient_accumulation_steps:
+        raise _refuse(f"gradient accumulation ({max(accumulation_steps, optimizer.gradient_accumulation_steps or 1)} "
+                      "micro-batches) is not sharded yet", f"use gradient_accumulation_steps=1, or {_FIX}")
+    if optimizer.use_ema:
+        raise _refuse(f"optimizer {type(optimizer).__name__}(use_ema=True): the moving averages are not sharded yet")
+    sparse = [layer.name for layer in keras_internals.flatten_layers(model)
+              if isinstance(layer, keras.layers.Embedding)]
+    if sparse:
+        raise _refuse(f"Embedding layer(s) {', '.join(sparse)} give sparse gradients, which are not sharded yet")
+    if type(model).train_step is not keras.Model.train_step:
+        raise _refuse(f"{type(model).__name__} has its own train_step; tfaccel shards Keras' own train_step only")
+    if optimizer.built and not is_sharded(optimizer):
+        raise _refuse(f"optimizer {type(optimizer).__name__} is already built with a full copy of its slots on every "
+                      "replica", "compile a fresh optimizer (tfaccel.fit builds it), or " + _FIX)
+
+
+def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int) -> Optional[str]:
+    """Swaps the class of the model's optimizer for its sharded subclass (in place) when ``setting`` is True.
+
+    The optimizer keeps that class after training: its slots live on their owners.
+
+    Returns:
+        What was changed (for the plan), or None for ``setting=False``.
+
+    Raises:
+        ConfigError: ``"auto"`` (not measured yet), or a job that sharding cannot train exactly (the reason).
+    """
+    if setting is False:
+        return None
+    if setting == "auto":
+        raise ConfigError("shard_optimizer_state='auto': not measured yet (it will decide from `tfaccel memory`'s "
+                          "estimate of whether a replica fits its device); pass True or False")
+    strategy, optimizer = model.distribute_strategy, model.optimizer
+    _check_strategy(strategy)
+    _check_model(model, optimizer, accumulation_steps)
+    if not is_sharded(optimizer):
+        optimizer.__class__ = sharded_class(type(optimizer), partition_by_bytes)
+    replicas = strategy.num_replicas_in_sync
+    return (f"optimizer {type(optimizer).__name__}: state sharded over {replicas} replicas (ZeRO-1: each variable's "
+            "slots on one owner, gradients reduced to it, its update copied to every replica)")
