@@ -70,6 +70,14 @@ def main() -> None:
                      "note": result.details.get("optimizer_state"),
                      "iterations": int(model.optimizer.iterations.numpy()),
                      "plain_iterations": int(plain.optimizer.iterations.numpy())}
+    if N == 2:  # the CLI's flag, end to end, on this process's mirrored strategy
+        from tfaccel.cli.main import main as cli
+
+        summary_path = sys.argv[2] + ".cli.json"
+        out["cli_rc"] = cli(["fit", "--model", "mnist_cnn", "--dataset", "digits", "--epochs", "1", "--num-examples",
+                             "128", "--strategy", "mirrored", "--shard-optimizer-state", "--json-out", summary_path])
+        with open(summary_path) as f:
+            out["cli"] = json.load(f)
     with open(sys.argv[2], "w") as f:
         json.dump(out, f)
 

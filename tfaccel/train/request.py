@@ -119,7 +119,7 @@ class FitRequest:
             raise invalid_choice("loop", self.loop.loop, LOOP_CHOICES)
         shard = self.loop.shard_optimizer_state
         if not any(shard is c or (isinstance(c, str) and shard == c) for c in SHARD_CHOICES):
-            raise invalid_choice("shard_optimizer_state", shard, [repr(c) for c in SHARD_CHOICES])
+            raise invalid_choice("shard_optimizer_state", shard, [str(c) for c in SHARD_CHOICES])
         callbacks = self.callbacks
         if callbacks is not None and (isinstance(callbacks, (str, bytes)) or not isinstance(callbacks, (list, tuple))):
             raise ConfigError(f"callbacks must be a list of keras callbacks; received {type(callbacks).__name__}")

@@ -30,7 +30,7 @@ def partition_by_bytes(sizes: Sequence[int], replicas: int) -> List[int]:
 
     Example:
         >>> partition_by_bytes([400, 16, 400, 8], 2)
-        [0, 1, 1, 1]
+        [0, 0, 1, 1]
     """
     load = [0] * replicas
     owners = [0] * len(sizes)
@@ -57,9 +57,12 @@ def _check_strategy(strategy: Any) -> None:
 
 
 def _check_model(model: Any, optimizer: Any, accumulation_steps: int) -> None:
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) or model.dtype_policy.name != "float32":
-        raise _refuse(f"the model trains under the {model.dtype_policy.name!r} dtype policy; sharding is exact and "
-                      "tested for float32 only (loss scaling is not sharded yet)", f"use precision='float32', or {_FIX}")
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        raise _refuse("the optimizer is a LossScaleOptimizer (mixed_float16): loss scaling is not sharded yet",
+                      f"use precision='float32', or {_FIX}")
+    if model.dtype_policy.name != "float32":
+        raise _refuse(f"the model trains under the {model.dtype_policy.name!r} dtype policy; sharding is tested for "
+                      "float32 only", f"use precision='float32', or {_FIX}")
     if accumulation_steps > 1 or optimizer.gradient_accumulation_steps:
         raise _refuse(f"gradient accumulation ({max(accumulation_steps, optimizer.gradient_accumulation_steps or 1)} "
                       "micro-batches) is not sharded yet", f"use gradient_accumulation_steps=1, or {_FIX}")
