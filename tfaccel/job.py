@@ -94,8 +94,7 @@ def run_job(options: JobOptions) -> Dict[str, Any]:
         strategy=options.strategy, precision=options.precision, jit_compile=parse_jit(options.jit_compile),
         optimizer=options.optimizer, learning_rate=options.learning_rate,
         scale_learning_rate=options.scale_learning_rate, base_batch_size=options.base_batch_size,
-        warmup_epochs=options.warmup_epochs,
-        loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+        warmup_epochs=options.warmup_epochs, loss="sparse_categorical_crossentropy", metrics=["accuracy"],
         gradient_accumulation_steps=options.gradient_accumulation_steps, steps_per_epoch=options.steps_per_epoch,
         shard_optimizer_state=options.shard_optimizer_state,
         checkpoint_dir=options.checkpoint_dir, backup_dir=options.backup_dir, backup_freq=options.backup_freq,
@@ -110,8 +109,7 @@ def run_job(options: JobOptions) -> Dict[str, Any]:
         "examples_per_sec": round(result.examples_per_sec, 1),
         "examples_per_sec_over": result.details.get("examples_per_sec_over"), "seconds": round(result.seconds, 2),
         "learning_rate": result.details.get("learning_rate"), "loop": result.details.get("loop"),
-        "optimizer_state": result.details.get("optimizer_state"),
-        "optimizer_state_bytes": result.details.get("optimizer_state_bytes"),
+        **{k: result.details.get(k) for k in ("optimizer_state", "optimizer_state_bytes")},
         "plan": result.plan.to_dict(),
     }
     if options.json_out and result.plan.is_chief:

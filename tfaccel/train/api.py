@@ -58,10 +58,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: Optional[int] = No
         recompute: recompute the activations of these blocks in the backward pass (less memory, more compute):
             ``"auto"``, ``"all"`` or block names, as ``tfaccel.memory.enable_recompute``, which it calls on the model
             (it stays on after training; ``tfaccel.memory.disable_recompute(model)`` turns it off). Defaults to None.
-        shard_optimizer_state: True shards the optimizer's slots over the replicas of one host's mirrored strategy
-            (ZeRO-1: each replica keeps the slots of its share of the variables; the same updates as ``model.fit``);
-            what it cannot train exactly is refused before training. ``"auto"`` is refused for now (not measured
-            yet). The optimizer keeps its sharded class afterwards. Defaults to False.
+        shard_optimizer_state: True shards the optimizer state over mirrored replicas (``tfaccel.train.zero``).
 
     Returns:
         A ``FitResult``; ``result.history`` is Keras' history dict.
