@@ -18,8 +18,8 @@ from tfaccel.train.request import FitRequest
 from tfaccel.train.zero import partition_by_bytes, shard_optimizer_state
 
 PROGRAM = Path(__file__).resolve().parent / "zero_program.py"
-SHARDED = ("adam_schedule", "adamw", "sgd_nesterov_clipnorm", "rmsprop_global_clipnorm")
-SLOTS = {"adam_schedule": 2, "adamw": 2, "sgd_nesterov_clipnorm": 1, "rmsprop_global_clipnorm": 1}
+SHARDED = ("adam_schedule", "adamw", "sgd_nesterov_clipnorm", "rmsprop_global_clipnorm", "adam_keras_loop")
+SLOTS = {"adam_schedule": 2, "adamw": 2, "sgd_nesterov_clipnorm": 1, "rmsprop_global_clipnorm": 1, "adam_keras_loop": 2}
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +57,7 @@ def test_sharded_training_equals_plain_fit(runs, replicas, case):
     for copies in run["copies"]:  # every replica's copy of every variable is the same
         assert all(np.array_equal(copies[0], c) for c in copies[1:])
     assert run["iterations"] == run["plain_iterations"] == 16
+    assert run["loop"] == ("keras_fit" if case == "adam_keras_loop" else "multi_step")  # both loops shard
 
 
 @pytest.mark.parametrize("replicas", [2, 4])
@@ -174,6 +175,9 @@ def test_other_strategies_and_built_optimizers_are_refused(clean_tf_config, cpu_
     with pytest.raises(ConfigError, match=r"optimizer Adam is already built with a full copy of its slots"):
         shard_optimizer_state(built, True, accumulation_steps=1)
     assert shard_optimizer_state(built, False, accumulation_steps=1) is None
+    with pytest.raises(ConfigError, match=r"backup_dir='/tmp/b': backups of sharded optimizer state \(and resuming "
+                                          r"from them\) are not written yet; train without backup_dir"):
+        shard_optimizer_state(_compiled(), True, accumulation_steps=1, backup_dir="/tmp/b")
 
 
 def test_auto_and_bad_values_are_refused_before_training(clean_tf_config, cpu_replicas):

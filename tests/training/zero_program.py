@@ -26,6 +26,7 @@ def _cases():
         "adamw": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.1),
         "sgd_nesterov_clipnorm": lambda: keras.optimizers.SGD(0.05, momentum=0.9, nesterov=True, clipnorm=0.5),
         "rmsprop_global_clipnorm": lambda: keras.optimizers.RMSprop(0.01, global_clipnorm=0.3),
+        "adam_keras_loop": lambda: keras.optimizers.Adam(0.01),
         "adam_unsharded": lambda: keras.optimizers.Adam(0.01),
     }
 
@@ -54,7 +55,7 @@ def main() -> None:
         model = _model(tfaccel.scope(strategy="mirrored"), optimizer, initial)
         shard = name != "adam_unsharded"
         result = tfaccel.fit(model, x, y, batch_size=32, epochs=2, shuffle=False, verbose=0,
-                             shard_optimizer_state=shard)
+                             shard_optimizer_state=shard, loop="keras" if name == "adam_keras_loop" else "auto")
         copies = [[c.numpy().tolist() for c in mirrored.experimental_local_results(v.value)]
                   for v in model.trainable_variables]
         held = {}
@@ -67,7 +68,7 @@ def main() -> None:
                      "weights": [w.tolist() for w in model.get_weights()], "copies": copies,
                      "slot_sizes": [int(np.prod(v.shape)) * 4 for v in model.trainable_variables],
                      "held": held, "details_bytes": result.details.get("optimizer_state_bytes"),
-                     "note": result.details.get("optimizer_state"),
+                     "note": result.details.get("optimizer_state"), "loop": result.details["loop_name"],
                      "iterations": int(model.optimizer.iterations.numpy()),
                      "plain_iterations": int(plain.optimizer.iterations.numpy())}
     if N == 2:  # the CLI's flag, end to end, on this process's mirrored strategy

@@ -104,7 +104,8 @@ def _adapt(ctx: FitContext, loop_name: str) -> Dict[str, Any]:
     if backend.uses_keras_fit:  # the coordinator loop warns itself
         check_output_dtype(model)  # float16/bfloat16 outputs: the Keras mixed precision guide's warning
     accumulation = request.loop.gradient_accumulation_steps
-    sharded = shard_optimizer_state(model, request.loop.shard_optimizer_state, accumulation_steps=accumulation)
+    sharded = shard_optimizer_state(model, request.loop.shard_optimizer_state, accumulation_steps=accumulation,
+                                    backup_dir=request.backups.backup_dir)
     if sharded:
         changes["optimizer_state"] = sharded
     note = adapt_optimizer(model, replicas=backend.num_replicas_in_sync, accumulation_steps=accumulation)

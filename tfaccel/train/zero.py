@@ -7,7 +7,8 @@ counter) and the new value is copied to every replica. The mechanism is in ``tfa
 
 What would not train exactly as ``model.fit`` is refused before training, with the reason: other strategies (one
 device, multi_worker, parameter_server, TPU, Horovod), mixed precision, gradient accumulation, sparse (embedding)
-gradients, a model's own ``train_step``, an optimizer's moving average (``use_ema``), an optimizer built unsharded.
+gradients, a model's own ``train_step``, an optimizer's moving average (``use_ema``), an optimizer built unsharded,
+backups (``backup_dir``: sharded state is not backed up yet).
 """
 
 from typing import Any, List, Optional, Sequence
@@ -79,7 +80,8 @@ def _check_model(model: Any, optimizer: Any, accumulation_steps: int) -> None:
                       "replica", "compile a fresh optimizer (tfaccel.fit builds it), or " + _FIX)
 
 
-def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int) -> Optional[str]:
+def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int,
+                          backup_dir: Optional[str] = None) -> Optional[str]:
     """Swaps the class of the model's optimizer for its sharded subclass (in place) when ``setting`` is True.
 
     The optimizer keeps that class after training: its slots live on their owners.
@@ -97,6 +99,9 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int) 
                           "estimate of whether a replica fits its device); pass True or False")
     strategy, optimizer = model.distribute_strategy, model.optimizer
     _check_strategy(strategy)
+    if backup_dir:
+        raise _refuse(f"backup_dir={backup_dir!r}: backups of sharded optimizer state (and resuming from them) are "
+                      "not written yet", f"train without backup_dir, or {_FIX}")
     _check_model(model, optimizer, accumulation_steps)
     if not is_sharded(optimizer):
         optimizer.__class__ = sharded_class(type(optimizer), partition_by_bytes)
