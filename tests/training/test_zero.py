@@ -4,6 +4,7 @@ Nesterov momentum and clipnorm, RMSprop with global_clipnorm), each device holds
 what it cannot train exactly is refused before training, with the reason and the fix."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -48,7 +49,9 @@ def runs(tmp_path_factory):
 def test_sharded_training_equals_plain_fit(runs, replicas, case):
     run = runs[replicas][case]
     assert run["note"].endswith(f"state sharded over {replicas} replicas (ZeRO-1: each variable's slots on one "
-                                "owner, gradients reduced to it, its update copied to every replica)")
+                                "owner, gradients reduced to it, its update copied to every replica); asked for "
+                                "(shard_optimizer_state=True)")
+    assert run["note"] in run["plan_notes"]  # the plan says it, and why
     assert run["history"].keys() == run["plain_history"].keys()
     for key, values in run["plain_history"].items():
         np.testing.assert_allclose(run["history"][key], values, rtol=1e-5, atol=1e-5, err_msg=key)
@@ -180,12 +183,45 @@ def test_other_strategies_and_built_optimizers_are_refused(clean_tf_config, cpu_
         shard_optimizer_state(_compiled(), True, accumulation_steps=1, backup_dir="/tmp/b")
 
 
-def test_auto_and_bad_values_are_refused_before_training(clean_tf_config, cpu_replicas):
+def test_auto_shards_only_when_the_estimate_exceeds_the_device(clean_tf_config, cpu_replicas):
+    from tfaccel.compat.keras_zero import is_sharded
+
+    model = _compiled()
+    off = shard_optimizer_state(model, "auto", accumulation_steps=1, batch_size=8)  # CPU: no device memory size
+    assert off == ("optimizer state not sharded: auto: off, the replicas' devices report no memory size (CPU "
+                   "replicas share the host's memory)") and not is_sharded(model.optimizer)
+    roomy = shard_optimizer_state(model, "auto", accumulation_steps=1, batch_size=8, device_memory_bytes=2**40)
+    assert re.fullmatch(r"optimizer state not sharded: auto: off, one replica needs [\d,]+ bytes by tfaccel memory's "
+                        r"estimate, within its device's 1,099,511,627,776 bytes", roomy)
+    assert not is_sharded(model.optimizer)
+    tight = shard_optimizer_state(model, "auto", accumulation_steps=1, batch_size=8, device_memory_bytes=16)
+    assert re.fullmatch(r"optimizer Adam: state sharded over 2 replicas \(ZeRO-1: .*\); auto: on, one replica needs "
+                        r"[\d,]+ bytes by tfaccel memory's estimate, more than its device's 16 bytes", tight)
+    assert is_sharded(model.optimizer)
+    with pytest.raises(ConfigError, match=r"^shard_optimizer_state=True: gradient accumulation"):  # auto refuses too
+        shard_optimizer_state(_compiled(), "auto", accumulation_steps=2, batch_size=8, device_memory_bytes=16)
+
+
+def test_auto_stays_off_on_cpus_and_outside_mirrored(clean_tf_config, cpu_replicas):
+    import keras
+    import tensorflow as tf
+
+    with tf.distribute.get_strategy().scope():
+        alone = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        alone.compile("adam", "mse")
+    assert shard_optimizer_state(alone, "auto", accumulation_steps=1, device_memory_bytes=2**10) == (
+        "optimizer state not sharded: auto: off, sharding needs one host's mirrored strategy over several replicas "
+        "(this job: _DefaultDistributionStrategy, 1 replica(s))")
     model = _compiled()
     x, y = np.zeros((8, 4), "float32"), np.zeros((8, 1), "float32")
-    with pytest.raises(ConfigError, match=r"shard_optimizer_state='auto': not measured yet .* pass True or False"):
-        tfaccel.fit(model, x, y, batch_size=4, verbose=0, shard_optimizer_state="auto")
-    assert not model.optimizer.built  # nothing trained
+    result = tfaccel.fit(model, x, y, batch_size=4, verbose=0, shard_optimizer_state="auto")
+    assert result.details["optimizer_state"].startswith("optimizer state not sharded: auto: off, the replicas' "
+                                                        "devices report no memory size")
+    assert result.details["optimizer_state"] in result.plan.notes
+    assert "optimizer_state_bytes" not in result.details
+
+
+def test_bad_values_are_refused_before_training():
     with pytest.raises(ConfigError, match=r"shard_optimizer_state: unknown value 'yes'; valid values are: 'False', "
                                           r"'True', 'auto'"):
         FitRequest.from_fit(shard_optimizer_state="yes")

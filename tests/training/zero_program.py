@@ -68,7 +68,8 @@ def main() -> None:
                      "weights": [w.tolist() for w in model.get_weights()], "copies": copies,
                      "slot_sizes": [int(np.prod(v.shape)) * 4 for v in model.trainable_variables],
                      "held": held, "details_bytes": result.details.get("optimizer_state_bytes"),
-                     "note": result.details.get("optimizer_state"), "loop": result.details["loop_name"],
+                     "note": result.details.get("optimizer_state"), "plan_notes": list(result.plan.notes),
+                     "loop": result.details["loop_name"],
                      "iterations": int(model.optimizer.iterations.numpy()),
                      "plain_iterations": int(plain.optimizer.iterations.numpy())}
     if N == 2:  # the CLI's flag, end to end, on this process's mirrored strategy

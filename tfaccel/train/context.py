@@ -105,9 +105,11 @@ def _adapt(ctx: FitContext, loop_name: str) -> Dict[str, Any]:
         check_output_dtype(model)  # float16/bfloat16 outputs: the Keras mixed precision guide's warning
     accumulation = request.loop.gradient_accumulation_steps
     sharded = shard_optimizer_state(model, request.loop.shard_optimizer_state, accumulation_steps=accumulation,
-                                    backup_dir=request.backups.backup_dir)
-    if sharded:
+                                    backup_dir=request.backups.backup_dir, batch_size=data.batch_size,
+                                    device_memory_bytes=_device_memory_bytes())
+    if sharded:  # the plan says whether the optimizer state is sharded, and why
         changes["optimizer_state"] = sharded
+        ctx.plan = dataclasses.replace(ctx.plan, notes=ctx.plan.notes + (sharded,))
     note = adapt_optimizer(model, replicas=backend.num_replicas_in_sync, accumulation_steps=accumulation)
     if note:
         changes["optimizer"] = note
@@ -131,6 +133,12 @@ def _adapt(ctx: FitContext, loop_name: str) -> Dict[str, Any]:
         model.jit_compile = jit
         model.train_function = model.test_function = model.predict_function = None
     return changes
+
+
+def _device_memory_bytes() -> Optional[int]:
+    """The memory of the smallest visible GPU, None on CPUs (or where a GPU reports no size)."""
+    sizes = [gpu.memory_mb for gpu in detect_devices().gpus]
+    return min(sizes) * 2**20 if sizes and None not in sizes else None
 
 
 def _add_callbacks(ctx: FitContext, state: Optional[Dict[str, Any]] = None) -> None:

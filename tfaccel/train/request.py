@@ -16,7 +16,7 @@ __all__ = ["FitRequest", "ValidationOptions", "BackupOptions", "LearningRateScal
 VERBOSE_CHOICES = ("auto", 0, 1, 2)
 LOOP_CHOICES = ("auto", "keras", "compiled")
 LR_SCALING = ("linear", "sqrt", "none")
-# shard_optimizer_state: "auto" is accepted here and refused where the model is known (not measured yet).
+# shard_optimizer_state: "auto" shards where tfaccel memory's estimate of a replica exceeds its device (train/zero.py).
 SHARD_CHOICES = (False, True, "auto")
 # The optimizers named by a string (compile_and_fit, tfaccel fit, tfaccel memory).
 OPTIMIZER_NAMES = ("adam", "adamw", "sgd", "rmsprop", "adagrad", "adamax", "nadam", "lion")

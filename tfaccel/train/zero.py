@@ -9,9 +9,13 @@ What would not train exactly as ``model.fit`` is refused before training, with t
 device, multi_worker, parameter_server, TPU, Horovod), mixed precision, gradient accumulation, sparse (embedding)
 gradients, a model's own ``train_step``, an optimizer's moving average (``use_ema``), an optimizer built unsharded,
 backups (``backup_dir``: sharded state is not backed up yet).
+
+``"auto"`` shards when ``tfaccel memory``'s estimate of one replica (parameters, gradients, optimizer slots,
+activations) exceeds the memory of its device (the smallest GPU's); it stays off where the devices report no size
+(CPU replicas) and outside a mirrored strategy of several replicas.
 """
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 import keras
 import tensorflow as tf
@@ -19,6 +23,7 @@ import tensorflow as tf
 from tfaccel.compat import keras_internals
 from tfaccel.compat.keras_zero import is_sharded, sharded_class
 from tfaccel.errors import ConfigError
+from tfaccel.memory.estimate import estimate_memory
 
 __all__ = ["partition_by_bytes", "shard_optimizer_state"]
 
@@ -80,23 +85,53 @@ def _check_model(model: Any, optimizer: Any, accumulation_steps: int) -> None:
                       "replica", "compile a fresh optimizer (tfaccel.fit builds it), or " + _FIX)
 
 
-def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int,
-                          backup_dir: Optional[str] = None) -> Optional[str]:
-    """Swaps the class of the model's optimizer for its sharded subclass (in place) when ``setting`` is True.
+def _auto(model: Any, *, batch_size: Optional[int], device_memory_bytes: Optional[int]) -> Tuple[bool, str]:
+    """``"auto"``: on when ``tfaccel memory``'s estimate of one replica exceeds its device's memory."""
+    strategy = model.distribute_strategy
+    replicas = strategy.num_replicas_in_sync
+    if not isinstance(strategy, tf.distribute.MirroredStrategy) or replicas < 2:
+        return False, (f"auto: off, sharding needs one host's mirrored strategy over several replicas (this job: "
+                       f"{type(strategy).__name__}, {replicas} replica(s))")
+    if device_memory_bytes is None:
+        return False, "auto: off, the replicas' devices report no memory size (CPU replicas share the host's memory)"
+    est = estimate_memory(model, batch_size=(batch_size or replicas), strategy="mirrored", optimizer=model.optimizer,
+                          recompute=False, replicas=replicas)
+    need, have = f"{est.total_bytes:,} bytes", f"{device_memory_bytes:,} bytes"
+    if est.total_bytes <= device_memory_bytes:
+        return False, f"auto: off, one replica needs {need} by tfaccel memory's estimate, within its device's {have}"
+    return True, f"auto: on, one replica needs {need} by tfaccel memory's estimate, more than its device's {have}"
+
+
+def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, backup_dir: Optional[str] = None,
+                          batch_size: Optional[int] = None,
+                          device_memory_bytes: Optional[int] = None) -> Optional[str]:
+    """Swaps the class of the model's optimizer for its sharded subclass (in place) when ``setting`` is True, or
+    ``"auto"`` and the replica does not fit its device.
 
     The optimizer keeps that class after training: its slots live on their owners.
 
+    Args:
+        model: the compiled model.
+        setting: ``shard_optimizer_state`` (False, True or ``"auto"``).
+        accumulation_steps: tfaccel's gradient accumulation (refused above 1).
+        backup_dir: the job's backup directory (refused: sharded state is not backed up yet).
+        batch_size: the global batch, for ``"auto"``'s memory estimate.
+        device_memory_bytes: the memory of one replica's device (the smallest GPU's), None where unknown (CPU):
+            ``"auto"`` then stays off.
+
     Returns:
-        What was changed (for the plan), or None for ``setting=False``.
+        What was decided and why (for the plan), or None for ``setting=False``.
 
     Raises:
-        ConfigError: ``"auto"`` (not measured yet), or a job that sharding cannot train exactly (the reason).
+        ConfigError: a job that sharding cannot train exactly (the reason and the fix).
     """
     if setting is False:
         return None
+    why = "asked for (shard_optimizer_state=True)"
     if setting == "auto":
-        raise ConfigError("shard_optimizer_state='auto': not measured yet (it will decide from `tfaccel memory`'s "
-                          "estimate of whether a replica fits its device); pass True or False")
+        on, why = _auto(model, batch_size=batch_size, device_memory_bytes=device_memory_bytes)
+        if not on:
+            return f"optimizer state not sharded: {why}"
     strategy, optimizer = model.distribute_strategy, model.optimizer
     _check_strategy(strategy)
     if backup_dir:
@@ -107,4 +142,4 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int,
         optimizer.__class__ = sharded_class(type(optimizer), partition_by_bytes)
     replicas = strategy.num_replicas_in_sync
     return (f"optimizer {type(optimizer).__name__}: state sharded over {replicas} replicas (ZeRO-1: each variable's "
-            "slots on one owner, gradients reduced to it, its update copied to every replica)")
+            f"slots on one owner, gradients reduced to it, its update copied to every replica); {why}")
