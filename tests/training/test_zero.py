@@ -164,7 +164,7 @@ def test_other_strategies_and_built_optimizers_are_refused(clean_tf_config, cpu_
     with tf.distribute.get_strategy().scope():
         alone = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
         alone.compile("adam", "mse")
-    with pytest.raises(ConfigError, match=r"under one host's mirrored strategy only for now; this job runs under "
+    with pytest.raises(ConfigError, match=r"under mirrored and multi_worker only for now; this job runs under "
                                           r"_DefaultDistributionStrategy with 1 replica\(s\)"):
         shard_optimizer_state(alone, True, accumulation_steps=1)
     with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
@@ -235,5 +235,25 @@ def test_cli_refuses_sharding_on_one_device(clean_tf_config, capsys):
     rc = main(["fit", "--model", "mnist_cnn", "--dataset", "digits", "--epochs", "1", "--num-examples", "64",
                "--strategy", "default", "--shard-optimizer-state"])
     assert rc == 2
-    assert "tfaccel fit: error: shard_optimizer_state=True: tfaccel shards optimizer state under one host's " \
-           "mirrored strategy only" in capsys.readouterr().err
+    assert "tfaccel fit: error: shard_optimizer_state=True: tfaccel shards optimizer state under mirrored and " \
+           "multi_worker only" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def worker_runs():
+    """Two multi_worker processes (one CPU each, loopback), every optimizer case sharded over them."""
+    results = harness.run_tasks(Path(__file__).resolve().parent / "zero_workers_program.py", workers=2, timeout=240)
+    harness.assert_all_ok(results)
+    return [harness.last_json_line(r.stdout) for r in results]
+
+
+@pytest.mark.parametrize("case", SHARDED[:4])
+def test_sharded_over_two_workers_equals_plain_fit(worker_runs, case):
+    for run in (w[case] for w in worker_runs):
+        for key, values in run["plain_history"].items():
+            np.testing.assert_allclose(run["history"][key], values, rtol=1e-5, atol=1e-5, err_msg=key)
+        for got, want in zip(run["weights"], run["plain_weights"]):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    held = [w[case]["bytes"] for w in worker_runs]
+    full = worker_runs[0][case]["full_bytes"]
+    assert sum(held) <= full + 2 * 16 and max(held) < 0.7 * full, (held, full)  # each worker holds its share only

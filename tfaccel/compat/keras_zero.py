@@ -26,7 +26,7 @@ from tensorflow.python.distribute import numpy_dataset
 
 from tfaccel.compat import keras_internals
 
-__all__ = ["sharded_class", "is_sharded", "owner_devices", "slot_bytes_per_device"]
+__all__ = ["sharded_class", "is_sharded", "owner_replicas", "slot_bytes_per_device"]
 
 _SHARDED: Dict[type, type] = {}
 
@@ -42,19 +42,27 @@ class _ShardOptimizerState:
     tfaccel_partition: Callable[[Sequence[int], int], List[int]]
 
     def build(self, variables: Any) -> None:
-        devices = list(self._distribution_strategy.extended.worker_devices)
-        owners = type(self).tfaccel_partition([_num_bytes(v) for v in variables], len(devices))
+        strategy = self._distribution_strategy
+        devices = list(strategy.extended.worker_devices)  # this worker's replicas
+        replicas = strategy.num_replicas_in_sync
+        owners = type(self).tfaccel_partition([_num_bytes(v) for v in variables], replicas)
+        first = getattr(strategy.extended, "_id_in_cluster", 0) * len(devices)  # global id of local replica 0
         self._tfaccel_devices = devices
-        self._tfaccel_owner = {self._var_key(v): o for v, o in zip(variables, owners)}
+        self._tfaccel_workers = replicas // len(devices)
+        # owner -> index among this worker's devices, or None where another worker owns the variable
+        self._tfaccel_owner = {self._var_key(v): (o - first if first <= o < first + len(devices) else None)
+                               for v, o in zip(variables, owners)}
+        self._tfaccel_global_owner = {self._var_key(v): o for v, o in zip(variables, owners)}
         super().build(variables)  # type: ignore[misc]
 
     def add_variable_from_reference(self, reference_variable: Any, name: Any = None,
                                     initializer: Any = "zeros") -> Any:
-        owner = getattr(self, "_tfaccel_owner", {}).get(self._var_key(reference_variable))
-        if owner is None:  # not a trainable variable's slot
+        key = self._var_key(reference_variable)
+        if key not in getattr(self, "_tfaccel_owner", {}):  # not a trainable variable's slot
             return super().add_variable_from_reference(reference_variable, name=name,  # type: ignore[misc]
                                                        initializer=initializer)
-        device = numpy_dataset.SingleDevice(self._tfaccel_devices[owner])
+        owner = self._tfaccel_owner[key]
+        device = numpy_dataset.SingleDevice(self._tfaccel_devices[0 if owner is None else owner])
 
         def on_owner(next_creator: Any, **kwargs: Any) -> Any:
             kwargs["colocate_with"] = device  # MirroredStrategy creates a plain variable on that one device
@@ -62,6 +70,8 @@ class _ShardOptimizerState:
 
         # Past TFOptimizer's override, which colocates the slot with the (mirrored) variable: on every device.
         with tf.variable_creator_scope(on_owner):
+            if owner is None:  # another worker owns it: an empty stand-in, never read
+                return self.add_variable((0,), initializer="zeros", dtype=reference_variable.dtype, name=name)
             return super(TFOptimizer, self).add_variable_from_reference(reference_variable, name=name,
                                                                          initializer=initializer)
 
@@ -75,6 +85,9 @@ class _ShardOptimizerState:
                                          list(grads), tvars, learning_rate)
 
     def _tfaccel_update(self, distribution: Any, grads: List[Any], tvars: List[Any], learning_rate: Any) -> None:
+        if self._tfaccel_workers > 1:
+            self._tfaccel_update_workers(distribution, grads, tvars, learning_rate)
+            return
         owners = [self._tfaccel_owner[self._var_key(v)] for v in tvars]
         reduced = [distribution.extended.reduce_to(tf.distribute.ReduceOp.SUM, g,
                                                    destinations=self._tfaccel_devices[o])
@@ -90,6 +103,24 @@ class _ShardOptimizerState:
                 if index != owner:
                     with tf.device(self._tfaccel_devices[index]):
                         copy.assign(value)
+
+    def _tfaccel_update_workers(self, distribution: Any, grads: List[Any], tvars: List[Any],
+                                learning_rate: Any) -> None:
+        """Several workers, one replica each: every gradient is all-reduced (the owner alone updates with it), the
+        owner's new value reaches the others as a sum with zeros (exact)."""
+        one = distribution.experimental_local_results
+        sums = [one(distribution.extended.reduce_to(tf.distribute.ReduceOp.SUM, g, destinations=v))[0]
+                for g, v in zip(grads, tvars)]
+        sums = super()._clip_gradients(sums)  # type: ignore[misc]
+        rate = one(learning_rate)[0]
+        for grad, var in zip(sums, tvars):
+            mine, copy = self._tfaccel_owner[self._var_key(var)] is not None, one(var)[0]
+            if mine:
+                self.update_step(grad, copy, rate)
+            value = copy.read_value() if mine else tf.zeros_like(copy)
+            value = one(distribution.extended.reduce_to(tf.distribute.ReduceOp.SUM, value, destinations=var))[0]
+            if not mine:
+                copy.assign(value)
 
 
 def sharded_class(base: type, partition: Callable[[Sequence[int], int], List[int]]) -> type:
@@ -109,10 +140,9 @@ def is_sharded(optimizer: Any) -> bool:
     return isinstance(optimizer, _ShardOptimizerState)
 
 
-def owner_devices(optimizer: Any) -> Dict[str, str]:
-    """A built sharded optimizer's owner device per trainable variable (by the variable's path)."""
-    return {v.path: optimizer._tfaccel_devices[optimizer._tfaccel_owner[optimizer._var_key(v)]]
-            for v in optimizer._trainable_variables}
+def owner_replicas(optimizer: Any) -> Dict[str, int]:
+    """A built sharded optimizer's owner replica (global index) per trainable variable (by the variable's path)."""
+    return {v.path: optimizer._tfaccel_global_owner[optimizer._var_key(v)] for v in optimizer._trainable_variables}
 
 
 def slot_bytes_per_device(optimizer: Any, strategy: Any) -> Dict[str, int]:

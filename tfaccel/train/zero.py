@@ -53,10 +53,14 @@ def _refuse(reason: str, fix: str = _FIX) -> ConfigError:
 
 def _check_strategy(strategy: Any) -> None:
     replicas = strategy.num_replicas_in_sync
-    if not isinstance(strategy, tf.distribute.MirroredStrategy):
-        raise _refuse(f"tfaccel shards optimizer state under one host's mirrored strategy only for now; this job runs "
+    if not isinstance(strategy, (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)):
+        raise _refuse(f"tfaccel shards optimizer state under mirrored and multi_worker only for now; this job runs "
                       f"under {type(strategy).__name__} with {replicas} replica(s) in sync",
                       f"use strategy='mirrored' on a host with several devices, or {_FIX}")
+    local = len(strategy.extended.worker_devices)
+    if local > 1 and replicas > local:
+        raise _refuse(f"multi_worker with {local} devices per worker is not sharded yet (one device per worker is)",
+                      f"run one worker per device, or {_FIX}")
     if replicas < 2:
         raise _refuse("there is one replica, so nothing to shard",
                       f"use strategy='mirrored' over several devices, or {_FIX}")
