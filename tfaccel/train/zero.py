@@ -1,13 +1,14 @@
 """Optimizer-state sharding (ZeRO-1), ``tfaccel.fit(..., shard_optimizer_state=True)``.
 
-Each replica of one host's MirroredStrategy owns a subset of the trainable variables (greedy balance by bytes,
-deterministic): their optimizer slots exist on the owner's device only, their gradients are reduced to the owner,
+Each replica of one host's MirroredStrategy (or of MultiWorkerMirroredStrategy, one device per worker) owns a
+subset of the trainable variables (greedy balance by bytes, deterministic): their optimizer slots exist on the owner's device only, their gradients are reduced to the owner,
 the owner runs the user's own optimizer update (same object, class, hyper-parameters, schedule and iteration
-counter) and the new value is copied to every replica. The mechanism is in ``tfaccel.compat.keras_zero``.
+counter) and the new value is copied to every replica (across workers: the gradient is all-reduced, the owner's
+new value summed with the others' zeros). The mechanism is in ``tfaccel.compat.keras_zero``.
 
 What would not train exactly as ``model.fit`` is refused before training, with the reason: other strategies (one
-device, multi_worker, parameter_server, TPU, Horovod), mixed precision, gradient accumulation, sparse (embedding)
-gradients, a model's own ``train_step``, an optimizer's moving average (``use_ema``), an optimizer built unsharded,
+device, multi_worker with several devices per worker, parameter_server, TPU, Horovod), mixed precision, gradient
+accumulation, sparse (embedding) gradients, a model's own ``train_step``, an optimizer's moving average (``use_ema``), an optimizer built unsharded,
 backups (``backup_dir``: sharded state is not backed up yet).
 
 ``"auto"`` shards when ``tfaccel memory``'s estimate of one replica (parameters, gradients, optimizer slots,
