@@ -3,6 +3,7 @@ shard_optimizer_state=True trains what plain model.fit trains on one device (Ada
 Nesterov momentum and clipnorm, RMSprop with global_clipnorm), each device holds ~1/N of the optimizer state, and
 what it cannot train exactly is refused before training, with the reason and the fix."""
 
+import inspect
 import json
 import re
 import subprocess
@@ -109,6 +110,9 @@ def test_the_keras_and_tf_internals_it_uses_are_there():
     for name in ("_backend_update_step", "_var_key", "_clip_gradients", "add_variable_from_reference", "update_step"):
         assert callable(getattr(TFOptimizer, name)), name
     assert numpy_dataset.SingleDevice("/cpu:0").device == "/cpu:0"
+    from tensorflow.python.distribute.collective_all_reduce_strategy import CollectiveAllReduceExtended
+
+    assert "self._id_in_cluster = " in inspect.getsource(CollectiveAllReduceExtended)  # this worker's first replica
 
 
 def _compiled(optimizer=None, layers=None, model_class=None, policy=None):

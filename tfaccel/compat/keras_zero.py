@@ -13,9 +13,10 @@ variable (seen on Keras 3.15.1 / TensorFlow 2.21.0):
   iteration counter every replica computed;
 * copies the updated value to every other replica's copy.
 
-It reads the private ``_distribution_strategy``, ``_var_key``, ``_clip_gradients``, ``_trainable_variables``,
-overrides ``_backend_update_step`` and ``add_variable_from_reference`` (past Keras' ``TFOptimizer``'s), and uses
-TensorFlow's internal ``numpy_dataset.SingleDevice`` and ``maybe_merge_call``. tests/training/test_zero.py fails when one of them moves.
+It reads the private ``_distribution_strategy``, ``_var_key``, ``_clip_gradients`` and the collective strategy's
+``_id_in_cluster`` (which replicas are this worker's), overrides ``_backend_update_step`` and
+``add_variable_from_reference`` (past Keras' ``TFOptimizer``'s), and uses TensorFlow's internal
+``numpy_dataset.SingleDevice`` and ``maybe_merge_call``. tests/training/test_zero.py fails when one of them moves.
 """
 
 from typing import Any, Callable, Dict, List, Sequence
@@ -26,7 +27,7 @@ from tensorflow.python.distribute import numpy_dataset
 
 from tfaccel.compat import keras_internals
 
-__all__ = ["sharded_class", "is_sharded", "owner_replicas", "slot_bytes_per_device"]
+__all__ = ["sharded_class", "is_sharded", "slot_bytes_per_device"]
 
 _SHARDED: Dict[type, type] = {}
 
@@ -46,13 +47,12 @@ class _ShardOptimizerState:
         devices = list(strategy.extended.worker_devices)  # this worker's replicas
         replicas = strategy.num_replicas_in_sync
         owners = type(self).tfaccel_partition([_num_bytes(v) for v in variables], replicas)
-        first = getattr(strategy.extended, "_id_in_cluster", 0) * len(devices)  # global id of local replica 0
         self._tfaccel_devices = devices
         self._tfaccel_workers = replicas // len(devices)
+        first = strategy.extended._id_in_cluster * len(devices) if self._tfaccel_workers > 1 else 0  # local replica 0
         # owner -> index among this worker's devices, or None where another worker owns the variable
         self._tfaccel_owner = {self._var_key(v): (o - first if first <= o < first + len(devices) else None)
                                for v, o in zip(variables, owners)}
-        self._tfaccel_global_owner = {self._var_key(v): o for v, o in zip(variables, owners)}
         super().build(variables)  # type: ignore[misc]
 
     def add_variable_from_reference(self, reference_variable: Any, name: Any = None,
@@ -138,11 +138,6 @@ def sharded_class(base: type, partition: Callable[[Sequence[int], int], List[int
 def is_sharded(optimizer: Any) -> bool:
     """Whether ``optimizer``'s class is one ``sharded_class`` made."""
     return isinstance(optimizer, _ShardOptimizerState)
-
-
-def owner_replicas(optimizer: Any) -> Dict[str, int]:
-    """A built sharded optimizer's owner replica (global index) per trainable variable (by the variable's path)."""
-    return {v.path: optimizer._tfaccel_global_owner[optimizer._var_key(v)] for v in optimizer._trainable_variables}
 
 
 def slot_bytes_per_device(optimizer: Any, strategy: Any) -> Dict[str, int]:
