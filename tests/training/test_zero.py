@@ -17,7 +17,8 @@ import harness
 import tfaccel
 from tfaccel.errors import ConfigError
 from tfaccel.train.request import FitRequest
-from tfaccel.train.zero import partition_by_bytes, shard_optimizer_state
+from tfaccel.memory.shards import partition_by_bytes, shard_loads
+from tfaccel.train.zero import shard_optimizer_state
 
 PROGRAM = Path(__file__).resolve().parent / "zero_program.py"
 SHARDED = ("adam_schedule", "adamw", "sgd_nesterov_clipnorm", "rmsprop_global_clipnorm", "adam_keras_loop")
@@ -78,6 +79,12 @@ def test_each_device_holds_its_share_of_the_slots(runs, replicas, case):
     assert sum(held) <= sum(slot_bytes) + replicas * scalars  # no slot held twice
 
 
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_the_memory_estimate_predicts_each_devices_share(runs, replicas):
+    run = runs[replicas]["adamw"]
+    assert sorted(run["estimate"]) == sorted(run["held"].values())
+
+
 def test_unsharded_run_holds_every_slot_on_every_device(runs):
     """The control: the same measurement catches mirrored slots (what sharding removes)."""
     run = runs[2]["adam_unsharded"]
@@ -101,6 +108,7 @@ def test_partition_is_greedy_by_bytes_and_deterministic():
     assert owners == partition_by_bytes(sizes, 4)
     loads = [sum(s for s, o in zip(sizes, owners) if o == r) for r in range(4)]
     assert max(loads) - min(loads) <= max(sizes)
+    assert shard_loads(sizes, 4) == loads and shard_loads([400, 16, 400, 8], 2) == [416, 408]
 
 
 def test_the_keras_and_tf_internals_it_uses_are_there():

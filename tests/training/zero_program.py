@@ -16,6 +16,8 @@ tfaccel.configure_devices(virtual_cpus=N)
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from tfaccel.memory import estimate_memory  # noqa: E402
+
 
 def _cases():
     def schedule():
@@ -31,11 +33,15 @@ def _cases():
     }
 
 
+def _layers(input_shape=(8,), num_classes=3):
+    return keras.Sequential([keras.Input(input_shape), keras.layers.Dense(32, activation="relu"),
+                             keras.layers.Dense(16, activation="relu"), keras.layers.Dense(num_classes)])
+
+
 def _model(scope, optimizer, weights=None):
     keras.utils.set_random_seed(1)
     with scope:
-        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="relu"),
-                                  keras.layers.Dense(16, activation="relu"), keras.layers.Dense(3)])
+        model = _layers()
         model.compile(optimizer(), "mse", metrics=["mae"])
     if weights is not None:
         model.set_weights(weights)
@@ -72,6 +78,10 @@ def main() -> None:
                      "loop": result.details["loop_name"],
                      "iterations": int(model.optimizer.iterations.numpy()),
                      "plain_iterations": int(plain.optimizer.iterations.numpy())}
+        if name == "adamw":  # what `tfaccel memory --shard-optimizer-state` predicts for each device
+            out[name]["estimate"] = list(estimate_memory(
+                _layers, input_shape=(8,), num_classes=3, batch_size=32, strategy="mirrored", replicas=N, optimizer=optimizer(), recompute=False,
+                shard_optimizer_state=True).optimizer_shard_bytes)
     if N == 2:  # the CLI's flag, end to end, on this process's mirrored strategy
         from tfaccel.cli.main import main as cli
 

@@ -16,7 +16,7 @@ activations) exceeds the memory of its device (the smallest GPU's); it stays off
 (CPU replicas) and outside a mirrored strategy of several replicas.
 """
 
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Optional, Tuple
 
 import keras
 import tensorflow as tf
@@ -25,27 +25,11 @@ from tfaccel.compat import keras_internals
 from tfaccel.compat.keras_zero import is_sharded, sharded_class
 from tfaccel.errors import ConfigError
 from tfaccel.memory.estimate import estimate_memory
+from tfaccel.memory.shards import partition_by_bytes
 
-__all__ = ["partition_by_bytes", "shard_optimizer_state"]
+__all__ = ["shard_optimizer_state"]
 
 _FIX = "train with shard_optimizer_state=False (the default)"
-
-
-def partition_by_bytes(sizes: Sequence[int], replicas: int) -> List[int]:
-    """The owner (0..replicas-1) of each variable: largest first, each to the least-loaded replica (lowest index on
-    a tie), so the same sizes always give the same owners.
-
-    Example:
-        >>> partition_by_bytes([400, 16, 400, 8], 2)
-        [0, 0, 1, 1]
-    """
-    load = [0] * replicas
-    owners = [0] * len(sizes)
-    for index in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
-        owner = min(range(replicas), key=lambda r: (load[r], r))
-        owners[index] = owner
-        load[owner] += sizes[index]
-    return owners
 
 
 def _refuse(reason: str, fix: str = _FIX) -> ConfigError:
