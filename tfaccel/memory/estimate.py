@@ -289,9 +289,8 @@ def estimate_memory(model_or_name: Union[str, Callable[..., Any], Any], *, batch
         process_peak: also estimate the CPU process's peak (``process_peak_bytes``): runs the model for one step
             at batch 1 in a fresh child process (seconds to a minute) and adds what the trace says the batch
             adds. Needs a name or a file spec and one replica per process. Defaults to False.
-        shard_optimizer_state: estimate with the optimizer state sharded over the replicas (``tfaccel.fit(...,
-            shard_optimizer_state=True)``, mirrored or multi_worker): ``optimizer_shard_bytes`` gives each replica's
-            share and the totals count the largest. Defaults to False.
+        shard_optimizer_state: the optimizer state sharded as by ``tfaccel.fit`` (``optimizer_shard_bytes``: each
+            replica's share; the totals count the largest). Defaults to False.
 
     The step traced is the model's own ``train_step`` compiled with sparse categorical cross-entropy on integer
     labels (the reference models' loss; a different loss changes the activations by a few output-sized tensors).
@@ -311,8 +310,7 @@ def estimate_memory(model_or_name: Union[str, Callable[..., Any], Any], *, batch
     batch = batch_size // replicas
     model, name, policy = _build(model_or_name, precision, input_shape, num_classes)
     peaks, opt = _trace_step(model, _fresh_optimizer(optimizer), batch)
-    opt_name = optimizer if isinstance(optimizer, str) else type(optimizer).__name__.lower()
-    base: Tuple[Optional[int], Optional[int]] = (None, None)
+    opt_name, base = optimizer if isinstance(optimizer, str) else type(optimizer).__name__.lower(), (None, None)
     if process_peak:
         base = _process_base(model_or_name, model, strategy=strategy, replicas=replicas, precision=policy,
                              optimizer=opt_name, input_shape=input_shape, num_classes=num_classes)

@@ -58,9 +58,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: Optional[int] = No
         recompute: recompute the activations of these blocks in the backward pass (less memory, more compute):
             ``"auto"``, ``"all"`` or block names, as ``tfaccel.memory.enable_recompute``, which it calls on the model
             (it stays on after training; ``tfaccel.memory.disable_recompute(model)`` turns it off). Defaults to None.
-        shard_optimizer_state: True shards the optimizer state over the replicas of one host's mirrored strategy
-            (ZeRO-1, ``tfaccel.train.zero``); ``"auto"`` shards when ``tfaccel memory``'s estimate of one replica
-            exceeds its GPU's memory; what sharding cannot train exactly is refused. Defaults to False.
+        shard_optimizer_state: False, True or ``"auto"``: optimizer-state sharding, see ``tfaccel.train.zero``.
 
     Returns:
         A ``FitResult``; ``result.history`` is Keras' history dict.

@@ -13,7 +13,7 @@ backups (``backup_dir``: sharded state is not backed up yet).
 
 ``"auto"`` shards when ``tfaccel memory``'s estimate of one replica (parameters, gradients, optimizer slots,
 activations) exceeds the memory of its device (the smallest GPU's); it stays off where the devices report no size
-(CPU replicas) and outside a mirrored strategy of several replicas.
+(CPU replicas) and outside a mirrored or multi_worker strategy of several replicas.
 """
 
 from typing import Any, Optional, Tuple
@@ -78,12 +78,14 @@ def _auto(model: Any, *, batch_size: Optional[int], device_memory_bytes: Optiona
     """``"auto"``: on when ``tfaccel memory``'s estimate of one replica exceeds its device's memory."""
     strategy = model.distribute_strategy
     replicas = strategy.num_replicas_in_sync
-    if not isinstance(strategy, tf.distribute.MirroredStrategy) or replicas < 2:
-        return False, (f"auto: off, sharding needs one host's mirrored strategy over several replicas (this job: "
-                       f"{type(strategy).__name__}, {replicas} replica(s))")
+    multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+    if not (multi_worker or isinstance(strategy, tf.distribute.MirroredStrategy)) or replicas < 2:
+        return False, (f"auto: off, sharding needs a mirrored or multi_worker strategy over several replicas (this "
+                       f"job: {type(strategy).__name__}, {replicas} replica(s))")
     if device_memory_bytes is None:
         return False, "auto: off, the replicas' devices report no memory size (CPU replicas share the host's memory)"
-    est = estimate_memory(model, batch_size=(batch_size or replicas), strategy="mirrored", optimizer=model.optimizer,
+    est = estimate_memory(model, batch_size=(batch_size or replicas), optimizer=model.optimizer,
+                          strategy="multi_worker" if multi_worker else "mirrored",
                           recompute=False, replicas=replicas)
     need, have = f"{est.total_bytes:,} bytes", f"{device_memory_bytes:,} bytes"
     if est.total_bytes <= device_memory_bytes:
