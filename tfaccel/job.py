@@ -6,7 +6,7 @@ Both front ends parse their flags and call :func:`run_job`; all logic lives here
 import dataclasses
 import json
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Union
 
 from tfaccel.errors import ConfigError
 
@@ -33,7 +33,7 @@ class JobOptions:
     base_batch_size: Optional[int] = None
     warmup_epochs: float = 0
     gradient_accumulation_steps: int = 1
-    shard_optimizer_state: bool = False
+    shard_optimizer_state: Union[bool, str] = False
     steps_per_epoch: Optional[int] = None
     num_examples: Optional[int] = None
     checkpoint_dir: Optional[str] = None

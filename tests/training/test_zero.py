@@ -251,6 +251,21 @@ def test_cli_refuses_sharding_on_one_device(clean_tf_config, capsys):
            "multi_worker only" in capsys.readouterr().err
 
 
+def test_cli_auto_trains_unsharded_on_one_device_and_says_why(clean_tf_config, capsys, tmp_path):
+    from tfaccel.cli.main import main
+
+    summary = tmp_path / "summary.json"
+    rc = main(["fit", "--model", "mnist_cnn", "--dataset", "digits", "--epochs", "1", "--num-examples", "64",
+               "--strategy", "default", "--shard-optimizer-state", "auto", "--json-out", str(summary)])
+    assert rc == 0
+    note = json.loads(summary.read_text())["optimizer_state"]
+    assert note.startswith("optimizer state not sharded: auto: off, sharding needs a mirrored or multi_worker")
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", "--model", "mnist_cnn", "--shard-optimizer-state", "yes"])
+    assert exit_.value.code == 2
+    assert "argument --shard-optimizer-state: invalid choice: 'yes' (choose from 'auto')" in capsys.readouterr().err
+
+
 @pytest.fixture(scope="module")
 def worker_runs():
     """Two multi_worker processes (one CPU each, loopback), every optimizer case sharded over them."""
