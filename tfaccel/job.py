@@ -6,7 +6,7 @@ Both front ends parse their flags and call :func:`run_job`; all logic lives here
 import dataclasses
 import json
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Union
 
 from tfaccel.errors import ConfigError
 
@@ -33,6 +33,7 @@ class JobOptions:
     base_batch_size: Optional[int] = None
     warmup_epochs: float = 0
     gradient_accumulation_steps: int = 1
+    shard_optimizer_state: Union[bool, str] = False
     steps_per_epoch: Optional[int] = None
     num_examples: Optional[int] = None
     checkpoint_dir: Optional[str] = None
@@ -93,9 +94,9 @@ def run_job(options: JobOptions) -> Dict[str, Any]:
         strategy=options.strategy, precision=options.precision, jit_compile=parse_jit(options.jit_compile),
         optimizer=options.optimizer, learning_rate=options.learning_rate,
         scale_learning_rate=options.scale_learning_rate, base_batch_size=options.base_batch_size,
-        warmup_epochs=options.warmup_epochs,
-        loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+        warmup_epochs=options.warmup_epochs, loss="sparse_categorical_crossentropy", metrics=["accuracy"],
         gradient_accumulation_steps=options.gradient_accumulation_steps, steps_per_epoch=options.steps_per_epoch,
+        shard_optimizer_state=options.shard_optimizer_state,
         checkpoint_dir=options.checkpoint_dir, backup_dir=options.backup_dir, backup_freq=options.backup_freq,
         tensorboard_dir=options.tensorboard_dir, seed=options.seed, verbose=options.verbose)
     summary = {
@@ -108,6 +109,7 @@ def run_job(options: JobOptions) -> Dict[str, Any]:
         "examples_per_sec": round(result.examples_per_sec, 1),
         "examples_per_sec_over": result.details.get("examples_per_sec_over"), "seconds": round(result.seconds, 2),
         "learning_rate": result.details.get("learning_rate"), "loop": result.details.get("loop"),
+        **{k: result.details.get(k) for k in ("optimizer_state", "optimizer_state_bytes")},
         "plan": result.plan.to_dict(),
     }
     if options.json_out and result.plan.is_chief:

@@ -94,6 +94,27 @@ def test_table_shows_measured_peaks():
     assert "700.0 MiB" in line and "measured at batch 1 (690 MiB) + traced activations" in line
 
 
+def test_shard_optimizer_state_flag_estimates_each_replicas_share():
+    proc = _cli("--model", "mlp", "--batch-size", "8", "--strategy", "mirrored", "--replicas", "2",
+                "--shard-optimizer-state", "--recompute", "none", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    shares = report["optimizer_shard_bytes"]
+    assert len(shares) == 2 and report["optimizer_bytes"] < sum(shares) < report["optimizer_bytes"] + 2 * 12
+    assert report["total_bytes"] == (report["parameter_bytes"] + report["gradient_bytes"] + max(shares)
+                                     + report["activation_bytes"])
+
+
+def test_table_shows_the_sharded_optimizer_share():
+    report = {"model": "m", "batch_size": 4, "replicas": 2, "strategy": "mirrored", "precision": "float32",
+              "parameters": 10, "parameter_bytes": 2 ** 20, "gradient_bytes": 2 ** 20, "optimizer_bytes": 2 ** 21,
+              "optimizer": "adam", "activation_bytes": 2 ** 22, "per_replica_batch": 2, "total_bytes": 2 ** 23,
+              "activation_bytes_recompute": None, "ps_shard_bytes": [], "optimizer_shard_bytes": [2 ** 20, 2 ** 19]}
+    lines = format_table(report).splitlines()
+    assert lines[4].split() == ["optimizer", "slots,", "sharded", "1.0", "MiB", "the", "largest", "of", "2",
+                                "replicas'", "shares", "(ZeRO-1);", "counted", "in", "the", "total"]
+
+
 def test_process_peak_yes_under_mirrored_names_the_option():
     proc = _cli("--model", "mlp", "--batch-size", "8", "--strategy", "mirrored", "--replicas", "2",
                 "--process-peak", "yes", "--recompute", "none")

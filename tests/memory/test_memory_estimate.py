@@ -63,6 +63,21 @@ def test_replicas_split_the_global_batch():
     assert four.total_bytes == one.total_bytes  # every replica holds all variables and slots
 
 
+def test_sharded_optimizer_state_gives_each_replica_its_variables_slots():
+    full = _estimate(batch_size=B, strategy="mirrored", replicas=2, recompute=False)
+    est = _estimate(batch_size=B, strategy="mirrored", replicas=2, recompute=False, shard_optimizer_state=True)
+    # greedy by bytes: wide/kernel alone on replica 0, the rest on replica 1; Adam = 2 slots each; the iteration
+    # counter and the rate (12 bytes) on both
+    assert est.optimizer_shard_bytes == (2 * 4 * D * H + 12, 2 * 4 * (H + H * C + C) + 12)
+    assert est.optimizer_bytes == full.optimizer_bytes  # the unsharded total, for comparison
+    assert est.total_bytes == full.total_bytes - (full.optimizer_bytes - max(est.optimizer_shard_bytes))
+    assert est.to_dict()["optimizer_shard_bytes"] == list(est.optimizer_shard_bytes)
+    with pytest.raises(ConfigError, match=r"shard_optimizer_state: sharding needs strategy 'mirrored' or "
+                                          r"'multi_worker' over 2 replicas or more; received strategy='default', "
+                                          r"replicas=1"):
+        _estimate(batch_size=B, recompute=False, shard_optimizer_state=True)
+
+
 def test_parameter_server_shards_hold_variables_and_slots():
     est = _estimate(batch_size=B, strategy="parameter_server", num_ps=2, recompute=False)
     # round-robin: wide/kernel, logits/kernel -> ps:0 ; wide/bias, logits/bias -> ps:1; Adam = 2 slots each.

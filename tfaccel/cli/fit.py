@@ -63,6 +63,12 @@ def _add_rate_and_job_options(parser: argparse.ArgumentParser, d: JobOptions) ->
                         help="epochs of linear warm-up to the scaled rate (default: 0)")
     parser.add_argument("--gradient-accumulation-steps", type=int, default=1,
                         help="batches whose gradients are summed into one update (default: 1)")
+    parser.add_argument("--shard-optimizer-state", nargs="?", const=True, default=False, choices=["auto"],
+                        metavar="auto",
+                        help="shard the optimizer's slots over the replicas (ZeRO-1; mirrored, or multi_worker with "
+                             "one device per worker), as tfaccel.fit(shard_optimizer_state=True); with 'auto', only "
+                             "when tfaccel memory's estimate of a replica exceeds its GPU's memory; refused where it "
+                             "cannot train exactly (default: off)")
     parser.add_argument("--steps-per-epoch", type=int, default=None,
                         help="training steps per epoch (default: one pass over the data)")
     parser.add_argument("--num-examples", type=int, default=None,

@@ -39,6 +39,9 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     parser.add_argument("--input-shape", default=None, help="one example's shape, e.g. 224,224,3")
     parser.add_argument("--process-peak", default="auto",
                         help="estimate the CPU process's peak too: auto (when each process holds one replica), yes, no")
+    parser.add_argument("--shard-optimizer-state", action="store_true",
+                        help="estimate with the optimizer state sharded over the replicas (ZeRO-1; mirrored or "
+                             "multi_worker with --replicas 2 or more), as tfaccel fit --shard-optimizer-state")
     parser.add_argument("--measure", action="store_true", help="also measure one step here (child process on CPU)")
     parser.add_argument("--json", action="store_true", help="print the breakdown as JSON")
     parser.set_defaults(func=run)
@@ -97,7 +100,8 @@ def parse_options(args: argparse.Namespace) -> Dict[str, Any]:
             "precision": args.precision, "strategy": args.strategy, "optimizer": args.optimizer.lower(),
             "recompute": {"auto": None, "all": "all", "none": False}[args.recompute],
             "replicas": replicas, "num_ps": _positive_int("--num-ps", args.num_ps), "input_shape": shape,
-            "process_peak": _process_peak(args.process_peak, args.strategy, replicas)}
+            "process_peak": _process_peak(args.process_peak, args.strategy, replicas),
+            "shard_optimizer_state": args.shard_optimizer_state}
 
 
 def _process_peak(choice: str, strategy: str, replicas: int) -> bool:
@@ -120,6 +124,9 @@ def format_table(report: Dict[str, Any]) -> str:
          f"traced peak at batch {report['per_replica_batch']} per replica"),
         ("total per replica", f"{report['total_bytes'] / _MIB:,.1f}", "device (allocator) peak"),
     ]
+    if report.get("optimizer_shard_bytes"):
+        rows.insert(3, ("optimizer slots, sharded", f"{max(report['optimizer_shard_bytes']) / _MIB:,.1f}",
+                        f"the largest of {report['replicas']} replicas' shares (ZeRO-1); counted in the total"))
     if report.get("process_peak_bytes") is not None:
         rows.append(("process peak (CPU)", f"{report['process_peak_bytes'] / _MIB:,.1f}",
                      f"measured at batch 1 ({report['process_base_bytes'] / _MIB:,.0f} MiB) + traced activations"))

@@ -27,6 +27,7 @@ from tfaccel.errors import ConfigError, invalid_choice
 from tfaccel.memory.graph import graph_activation_peak
 from tfaccel.memory.measure import measure_cpu_step
 from tfaccel.memory.recompute import enable_recompute
+from tfaccel.memory.shards import shard_loads
 from tfaccel.memory.shapes import DEFAULT_SHAPES
 from tfaccel.models import build_model
 from tfaccel.precision import POLICY_NAMES
@@ -69,6 +70,7 @@ class MemoryEstimate:
     recompute_blocks: Tuple[str, ...] = ()
     activation_bytes_recompute: Optional[int] = None
     ps_shard_bytes: Tuple[int, ...] = ()
+    optimizer_shard_bytes: Tuple[int, ...] = ()
     process_base_bytes: Optional[int] = None
     activation_bytes_base: Optional[int] = None
     measured: Optional[Dict[str, Any]] = None
@@ -92,8 +94,11 @@ class MemoryEstimate:
 
     @property
     def state_bytes(self) -> int:
-        """Parameters + gradients + optimizer slots on one replica (a PS worker holds no slots, only a read copy)."""
+        """Parameters + gradients + optimizer slots on one replica (a PS worker holds no slots, only a read copy;
+        with the state sharded, the largest replica's share)."""
         slots = 0 if self.strategy == "parameter_server" else self.optimizer_bytes
+        if self.optimizer_shard_bytes:
+            slots = max(self.optimizer_shard_bytes)
         return self.parameter_bytes + self.gradient_bytes + slots
 
     def to_dict(self) -> Dict[str, Any]:
@@ -101,6 +106,7 @@ class MemoryEstimate:
         out = dataclasses.asdict(self)
         out["recompute_blocks"] = list(self.recompute_blocks)
         out["ps_shard_bytes"] = list(self.ps_shard_bytes)
+        out["optimizer_shard_bytes"] = list(self.optimizer_shard_bytes)
         out["total_bytes"] = self.total_bytes
         out["total_bytes_recompute"] = self.total_bytes_recompute
         out["device_peak_bytes"] = self.total_bytes
@@ -135,9 +141,23 @@ def _ps_shards(model: Any, optimizer: Any, num_ps: int) -> Tuple[int, ...]:
     return tuple(shards)
 
 
+def _optimizer_shards(model: Any, optimizer: Any, replicas: int) -> Tuple[int, ...]:
+    """Optimizer-state sharding: each replica's slots (each variable's on its owner, as ``tfaccel.train.zero``
+    places them) plus the scalars (iteration counter, rate) that stay on every replica."""
+    scalars = [v for v in optimizer.variables if len(v.shape) == 0]
+    trainable = _nbytes(model.trainable_variables)
+    slot_ratio = (_nbytes(optimizer.variables) - _nbytes(scalars)) / trainable if trainable else 0.0
+    sizes = [int(round(_nbytes([v]) * slot_ratio)) for v in model.trainable_variables]
+    return tuple(load + _nbytes(scalars) for load in shard_loads(sizes, replicas))
+
+
 def _check_options(strategy: str, batch_size: Any, replicas: int, num_ps: int, precision: Optional[str],
-                   optimizer: Union[str, Any]) -> None:
+                   optimizer: Union[str, Any], shard_optimizer_state: bool = False) -> None:
     """Checks estimate_memory's options before anything is built; the error names the option and what is valid."""
+    if shard_optimizer_state and (strategy not in ("mirrored", "multi_worker") or replicas < 2):
+        raise ConfigError(f"shard_optimizer_state: sharding needs strategy 'mirrored' or 'multi_worker' over 2 "
+                          f"replicas or more; received strategy={strategy!r}, replicas={replicas}. Pass one of "
+                          "those with replicas=N, or leave sharding off")
     if strategy not in STRATEGY_NAMES:
         raise invalid_choice("strategy", strategy, STRATEGY_NAMES)
     if precision is not None and precision not in POLICY_NAMES:
@@ -246,7 +266,7 @@ def estimate_memory(model_or_name: Union[str, Callable[..., Any], Any], *, batch
                     precision: Optional[str] = None, strategy: str = "default", optimizer: Union[str, Any] = "adam",
                     recompute: Union[None, bool, str, Sequence[Any]] = None, replicas: int = 1, num_ps: int = 1,
                     input_shape: Optional[Sequence[int]] = None, num_classes: Optional[int] = None,
-                    process_peak: bool = False) -> MemoryEstimate:
+                    process_peak: bool = False, shard_optimizer_state: bool = False) -> MemoryEstimate:
     """Estimates the memory one replica needs to train a model, by tracing one training step.
 
     Args:
@@ -269,6 +289,8 @@ def estimate_memory(model_or_name: Union[str, Callable[..., Any], Any], *, batch
         process_peak: also estimate the CPU process's peak (``process_peak_bytes``): runs the model for one step
             at batch 1 in a fresh child process (seconds to a minute) and adds what the trace says the batch
             adds. Needs a name or a file spec and one replica per process. Defaults to False.
+        shard_optimizer_state: the optimizer state sharded as by ``tfaccel.fit`` (``optimizer_shard_bytes``: each
+            replica's share; the totals count the largest). Defaults to False.
 
     The step traced is the model's own ``train_step`` compiled with sparse categorical cross-entropy on integer
     labels (the reference models' loss; a different loss changes the activations by a few output-sized tensors).
@@ -284,12 +306,11 @@ def estimate_memory(model_or_name: Union[str, Callable[..., Any], Any], *, batch
         >>> est = estimate_memory("resnet50", batch_size=64, precision="mixed_float16")  # doctest: +SKIP
         >>> est.total_bytes / 2**30                                                       # doctest: +SKIP
     """
-    _check_options(strategy, batch_size, replicas, num_ps, precision, optimizer)
+    _check_options(strategy, batch_size, replicas, num_ps, precision, optimizer, shard_optimizer_state)
     batch = batch_size // replicas
     model, name, policy = _build(model_or_name, precision, input_shape, num_classes)
     peaks, opt = _trace_step(model, _fresh_optimizer(optimizer), batch)
-    opt_name = optimizer if isinstance(optimizer, str) else type(optimizer).__name__.lower()
-    base: Tuple[Optional[int], Optional[int]] = (None, None)
+    opt_name, base = optimizer if isinstance(optimizer, str) else type(optimizer).__name__.lower(), (None, None)
     if process_peak:
         base = _process_base(model_or_name, model, strategy=strategy, replicas=replicas, precision=policy,
                              optimizer=opt_name, input_shape=input_shape, num_classes=num_classes)
@@ -299,7 +320,8 @@ def estimate_memory(model_or_name: Union[str, Callable[..., Any], Any], *, batch
         model=name, batch_size=batch_size, per_replica_batch=batch, replicas=replicas, precision=policy,
         strategy=strategy, optimizer=opt_name, **_state_bytes(model, opt, strategy, num_ps),
         activation_bytes=peaks["peak_bytes"], saved_activation_bytes=peaks["saved_bytes"], recompute_blocks=blocks,
-        activation_bytes_recompute=recompute_peak, process_base_bytes=base[0], activation_bytes_base=base[1])
+        activation_bytes_recompute=recompute_peak, process_base_bytes=base[0], activation_bytes_base=base[1],
+        optimizer_shard_bytes=_optimizer_shards(model, opt, replicas) if shard_optimizer_state else ())
 
 
 def _state_bytes(model: Any, optimizer: Any, strategy: str, num_ps: int) -> Dict[str, Any]:

@@ -30,7 +30,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: Optional[int] = No
         backup_dir: Optional[str] = None, backup_freq: Optional[int] = None, checkpoint_dir: Optional[str] = None,
         tensorboard_dir: Optional[str] = None, gradient_accumulation_steps: int = 1,
         scale_learning_rate: Optional[str] = None, base_batch_size: Optional[int] = None,
-        warmup_epochs: float = 0, steps_per_execution: Union[str, int] = "auto", recompute: Any = None) -> FitResult:
+        warmup_epochs: float = 0, steps_per_execution: Union[str, int] = "auto", recompute: Any = None,
+        shard_optimizer_state: Union[bool, str] = False) -> FitResult:
     """Trains a model compiled inside ``tfaccel.scope()`` exactly as ``model.fit`` would, on this process's backend.
 
     The positional arguments are ``keras.Model.fit``'s, with Keras' meaning (``batch_size`` is the global
@@ -57,6 +58,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: Optional[int] = No
         recompute: recompute the activations of these blocks in the backward pass (less memory, more compute):
             ``"auto"``, ``"all"`` or block names, as ``tfaccel.memory.enable_recompute``, which it calls on the model
             (it stays on after training; ``tfaccel.memory.disable_recompute(model)`` turns it off). Defaults to None.
+        shard_optimizer_state: False, True or ``"auto"``: optimizer-state sharding, see ``tfaccel.train.zero``.
 
     Returns:
         A ``FitResult``; ``result.history`` is Keras' history dict.

@@ -16,6 +16,7 @@ import keras
 
 from tfaccel.compat.keras_callless import build_callless_container
 from tfaccel.compat.keras_sharded import placements
+from tfaccel.compat.keras_zero import is_sharded, slot_bytes_per_device
 from tfaccel.devices import detect_devices
 from tfaccel.errors import ConfigError
 from tfaccel.integrations.ray_train import report_callbacks
@@ -35,6 +36,7 @@ from tfaccel.train.request import FitRequest
 from tfaccel.train.result import FitResult
 from tfaccel.train.scope import plan_for_model
 from tfaccel.train.xla_payback import job_decision
+from tfaccel.train.zero import shard_optimizer_state
 from tfaccel.xla import decided_per_job
 
 if TYPE_CHECKING:
@@ -102,6 +104,12 @@ def _adapt(ctx: FitContext, loop_name: str) -> Dict[str, Any]:
     if backend.uses_keras_fit:  # the coordinator loop warns itself
         check_output_dtype(model)  # float16/bfloat16 outputs: the Keras mixed precision guide's warning
     accumulation = request.loop.gradient_accumulation_steps
+    sharded = shard_optimizer_state(model, request.loop.shard_optimizer_state, accumulation_steps=accumulation,
+                                    backup_dir=request.backups.backup_dir, batch_size=data.batch_size,
+                                    device_memory_bytes=_device_memory_bytes())
+    if sharded:  # the plan says whether the optimizer state is sharded, and why
+        changes["optimizer_state"] = sharded
+        ctx.plan = dataclasses.replace(ctx.plan, notes=ctx.plan.notes + (sharded,))
     note = adapt_optimizer(model, replicas=backend.num_replicas_in_sync, accumulation_steps=accumulation)
     if note:
         changes["optimizer"] = note
@@ -125,6 +133,12 @@ def _adapt(ctx: FitContext, loop_name: str) -> Dict[str, Any]:
         model.jit_compile = jit
         model.train_function = model.test_function = model.predict_function = None
     return changes
+
+
+def _device_memory_bytes() -> Optional[int]:
+    """The memory of the smallest visible GPU, None on CPUs (or where a GPU reports no size)."""
+    sizes = [gpu.memory_mb for gpu in detect_devices().gpus]
+    return min(sizes) * 2**20 if sizes and None not in sizes else None
 
 
 def _add_callbacks(ctx: FitContext, state: Optional[Dict[str, Any]] = None) -> None:
@@ -201,6 +215,8 @@ def _result(ctx: FitContext, outcome: Optional["LoopResult"], seconds: float) ->
         details.update(outcome.details)
     if not ctx.backend.uses_keras_fit:  # parameter_server: how each large variable was placed over the ps tasks
         details["variable_placement"] = placements(ctx.model.variables)
+    if is_sharded(ctx.model.optimizer):  # ZeRO-1: the bytes of optimizer state each device holds
+        details["optimizer_state_bytes"] = slot_bytes_per_device(ctx.model.optimizer, ctx.model.distribute_strategy)
     if "backup" in ctx.named:
         details["backups_written"] = ctx.named["backup"].saves
     if "checkpoint" in ctx.named:

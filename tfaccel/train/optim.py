@@ -25,6 +25,7 @@ import keras
 
 from tfaccel.compat import keras_internals
 from tfaccel.compat.keras_optimizer import adapted_class
+from tfaccel.compat.keras_zero import is_sharded
 from tfaccel.errors import ConfigError, invalid_choice
 from tfaccel.strategies.horovod import check_optimizer
 from tfaccel.train.request import LR_SCALING
@@ -128,7 +129,7 @@ def adapt_optimizer(model: Any, *, replicas: int, accumulation_steps: int) -> Op
             "Keras' own accumulation fails under MirroredStrategy ('merge_call called while defining a new graph'). "
             "Compile without it and pass gradient_accumulation_steps= to tfaccel.fit")
     clips = any(getattr(inner, k, None) is not None for k in ("clipnorm", "clipvalue", "global_clipnorm"))
-    if not ((clips and replicas > 1) or accumulation_steps > 1):
+    if is_sharded(inner) or not ((clips and replicas > 1) or accumulation_steps > 1):  # sharded: clips when reduced
         return None
     if accumulation_steps > 1 and inner.built:
         raise ConfigError("gradient_accumulation_steps needs an optimizer that is not built yet; compile a fresh "

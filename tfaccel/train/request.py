@@ -11,11 +11,13 @@ from typing import Any, Dict, Optional, Tuple, Union
 from tfaccel.errors import ConfigError, invalid_choice
 
 __all__ = ["FitRequest", "ValidationOptions", "BackupOptions", "LearningRateScaling", "LoopOptions", "check_int",
-           "VERBOSE_CHOICES", "LOOP_CHOICES", "LR_SCALING", "OPTIMIZER_NAMES"]
+           "VERBOSE_CHOICES", "LOOP_CHOICES", "LR_SCALING", "OPTIMIZER_NAMES", "SHARD_CHOICES"]
 
 VERBOSE_CHOICES = ("auto", 0, 1, 2)
 LOOP_CHOICES = ("auto", "keras", "compiled")
 LR_SCALING = ("linear", "sqrt", "none")
+# shard_optimizer_state: "auto" shards where tfaccel memory's estimate of a replica exceeds its device (train/zero.py).
+SHARD_CHOICES = (False, True, "auto")
 # The optimizers named by a string (compile_and_fit, tfaccel fit, tfaccel memory).
 OPTIMIZER_NAMES = ("adam", "adamw", "sgd", "rmsprop", "adagrad", "adamax", "nadam", "lion")
 
@@ -61,11 +63,13 @@ class LearningRateScaling:
 
 @dataclasses.dataclass(frozen=True)
 class LoopOptions:
-    """Which loop (``"auto"``, ``"keras"``, ``"compiled"``), steps per execution, gradient accumulation."""
+    """Which loop (``"auto"``, ``"keras"``, ``"compiled"``), steps per execution, gradient accumulation, and whether
+    the optimizer state is sharded over the replicas (``tfaccel.train.zero``)."""
 
     loop: str = "auto"
     steps_per_execution: Union[str, int] = "auto"
     gradient_accumulation_steps: int = 1
+    shard_optimizer_state: Union[bool, str] = False
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -113,6 +117,9 @@ class FitRequest:
             raise invalid_choice("verbose", self.verbose, [str(v) for v in VERBOSE_CHOICES])
         if self.loop.loop not in LOOP_CHOICES:
             raise invalid_choice("loop", self.loop.loop, LOOP_CHOICES)
+        shard = self.loop.shard_optimizer_state
+        if not any(shard is c or (isinstance(c, str) and shard == c) for c in SHARD_CHOICES):
+            raise invalid_choice("shard_optimizer_state", shard, [str(c) for c in SHARD_CHOICES])
         callbacks = self.callbacks
         if callbacks is not None and (isinstance(callbacks, (str, bytes)) or not isinstance(callbacks, (list, tuple))):
             raise ConfigError(f"callbacks must be a list of keras callbacks; received {type(callbacks).__name__}")
@@ -131,7 +138,8 @@ class FitRequest:
                                                      "validation_batch_size": "batch_size",
                                                      "validation_freq": "freq"}),
                   "loop": (LoopOptions, {"loop": "loop", "steps_per_execution": "steps_per_execution",
-                                         "gradient_accumulation_steps": "gradient_accumulation_steps"}),
+                                         "gradient_accumulation_steps": "gradient_accumulation_steps",
+                                         "shard_optimizer_state": "shard_optimizer_state"}),
                   "backups": (BackupOptions, {k: k for k in ("backup_dir", "backup_freq", "checkpoint_dir",
                                                              "tensorboard_dir")}),
                   "learning_rate": (LearningRateScaling, {"scale_learning_rate": "rule",

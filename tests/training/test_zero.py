@@ -1,0 +1,286 @@
+"""Optimizer-state sharding (ZeRO-1, tfaccel.train.zero): on 2 and 4 mirrored virtual CPUs, tfaccel.fit with
+shard_optimizer_state=True trains what plain model.fit trains on one device (Adam with a schedule, AdamW, SGD with
+Nesterov momentum and clipnorm, RMSprop with global_clipnorm), each device holds ~1/N of the optimizer state, and
+what it cannot train exactly is refused before training, with the reason and the fix."""
+
+import inspect
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import harness
+import tfaccel
+from tfaccel.errors import ConfigError
+from tfaccel.train.request import FitRequest
+from tfaccel.memory.shards import partition_by_bytes, shard_loads
+from tfaccel.train.zero import shard_optimizer_state
+
+PROGRAM = Path(__file__).resolve().parent / "zero_program.py"
+SHARDED = ("adam_schedule", "adamw", "sgd_nesterov_clipnorm", "rmsprop_global_clipnorm", "adam_keras_loop")
+SLOTS = {"adam_schedule": 2, "adamw": 2, "sgd_nesterov_clipnorm": 1, "rmsprop_global_clipnorm": 1, "adam_keras_loop": 2}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One process per replica count (2 and 4 virtual CPUs), both at once, every optimizer case in each."""
+    out = tmp_path_factory.mktemp("zero")
+    env = {**harness.CHILD_ENV, "PYTHONPATH": str(harness.REPO_ROOT)}
+    procs = {n: subprocess.Popen([sys.executable, str(PROGRAM), str(n), str(out / f"{n}.json")], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in (2, 4)}
+    results = {}
+    try:
+        for n, proc in procs.items():
+            _, err = proc.communicate(timeout=240)
+            assert proc.returncode == 0, err[-3000:]
+            results[n] = json.loads((out / f"{n}.json").read_text())
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return results
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+@pytest.mark.parametrize("case", SHARDED)
+def test_sharded_training_equals_plain_fit(runs, replicas, case):
+    run = runs[replicas][case]
+    assert run["note"].endswith(f"state sharded over {replicas} replicas (ZeRO-1: each variable's slots on one "
+                                "owner, gradients reduced to it, its update copied to every replica); asked for "
+                                "(shard_optimizer_state=True)")
+    assert run["note"] in run["plan_notes"]  # the plan says it, and why
+    assert run["history"].keys() == run["plain_history"].keys()
+    for key, values in run["plain_history"].items():
+        np.testing.assert_allclose(run["history"][key], values, rtol=1e-5, atol=1e-5, err_msg=key)
+    for got, want in zip(run["weights"], run["plain_weights"]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    for copies in run["copies"]:  # every replica's copy of every variable is the same
+        assert all(np.array_equal(copies[0], c) for c in copies[1:])
+    assert run["iterations"] == run["plain_iterations"] == 16
+    assert run["loop"] == ("keras_fit" if case == "adam_keras_loop" else "multi_step")  # both loops shard
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+@pytest.mark.parametrize("case", SHARDED)
+def test_each_device_holds_its_share_of_the_slots(runs, replicas, case):
+    run = runs[replicas][case]
+    slot_bytes = [size * SLOTS[case] for size in run["slot_sizes"]]
+    held = sorted(run["held"].values())
+    assert len(held) == replicas and run["details_bytes"] == run["held"]
+    scalars = 8 * 4  # the iteration counter and the rate, mirrored: a few bytes on every device
+    ideal = sum(slot_bytes) / replicas
+    for per_device in held:  # 1/N of the whole, within one variable's slots (greedy by bytes)
+        assert abs(per_device - ideal) <= max(slot_bytes) + scalars, (held, ideal)
+    assert sum(held) <= sum(slot_bytes) + replicas * scalars  # no slot held twice
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_the_memory_estimate_predicts_each_devices_share(runs, replicas):
+    run = runs[replicas]["adamw"]
+    assert sorted(run["estimate"]) == sorted(run["held"].values())
+
+
+def test_unsharded_run_holds_every_slot_on_every_device(runs):
+    """The control: the same measurement catches mirrored slots (what sharding removes)."""
+    run = runs[2]["adam_unsharded"]
+    full = 2 * sum(run["slot_sizes"])
+    assert run["note"] is None and all(v >= full for v in run["held"].values())
+    np.testing.assert_allclose(run["history"]["loss"], run["plain_history"]["loss"], rtol=1e-5)
+
+
+def test_cli_flag_trains_sharded(runs):
+    assert runs[2]["cli_rc"] == 0
+    summary = runs[2]["cli"]
+    assert summary["replicas"] == 2 and summary["optimizer_state"].startswith("optimizer Adam: state sharded over 2")
+    assert len(summary["optimizer_state_bytes"]) == 2
+
+
+def test_partition_is_greedy_by_bytes_and_deterministic():
+    assert partition_by_bytes([400, 16, 400, 8], 2) == [0, 0, 1, 1]
+    assert partition_by_bytes([5, 5, 5], 4) == [0, 1, 2]
+    sizes = [int(s) for s in np.random.RandomState(0).randint(1, 10_000, 50)]
+    owners = partition_by_bytes(sizes, 4)
+    assert owners == partition_by_bytes(sizes, 4)
+    loads = [sum(s for s, o in zip(sizes, owners) if o == r) for r in range(4)]
+    assert max(loads) - min(loads) <= max(sizes)
+    assert shard_loads(sizes, 4) == loads and shard_loads([400, 16, 400, 8], 2) == [416, 408]
+
+
+def test_the_keras_and_tf_internals_it_uses_are_there():
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer
+    from tensorflow.python.distribute import numpy_dataset
+
+    for name in ("_backend_update_step", "_var_key", "_clip_gradients", "add_variable_from_reference", "update_step"):
+        assert callable(getattr(TFOptimizer, name)), name
+    assert numpy_dataset.SingleDevice("/cpu:0").device == "/cpu:0"
+    from tensorflow.python.distribute.collective_all_reduce_strategy import CollectiveAllReduceExtended
+
+    assert "self._id_in_cluster = " in inspect.getsource(CollectiveAllReduceExtended)  # this worker's first replica
+
+
+def _compiled(optimizer=None, layers=None, model_class=None, policy=None):
+    import keras
+
+    if policy:
+        keras.mixed_precision.set_dtype_policy(policy)
+    try:
+        with tfaccel.scope(strategy="mirrored"):
+            inputs = keras.Input((4,), dtype="int32" if layers else "float32")
+            outputs = keras.layers.Dense(1)(keras.layers.Flatten()(layers(inputs)) if layers else inputs)
+            model = (model_class or keras.Model)(inputs, outputs)
+            model.compile(optimizer or keras.optimizers.Adam(), "mse")
+    finally:
+        keras.mixed_precision.set_dtype_policy("float32")
+    return model
+
+
+def _custom_step_class():
+    import keras
+
+    class OwnStep(keras.Model):
+        def train_step(self, data):
+            return super().train_step(data)
+
+    return OwnStep
+
+
+@pytest.mark.parametrize("make,accumulation,message", [
+    (lambda k: _compiled(k.optimizers.LossScaleOptimizer(k.optimizers.Adam())), 1,
+     r"LossScaleOptimizer \(mixed_float16\): loss scaling is not sharded yet; use precision='float32'"),
+    (lambda k: _compiled(policy="mixed_bfloat16"), 1, r"'mixed_bfloat16' dtype policy; sharding is tested for float32"),
+    (lambda k: _compiled(), 2, r"gradient accumulation \(2 micro-batches\) is not sharded yet; use "
+                               r"gradient_accumulation_steps=1"),
+    (lambda k: _compiled(k.optimizers.SGD(gradient_accumulation_steps=3)), 1, r"gradient accumulation \(3 micro"),
+    (lambda k: _compiled(k.optimizers.Adam(use_ema=True)), 1, r"Adam\(use_ema=True\): the moving averages"),
+    (lambda k: _compiled(layers=k.layers.Embedding(10, 2)), 1, r"Embedding layer\(s\) .* sparse gradients"),
+    (lambda k: _compiled(model_class=_custom_step_class()), 1, r"OwnStep has its own train_step"),
+])
+def test_what_is_not_exact_is_refused(make, accumulation, message, clean_tf_config, cpu_replicas):
+    import keras
+
+    with pytest.raises(ConfigError, match="^shard_optimizer_state=True: .*" + message):
+        shard_optimizer_state(make(keras), True, accumulation_steps=accumulation)
+    with pytest.raises(ConfigError, match="shard_optimizer_state=False"):  # the fix names the way out
+        shard_optimizer_state(make(keras), True, accumulation_steps=accumulation)
+
+
+def test_other_strategies_and_built_optimizers_are_refused(clean_tf_config, cpu_replicas):
+    import keras
+    import tensorflow as tf
+
+    with tf.distribute.get_strategy().scope():
+        alone = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        alone.compile("adam", "mse")
+    with pytest.raises(ConfigError, match=r"under mirrored and multi_worker only for now; this job runs under "
+                                          r"_DefaultDistributionStrategy with 1 replica\(s\)"):
+        shard_optimizer_state(alone, True, accumulation_steps=1)
+    with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
+        one = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        one.compile("adam", "mse")
+    with pytest.raises(ConfigError, match="there is one replica, so nothing to shard"):
+        shard_optimizer_state(one, True, accumulation_steps=1)
+    built = _compiled()
+    with built.distribute_strategy.scope():
+        built.optimizer.build(built.trainable_variables)
+    with pytest.raises(ConfigError, match=r"optimizer Adam is already built with a full copy of its slots"):
+        shard_optimizer_state(built, True, accumulation_steps=1)
+    assert shard_optimizer_state(built, False, accumulation_steps=1) is None
+    with pytest.raises(ConfigError, match=r"backup_dir='/tmp/b': backups of sharded optimizer state \(and resuming "
+                                          r"from them\) are not written yet; train without backup_dir"):
+        shard_optimizer_state(_compiled(), True, accumulation_steps=1, backup_dir="/tmp/b")
+
+
+def test_auto_shards_only_when_the_estimate_exceeds_the_device(clean_tf_config, cpu_replicas):
+    from tfaccel.compat.keras_zero import is_sharded
+
+    model = _compiled()
+    off = shard_optimizer_state(model, "auto", accumulation_steps=1, batch_size=8)  # CPU: no device memory size
+    assert off == ("optimizer state not sharded: auto: off, the replicas' devices report no memory size (CPU "
+                   "replicas share the host's memory)") and not is_sharded(model.optimizer)
+    roomy = shard_optimizer_state(model, "auto", accumulation_steps=1, batch_size=8, device_memory_bytes=2**40)
+    assert re.fullmatch(r"optimizer state not sharded: auto: off, one replica needs [\d,]+ bytes by tfaccel memory's "
+                        r"estimate, within its device's 1,099,511,627,776 bytes", roomy)
+    assert not is_sharded(model.optimizer)
+    tight = shard_optimizer_state(model, "auto", accumulation_steps=1, batch_size=8, device_memory_bytes=16)
+    assert re.fullmatch(r"optimizer Adam: state sharded over 2 replicas \(ZeRO-1: .*\); auto: on, one replica needs "
+                        r"[\d,]+ bytes by tfaccel memory's estimate, more than its device's 16 bytes", tight)
+    assert is_sharded(model.optimizer)
+    with pytest.raises(ConfigError, match=r"^shard_optimizer_state=True: gradient accumulation"):  # auto refuses too
+        shard_optimizer_state(_compiled(), "auto", accumulation_steps=2, batch_size=8, device_memory_bytes=16)
+
+
+def test_auto_stays_off_on_cpus_and_outside_mirrored(clean_tf_config, cpu_replicas):
+    import keras
+    import tensorflow as tf
+
+    with tf.distribute.get_strategy().scope():
+        alone = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        alone.compile("adam", "mse")
+    assert shard_optimizer_state(alone, "auto", accumulation_steps=1, device_memory_bytes=2**10) == (
+        "optimizer state not sharded: auto: off, sharding needs a mirrored or multi_worker strategy over several "
+        "replicas (this job: _DefaultDistributionStrategy, 1 replica(s))")
+    model = _compiled()
+    x, y = np.zeros((8, 4), "float32"), np.zeros((8, 1), "float32")
+    result = tfaccel.fit(model, x, y, batch_size=4, verbose=0, shard_optimizer_state="auto")
+    assert result.details["optimizer_state"].startswith("optimizer state not sharded: auto: off, the replicas' "
+                                                        "devices report no memory size")
+    assert result.details["optimizer_state"] in result.plan.notes
+    assert "optimizer_state_bytes" not in result.details
+
+
+def test_bad_values_are_refused_before_training():
+    with pytest.raises(ConfigError, match=r"shard_optimizer_state: unknown value 'yes'; valid values are: 'False', "
+                                          r"'True', 'auto'"):
+        FitRequest.from_fit(shard_optimizer_state="yes")
+    with pytest.raises(ConfigError, match="shard_optimizer_state"):
+        FitRequest.from_fit(shard_optimizer_state=1)
+
+
+def test_cli_refuses_sharding_on_one_device(clean_tf_config, capsys):
+    from tfaccel.cli.main import main
+
+    rc = main(["fit", "--model", "mnist_cnn", "--dataset", "digits", "--epochs", "1", "--num-examples", "64",
+               "--strategy", "default", "--shard-optimizer-state"])
+    assert rc == 2
+    assert "tfaccel fit: error: shard_optimizer_state=True: tfaccel shards optimizer state under mirrored and " \
+           "multi_worker only" in capsys.readouterr().err
+
+
+def test_cli_auto_trains_unsharded_on_one_device_and_says_why(clean_tf_config, capsys, tmp_path):
+    from tfaccel.cli.main import main
+
+    summary = tmp_path / "summary.json"
+    rc = main(["fit", "--model", "mnist_cnn", "--dataset", "digits", "--epochs", "1", "--num-examples", "64",
+               "--strategy", "default", "--shard-optimizer-state", "auto", "--json-out", str(summary)])
+    assert rc == 0
+    note = json.loads(summary.read_text())["optimizer_state"]
+    assert note.startswith("optimizer state not sharded: auto: off, sharding needs a mirrored or multi_worker")
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", "--model", "mnist_cnn", "--shard-optimizer-state", "yes"])
+    assert exit_.value.code == 2
+    assert "argument --shard-optimizer-state: invalid choice: 'yes' (choose from 'auto')" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def worker_runs():
+    """Two multi_worker processes (one CPU each, loopback), every optimizer case sharded over them."""
+    results = harness.run_tasks(Path(__file__).resolve().parent / "zero_workers_program.py", workers=2, timeout=240)
+    harness.assert_all_ok(results)
+    return [harness.last_json_line(r.stdout) for r in results]
+
+
+@pytest.mark.parametrize("case", SHARDED[:4])
+def test_sharded_over_two_workers_equals_plain_fit(worker_runs, case):
+    for run in (w[case] for w in worker_runs):
+        for key, values in run["plain_history"].items():
+            np.testing.assert_allclose(run["history"][key], values, rtol=1e-5, atol=1e-5, err_msg=key)
+        for got, want in zip(run["weights"], run["plain_weights"]):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    held = [w[case]["bytes"] for w in worker_runs]
+    full = worker_runs[0][case]["full_bytes"]
+    assert sum(held) <= full + 2 * 16 and max(held) < 0.7 * full, (held, full)  # each worker holds its share only

@@ -1,0 +1,151 @@
+"""The Keras 3 optimizer subclass behind ``tfaccel.train.zero``: optimizer-state sharding (ZeRO-1) under one host's
+MirroredStrategy.
+
+Keras 3.15's TF optimizer all-reduces every gradient, then every replica runs the whole update on its own full
+copy of the slots (``TFOptimizer._backend_update_step``). The subclass made here instead, for each trainable
+variable (seen on Keras 3.15.1 / TensorFlow 2.21.0):
+
+* creates its slots (Adam's moments, SGD's momentum, ...) on one replica's device only, the variable's *owner*
+  (a single-device variable made by the strategy's own creator, through ``colocate_with=SingleDevice``);
+* reduces the variable's gradient to the owner alone (``strategy.extended.reduce_to``), clips the reduced
+  gradients with the optimizer's own ``_clip_gradients`` (so ``global_clipnorm`` sees the global norm);
+* runs the optimizer's own ``update_step`` on the owner's copy of the variable, with the learning rate and
+  iteration counter every replica computed;
+* copies the updated value to every other replica's copy.
+
+It reads the private ``_distribution_strategy``, ``_var_key``, ``_clip_gradients`` and the collective strategy's
+``_id_in_cluster`` (which replicas are this worker's), overrides ``_backend_update_step`` and
+``add_variable_from_reference`` (past Keras' ``TFOptimizer``'s), and uses TensorFlow's internal
+``numpy_dataset.SingleDevice`` and ``maybe_merge_call``. tests/training/test_zero.py fails when one of them moves.
+"""
+
+from typing import Any, Callable, Dict, List, Sequence
+
+import tensorflow as tf
+from keras.src.backend.tensorflow.optimizer import TFOptimizer
+from tensorflow.python.distribute import numpy_dataset
+
+from tfaccel.compat import keras_internals
+
+__all__ = ["sharded_class", "is_sharded", "slot_bytes_per_device"]
+
+_SHARDED: Dict[type, type] = {}
+
+
+def _num_bytes(variable: Any) -> int:
+    return int(tf.TensorShape(variable.shape).num_elements() or 0) * tf.as_dtype(variable.dtype).size
+
+
+class _ShardOptimizerState:
+    """Mixed in before the user's optimizer class (see the module doc). ``tfaccel_partition`` is set per class:
+    ``(sizes in bytes, replicas) -> owner index of each``."""
+
+    tfaccel_partition: Callable[[Sequence[int], int], List[int]]
+
+    def build(self, variables: Any) -> None:
+        strategy = self._distribution_strategy
+        devices = list(strategy.extended.worker_devices)  # this worker's replicas
+        replicas = strategy.num_replicas_in_sync
+        owners = type(self).tfaccel_partition([_num_bytes(v) for v in variables], replicas)
+        self._tfaccel_devices = devices
+        self._tfaccel_workers = replicas // len(devices)
+        first = strategy.extended._id_in_cluster * len(devices) if self._tfaccel_workers > 1 else 0  # local replica 0
+        # owner -> index among this worker's devices, or None where another worker owns the variable
+        self._tfaccel_owner = {self._var_key(v): (o - first if first <= o < first + len(devices) else None)
+                               for v, o in zip(variables, owners)}
+        super().build(variables)  # type: ignore[misc]
+
+    def add_variable_from_reference(self, reference_variable: Any, name: Any = None,
+                                    initializer: Any = "zeros") -> Any:
+        key = self._var_key(reference_variable)
+        if key not in getattr(self, "_tfaccel_owner", {}):  # not a trainable variable's slot
+            return super().add_variable_from_reference(reference_variable, name=name,  # type: ignore[misc]
+                                                       initializer=initializer)
+        owner = self._tfaccel_owner[key]
+        device = numpy_dataset.SingleDevice(self._tfaccel_devices[0 if owner is None else owner])
+
+        def on_owner(next_creator: Any, **kwargs: Any) -> Any:
+            kwargs["colocate_with"] = device  # MirroredStrategy creates a plain variable on that one device
+            return next_creator(**kwargs)
+
+        # Past TFOptimizer's override, which colocates the slot with the (mirrored) variable: on every device.
+        with tf.variable_creator_scope(on_owner):
+            if owner is None:  # another worker owns it: an empty stand-in, never read
+                return self.add_variable((0,), initializer="zeros", dtype=reference_variable.dtype, name=name)
+            return super(TFOptimizer, self).add_variable_from_reference(reference_variable, name=name,
+                                                                         initializer=initializer)
+
+    def _clip_gradients(self, grads: Any) -> Any:
+        return grads  # clipped once reduced (in _tfaccel_update), with the global norm
+
+    def _backend_update_step(self, grads: Any, trainable_variables: Any, learning_rate: Any) -> None:
+        tvars = [v.value if hasattr(v, "value") and not isinstance(v, tf.Variable) else v
+                 for v in trainable_variables]
+        keras_internals.maybe_merge_call(self._tfaccel_update, self._distribution_strategy,
+                                         list(grads), tvars, learning_rate)
+
+    def _tfaccel_update(self, distribution: Any, grads: List[Any], tvars: List[Any], learning_rate: Any) -> None:
+        if self._tfaccel_workers > 1:
+            self._tfaccel_update_workers(distribution, grads, tvars, learning_rate)
+            return
+        owners = [self._tfaccel_owner[self._var_key(v)] for v in tvars]
+        reduced = [distribution.extended.reduce_to(tf.distribute.ReduceOp.SUM, g,
+                                                   destinations=self._tfaccel_devices[o])
+                   for g, o in zip(grads, owners)]
+        reduced = super()._clip_gradients(reduced)  # type: ignore[misc]
+        rates = distribution.experimental_local_results(learning_rate)
+        for grad, var, owner in zip(reduced, tvars, owners):
+            copies = distribution.experimental_local_results(var)
+            with tf.device(self._tfaccel_devices[owner]):
+                self.update_step(grad, copies[owner], rates[owner] if len(rates) > 1 else rates[0])
+                value = copies[owner].read_value()
+            for index, copy in enumerate(copies):
+                if index != owner:
+                    with tf.device(self._tfaccel_devices[index]):
+                        copy.assign(value)
+
+    def _tfaccel_update_workers(self, distribution: Any, grads: List[Any], tvars: List[Any],
+                                learning_rate: Any) -> None:
+        """Several workers, one replica each: every gradient is all-reduced (the owner alone updates with it), the
+        owner's new value reaches the others as a sum with zeros (exact)."""
+        one = distribution.experimental_local_results
+        sums = [one(distribution.extended.reduce_to(tf.distribute.ReduceOp.SUM, g, destinations=v))[0]
+                for g, v in zip(grads, tvars)]
+        sums = super()._clip_gradients(sums)  # type: ignore[misc]
+        rate = one(learning_rate)[0]
+        for grad, var in zip(sums, tvars):
+            mine, copy = self._tfaccel_owner[self._var_key(var)] is not None, one(var)[0]
+            if mine:
+                self.update_step(grad, copy, rate)
+            value = copy.read_value() if mine else tf.zeros_like(copy)
+            value = one(distribution.extended.reduce_to(tf.distribute.ReduceOp.SUM, value, destinations=var))[0]
+            if not mine:
+                copy.assign(value)
+
+
+def sharded_class(base: type, partition: Callable[[Sequence[int], int], List[int]]) -> type:
+    """A subclass of ``base`` whose slots are sharded over the replicas by ``partition`` (see the module doc).
+
+    Same name and module as ``base``: a saved .keras file names the plain Keras optimizer.
+    """
+    if base not in _SHARDED:
+        _SHARDED[base] = type(base.__name__, (_ShardOptimizerState, base),
+                              {"__module__": base.__module__, "__qualname__": base.__qualname__,
+                               "tfaccel_partition": staticmethod(partition)})
+    return _SHARDED[base]
+
+
+def is_sharded(optimizer: Any) -> bool:
+    """Whether ``optimizer``'s class is one ``sharded_class`` made."""
+    return isinstance(optimizer, _ShardOptimizerState)
+
+
+def slot_bytes_per_device(optimizer: Any, strategy: Any) -> Dict[str, int]:
+    """Bytes of the optimizer's variables held on each device (every copy of a mirrored one counted)."""
+    held: Dict[str, int] = {}
+    for variable in optimizer.variables:
+        value = getattr(variable, "value", variable)
+        for copy in strategy.experimental_local_results(value):
+            device = tf.DeviceSpec.from_string(copy.device).to_string()
+            held[device] = held.get(device, 0) + _num_bytes(copy)
+    return held

@@ -1,0 +1,136 @@
+"""Optimizer-state sharding (ZeRO-1), ``tfaccel.fit(..., shard_optimizer_state=True)``.
+
+Each replica of one host's MirroredStrategy (or of MultiWorkerMirroredStrategy, one device per worker) owns a
+subset of the trainable variables (greedy balance by bytes, deterministic): their optimizer slots exist on the owner's device only, their gradients are reduced to the owner,
+the owner runs the user's own optimizer update (same object, class, hyper-parameters, schedule and iteration
+counter) and the new value is copied to every replica (across workers: the gradient is all-reduced, the owner's
+new value summed with the others' zeros). The mechanism is in ``tfaccel.compat.keras_zero``.
+
+What would not train exactly as ``model.fit`` is refused before training, with the reason: other strategies (one
+device, multi_worker with several devices per worker, parameter_server, TPU, Horovod), mixed precision, gradient
+accumulation, sparse (embedding) gradients, a model's own ``train_step``, an optimizer's moving average (``use_ema``), an optimizer built unsharded,
+backups (``backup_dir``: sharded state is not backed up yet).
+
+``"auto"`` shards when ``tfaccel memory``'s estimate of one replica (parameters, gradients, optimizer slots,
+activations) exceeds the memory of its device (the smallest GPU's); it stays off where the devices report no size
+(CPU replicas) and outside a mirrored or multi_worker strategy of several replicas.
+"""
+
+from typing import Any, Optional, Tuple
+
+import keras
+import tensorflow as tf
+
+from tfaccel.compat import keras_internals
+from tfaccel.compat.keras_zero import is_sharded, sharded_class
+from tfaccel.errors import ConfigError
+from tfaccel.memory.estimate import estimate_memory
+from tfaccel.memory.shards import partition_by_bytes
+
+__all__ = ["shard_optimizer_state"]
+
+_FIX = "train with shard_optimizer_state=False (the default)"
+
+
+def _refuse(reason: str, fix: str = _FIX) -> ConfigError:
+    return ConfigError(f"shard_optimizer_state=True: {reason}; {fix}")
+
+
+def _check_strategy(strategy: Any) -> None:
+    replicas = strategy.num_replicas_in_sync
+    if not isinstance(strategy, (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)):
+        raise _refuse(f"tfaccel shards optimizer state under mirrored and multi_worker only for now; this job runs "
+                      f"under {type(strategy).__name__} with {replicas} replica(s) in sync",
+                      f"use strategy='mirrored' on a host with several devices, or {_FIX}")
+    local = len(strategy.extended.worker_devices)
+    if local > 1 and replicas > local:
+        raise _refuse(f"multi_worker with {local} devices per worker is not sharded yet (one device per worker is)",
+                      f"run one worker per device, or {_FIX}")
+    if replicas < 2:
+        raise _refuse("there is one replica, so nothing to shard",
+                      f"use strategy='mirrored' over several devices, or {_FIX}")
+
+
+def _check_model(model: Any, optimizer: Any, accumulation_steps: int) -> None:
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        raise _refuse("the optimizer is a LossScaleOptimizer (mixed_float16): loss scaling is not sharded yet",
+                      f"use precision='float32', or {_FIX}")
+    if model.dtype_policy.name != "float32":
+        raise _refuse(f"the model trains under the {model.dtype_policy.name!r} dtype policy; sharding is tested for "
+                      "float32 only", f"use precision='float32', or {_FIX}")
+    if accumulation_steps > 1 or optimizer.gradient_accumulation_steps:
+        raise _refuse(f"gradient accumulation ({max(accumulation_steps, optimizer.gradient_accumulation_steps or 1)} "
+                      "micro-batches) is not sharded yet", f"use gradient_accumulation_steps=1, or {_FIX}")
+    if optimizer.use_ema:
+        raise _refuse(f"optimizer {type(optimizer).__name__}(use_ema=True): the moving averages are not sharded yet")
+    sparse = [layer.name for layer in keras_internals.flatten_layers(model)
+              if isinstance(layer, keras.layers.Embedding)]
+    if sparse:
+        raise _refuse(f"Embedding layer(s) {', '.join(sparse)} give sparse gradients, which are not sharded yet")
+    if type(model).train_step is not keras.Model.train_step:
+        raise _refuse(f"{type(model).__name__} has its own train_step; tfaccel shards Keras' own train_step only")
+    if optimizer.built and not is_sharded(optimizer):
+        raise _refuse(f"optimizer {type(optimizer).__name__} is already built with a full copy of its slots on every "
+                      "replica", "compile a fresh optimizer (tfaccel.fit builds it), or " + _FIX)
+
+
+def _auto(model: Any, *, batch_size: Optional[int], device_memory_bytes: Optional[int]) -> Tuple[bool, str]:
+    """``"auto"``: on when ``tfaccel memory``'s estimate of one replica exceeds its device's memory."""
+    strategy = model.distribute_strategy
+    replicas = strategy.num_replicas_in_sync
+    multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+    if not (multi_worker or isinstance(strategy, tf.distribute.MirroredStrategy)) or replicas < 2:
+        return False, (f"auto: off, sharding needs a mirrored or multi_worker strategy over several replicas (this "
+                       f"job: {type(strategy).__name__}, {replicas} replica(s))")
+    if device_memory_bytes is None:
+        return False, "auto: off, the replicas' devices report no memory size (CPU replicas share the host's memory)"
+    est = estimate_memory(model, batch_size=(batch_size or replicas), optimizer=model.optimizer,
+                          strategy="multi_worker" if multi_worker else "mirrored",
+                          recompute=False, replicas=replicas)
+    need, have = f"{est.total_bytes:,} bytes", f"{device_memory_bytes:,} bytes"
+    if est.total_bytes <= device_memory_bytes:
+        return False, f"auto: off, one replica needs {need} by tfaccel memory's estimate, within its device's {have}"
+    return True, f"auto: on, one replica needs {need} by tfaccel memory's estimate, more than its device's {have}"
+
+
+def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, backup_dir: Optional[str] = None,
+                          batch_size: Optional[int] = None,
+                          device_memory_bytes: Optional[int] = None) -> Optional[str]:
+    """Swaps the class of the model's optimizer for its sharded subclass (in place) when ``setting`` is True, or
+    ``"auto"`` and the replica does not fit its device.
+
+    The optimizer keeps that class after training: its slots live on their owners.
+
+    Args:
+        model: the compiled model.
+        setting: ``shard_optimizer_state`` (False, True or ``"auto"``).
+        accumulation_steps: tfaccel's gradient accumulation (refused above 1).
+        backup_dir: the job's backup directory (refused: sharded state is not backed up yet).
+        batch_size: the global batch, for ``"auto"``'s memory estimate.
+        device_memory_bytes: the memory of one replica's device (the smallest GPU's), None where unknown (CPU):
+            ``"auto"`` then stays off.
+
+    Returns:
+        What was decided and why (for the plan), or None for ``setting=False``.
+
+    Raises:
+        ConfigError: a job that sharding cannot train exactly (the reason and the fix).
+    """
+    if setting is False:
+        return None
+    why = "asked for (shard_optimizer_state=True)"
+    if setting == "auto":
+        on, why = _auto(model, batch_size=batch_size, device_memory_bytes=device_memory_bytes)
+        if not on:
+            return f"optimizer state not sharded: {why}"
+    strategy, optimizer = model.distribute_strategy, model.optimizer
+    _check_strategy(strategy)
+    if backup_dir:
+        raise _refuse(f"backup_dir={backup_dir!r}: backups of sharded optimizer state (and resuming from them) are "
+                      "not written yet", f"train without backup_dir, or {_FIX}")
+    _check_model(model, optimizer, accumulation_steps)
+    if not is_sharded(optimizer):
+        optimizer.__class__ = sharded_class(type(optimizer), partition_by_bytes)
+    replicas = strategy.num_replicas_in_sync
+    return (f"optimizer {type(optimizer).__name__}: state sharded over {replicas} replicas (ZeRO-1: each variable's "
+            f"slots on one owner, gradients reduced to it, its update copied to every replica); {why}")
