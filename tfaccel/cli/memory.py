@@ -62,6 +62,7 @@ def _positive_int(option: str, raw: str) -> int:
 def parse_options(args: argparse.Namespace) -> Dict[str, Any]:
     """Validates the flags; every error names the flag, what it received and what is valid."""
     from tfaccel.errors import ConfigError, invalid_choice
+    from tfaccel.memory.options import check_options
     from tfaccel.precision import POLICY_NAMES
     from tfaccel.strategies.names import STRATEGY_NAMES
     from tfaccel.train.request import OPTIMIZER_NAMES
@@ -96,10 +97,13 @@ def parse_options(args: argparse.Namespace) -> Dict[str, Any]:
         if model not in MODEL_NAMES:
             raise invalid_choice("--model", model, MODEL_NAMES, hint="Or give path/to/file.py:build_model")
     replicas = _positive_int("--replicas", args.replicas)
-    return {"model_or_name": model, "batch_size": _positive_int("--batch-size", args.batch_size),
+    batch_size, num_ps = _positive_int("--batch-size", args.batch_size), _positive_int("--num-ps", args.num_ps)
+    check_options(args.strategy, batch_size, replicas, num_ps, args.precision, args.optimizer.lower(),
+                  args.shard_optimizer_state)
+    return {"model_or_name": model, "batch_size": batch_size,
             "precision": args.precision, "strategy": args.strategy, "optimizer": args.optimizer.lower(),
             "recompute": {"auto": None, "all": "all", "none": False}[args.recompute],
-            "replicas": replicas, "num_ps": _positive_int("--num-ps", args.num_ps), "input_shape": shape,
+            "replicas": replicas, "num_ps": num_ps, "input_shape": shape,
             "process_peak": _process_peak(args.process_peak, args.strategy, replicas),
             "shard_optimizer_state": args.shard_optimizer_state}
 

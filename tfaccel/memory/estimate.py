@@ -23,16 +23,14 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 import keras
 import tensorflow as tf
 
-from tfaccel.errors import ConfigError, invalid_choice
+from tfaccel.errors import ConfigError
 from tfaccel.memory.graph import graph_activation_peak
+from tfaccel.memory.options import check_options
 from tfaccel.memory.measure import measure_cpu_step
 from tfaccel.memory.recompute import enable_recompute
 from tfaccel.memory.shards import shard_loads
 from tfaccel.memory.shapes import DEFAULT_SHAPES
 from tfaccel.models import build_model
-from tfaccel.precision import POLICY_NAMES
-from tfaccel.strategies.registry import STRATEGY_NAMES
-from tfaccel.train.request import OPTIMIZER_NAMES
 
 __all__ = ["MemoryEstimate", "estimate_memory", "REPLICATED_STRATEGIES", "DEFAULT_SHAPES", "PROCESS_STRATEGIES"]
 
@@ -149,28 +147,6 @@ def _optimizer_shards(model: Any, optimizer: Any, replicas: int) -> Tuple[int, .
     slot_ratio = (_nbytes(optimizer.variables) - _nbytes(scalars)) / trainable if trainable else 0.0
     sizes = [int(round(_nbytes([v]) * slot_ratio)) for v in model.trainable_variables]
     return tuple(load + _nbytes(scalars) for load in shard_loads(sizes, replicas))
-
-
-def _check_options(strategy: str, batch_size: Any, replicas: int, num_ps: int, precision: Optional[str],
-                   optimizer: Union[str, Any], shard_optimizer_state: bool = False) -> None:
-    """Checks estimate_memory's options before anything is built; the error names the option and what is valid."""
-    if shard_optimizer_state and (strategy not in ("mirrored", "multi_worker") or replicas < 2):
-        raise ConfigError(f"shard_optimizer_state: sharding needs strategy 'mirrored' or 'multi_worker' over 2 "
-                          f"replicas or more; received strategy={strategy!r}, replicas={replicas}. Pass one of "
-                          "those with replicas=N, or leave sharding off")
-    if strategy not in STRATEGY_NAMES:
-        raise invalid_choice("strategy", strategy, STRATEGY_NAMES)
-    if precision is not None and precision not in POLICY_NAMES:
-        raise invalid_choice("precision", precision, POLICY_NAMES,
-                             hint="estimate_memory needs the policy itself, not 'auto'")
-    for name, value in (("batch_size", batch_size), ("replicas", replicas), ("num_ps", num_ps)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{name}: must be a positive integer; received {value!r}")
-    if batch_size % replicas:
-        raise ConfigError(f"batch_size: the global batch {batch_size} does not split evenly over {replicas} "
-                          f"replicas; give a multiple of {replicas} (e.g. {replicas * max(1, batch_size // replicas)})")
-    if isinstance(optimizer, str) and optimizer.lower() not in OPTIMIZER_NAMES:
-        raise invalid_choice("optimizer", optimizer, OPTIMIZER_NAMES, hint="Or pass a keras.optimizers.Optimizer")
 
 
 def _build(model_or_name: Any, precision: Optional[str], input_shape: Optional[Sequence[int]],
@@ -306,7 +282,7 @@ def estimate_memory(model_or_name: Union[str, Callable[..., Any], Any], *, batch
         >>> est = estimate_memory("resnet50", batch_size=64, precision="mixed_float16")  # doctest: +SKIP
         >>> est.total_bytes / 2**30                                                       # doctest: +SKIP
     """
-    _check_options(strategy, batch_size, replicas, num_ps, precision, optimizer, shard_optimizer_state)
+    check_options(strategy, batch_size, replicas, num_ps, precision, optimizer, shard_optimizer_state)
     batch = batch_size // replicas
     model, name, policy = _build(model_or_name, precision, input_shape, num_classes)
     peaks, opt = _trace_step(model, _fresh_optimizer(optimizer), batch)
