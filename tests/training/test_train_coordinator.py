@@ -78,6 +78,7 @@ def ps_shaped(monkeypatch, clean_tf_config):
     import tensorflow as tf
 
     import tfaccel.plan
+    import tfaccel.train.scope
     from tfaccel.strategies.base import Backend
 
     real_resolve = tfaccel.plan.resolve_plan
@@ -86,7 +87,7 @@ def ps_shaped(monkeypatch, clean_tf_config):
         plan, _ = real_resolve(strategy="default")
         return plan, Backend(name="parameter_server", strategy=tf.distribute.get_strategy(), uses_keras_fit=False)
 
-    monkeypatch.setattr(tfaccel.plan, "resolve_plan", resolve)
+    monkeypatch.setattr(tfaccel.train.scope, "resolve_plan", resolve)  # where scope() looks it up
     yield
     monkeypatch.undo()
     with tfaccel.scope(strategy="default"):  # the default strategy's plan is the real one again for later tests

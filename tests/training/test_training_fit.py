@@ -203,6 +203,7 @@ def test_parameter_server_refuses_options_its_loop_cannot_honour(monkeypatch, cl
     import tensorflow as tf
 
     import tfaccel.plan
+    import tfaccel.train.scope
     from tfaccel.strategies.base import Backend
 
     real_resolve = tfaccel.plan.resolve_plan
@@ -211,7 +212,7 @@ def test_parameter_server_refuses_options_its_loop_cannot_honour(monkeypatch, cl
         plan, _ = real_resolve(strategy="default")
         return plan, Backend(name="parameter_server", strategy=tf.distribute.get_strategy(), uses_keras_fit=False)
 
-    monkeypatch.setattr(tfaccel.plan, "resolve_plan", ps_shaped)
+    monkeypatch.setattr(tfaccel.train.scope, "resolve_plan", ps_shaped)  # where scope() looks it up
     models = []
 
     def recorded():

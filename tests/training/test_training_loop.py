@@ -104,6 +104,7 @@ def _multi_worker_shaped(monkeypatch):
     import tensorflow as tf
 
     import tfaccel.plan
+    import tfaccel.train.scope
     from tfaccel.strategies.base import Backend
 
     real_resolve = tfaccel.plan.resolve_plan
@@ -112,7 +113,7 @@ def _multi_worker_shaped(monkeypatch):
         plan, _ = real_resolve(strategy="default")
         return plan, Backend(name="multi_worker", strategy=tf.distribute.get_strategy())
 
-    monkeypatch.setattr(tfaccel.plan, "resolve_plan", multi_worker_shaped)
+    monkeypatch.setattr(tfaccel.train.scope, "resolve_plan", multi_worker_shaped)  # where scope() looks it up
 
 
 def test_multi_worker_steps_per_execution_falls_back_with_a_warning(monkeypatch, clean_tf_config):
