@@ -20,7 +20,7 @@ from typing import Any, Tuple, Union
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
 
-__all__ = ["JIT_CHOICES", "resolve_jit", "decided_per_job", "has_convolutions", "CPU_PER_JOB_NOTE"]
+__all__ = ["JIT_CHOICES", "resolve_jit", "resolve_compile_jit", "decided_per_job", "has_convolutions", "CPU_PER_JOB_NOTE"]
 
 JIT_CHOICES = ("auto", True, False)
 
@@ -80,6 +80,24 @@ def resolve_jit(requested: Union[str, bool], *, backend: Any, devices: Any) -> T
     if requested is True:
         return True, "requested on"
     return _auto(backend, traits, devices)
+
+
+def resolve_compile_jit(at_compile: bool, *, scope_requested: Union[str, bool], backend: Any,
+                        devices: Any) -> Tuple[bool, str]:
+    """An explicit ``model.compile(jit_compile=...)``: the user's choice stands (an explicit True that cannot work
+    here falls back to False with a warning, as ``scope(jit_compile=True)`` does).
+
+    Raises:
+        ConfigError: ``scope(jit_compile=...)`` asked for the other value explicitly (a conflict, not a pick).
+    """
+    if isinstance(scope_requested, bool) and scope_requested != at_compile:
+        raise ConfigError(f"jit_compile: model.compile(jit_compile={at_compile}) conflicts with "
+                          f"tfaccel.scope(jit_compile={scope_requested}); pass the same value to both, or leave "
+                          "scope()'s at 'auto' so that the model's own setting stands")
+    jit, reason = resolve_jit(at_compile, backend=backend, devices=devices)
+    if jit == at_compile:
+        return jit, f"jit_compile={at_compile} set at compile, kept"
+    return jit, f"jit_compile={at_compile} set at compile: {reason}"
 
 
 def _auto(backend: Any, traits: Any, devices: Any) -> Tuple[bool, str]:

@@ -47,15 +47,7 @@ INTENDED_REFUSALS: Dict[str, Dict[str, str]] = {
 # {mode: {test id: cause}}: differences not fixed yet, each checked to still fail with its cause (a test that starts
 # passing must leave this list). The target is an empty list.
 OPEN_DIFFERENCES: Dict[str, Dict[str, str]] = {
-    "tfaccel:default": {
-        # model.compile(jit_compile=True) is replaced by tfaccel.scope()'s jit_compile="auto" decision (XLA off to
-        # start on CPU): evaluate() after fit then runs without XLA and differs from the reloaded XLA model in the
-        # last float bit. An explicit compile(jit_compile=...) should stand, as an explicit dtype policy does.
-        "keras/src/callbacks/swap_ema_weights_test.py::SwapEMAWeightsTest::test_swap_ema_weights_on_epoch":
-            "AssertionError",
-        # the compiled loop traces a custom train_step 3 times (a step of its own to build the state, then inside
-        # its whole-epoch loop); Keras fit traces it at most twice.
-        "keras/src/trainers/trainer_test.py::TestTrainer::test_retracing": "3 not less than or equal to 2"},
+    "tfaccel:default": {},
     "tfaccel:mirrored": {}}
 PROGRAM = "import sys, pytest; sys.exit(pytest.main(sys.argv[1:]))"
 RUN_SECONDS = 900

@@ -71,10 +71,8 @@ def mnist_convnet(run: Runner) -> Any:
       "examples/vision/metric_learning.py",
       "a train_step that embeds anchors and positives and takes a softmax loss over their similarity matrix, fed "
       "by a keras.utils.PyDataset whose batches are (2, classes, ...) arrays",
-      open_difference={p: "a batch's axis 0 is (anchors, positives), not examples: split over 2 replicas each gets one "
-                          "of them and the model raises Keras' input-shape error (plain Keras too, under "
-                          "MirroredStrategy); tfaccel neither trains it nor refuses it before training"
-                       for p in ("mirrored", "multi_worker")})
+      refuses={p: "has its own train_step, and under 2 replicas every batch is split along axis 0"
+               for p in ("mirrored", "multi_worker")})  # axis 0 is (anchors, positives): not splittable
 def metric_learning(run: Runner) -> Any:
     """Adaptation: 4 classes of generated 16x16x3 images (not CIFAR-10's 10), the PyDataset's random pairs drawn
     from a seeded generator, 8 batches per epoch (not 1,000), filters 8/16/16, 2 epochs (the example: 20)."""

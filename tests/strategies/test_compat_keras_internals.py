@@ -115,3 +115,10 @@ def test_backup_and_restore_epoch(tmp_path):
         model.fit(x, y, epochs=3, verbose=0, callbacks=[backup, Interrupt()])
     model.fit(x, y, epochs=3, verbose=0, callbacks=[backup, Record()])
     assert seen == [1]
+
+
+def test_global_random_seed_reads_what_set_random_seed_set():
+    import keras
+
+    keras.utils.set_random_seed(11)
+    assert keras_internals.global_random_seed() == 11

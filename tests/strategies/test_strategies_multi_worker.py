@@ -40,6 +40,8 @@ def test_strategy_created_too_late_says_so() -> None:
     for result in results:
         out = harness.last_json_line(result.stdout)
         assert out == {"ok": False, "type": "DeviceError", "message": (
-            "multi_worker: TensorFlow could not set up MultiWorkerMirroredStrategy (Collective ops must be configured "
-            "at program startup). Create the strategy first thing in the process, before any TensorFlow op runs, and "
-            "check TF_CONFIG")}
+            "multi_worker: TensorFlow already ran in this process before MultiWorkerMirroredStrategy was made "
+            "(TensorFlow: \"Collective ops must be configured at program startup\"): something used TensorFlow first, "
+            "such as a tf.data pipeline, a tensor or a model built before tfaccel.scope(). Fix: enter `with "
+            "tfaccel.scope():` (or call tfaccel.get_strategy()) first thing in the script, before building the "
+            "dataset or the model")}

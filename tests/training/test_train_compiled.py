@@ -423,3 +423,23 @@ def test_a_cached_pass_keeps_no_data_after_the_call() -> None:
     assert again is cached_pass(model, "train_step", data, batch_size=BATCH, jit=False)  # the one cached pass
     again.release()
     assert all(one._data is None for _, one in model.__dict__["_tfaccel_compiled_passes"].values())
+
+
+def test_a_custom_train_step_is_traced_twice_as_in_keras_fit(clean_tf_config) -> None:
+    """Keras' own test_retracing: a custom ``train_step`` was traced 3 times here (the step's first trace created the
+    optimizer's slots, so tf.function traced it again, then the epoch loop); Keras ``fit`` traces it at most twice."""
+    import tfaccel
+
+    count = [0]
+
+    class Counting(keras.Model):
+        def train_step(self, *args):
+            count[0] += 1
+            return super().train_step(*args)
+
+    with tfaccel.scope(strategy="default"):
+        inputs = keras.Input([4])
+        model = Counting(inputs, keras.layers.Dense(1)(inputs))
+        model.compile(loss="mse", optimizer="adam", metrics=["mae"], steps_per_execution=20)
+    result = tfaccel.fit(model, np.ones((100, 4)), np.ones((100, 1)), batch_size=1, epochs=1, verbose=0)
+    assert result.details["loop_name"] == "compiled" and count[0] == 2

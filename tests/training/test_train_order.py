@@ -6,12 +6,18 @@ The compiled and multi-step loops really train here; what each hands its steps i
 coordinator loop's batches are those its ``Schedule`` puts in the closures (a cluster of its own is
 tests/training/test_train_coordinator.py's business)."""
 
+import logging
+import sys
+from pathlib import Path
 from typing import Any, List
 
 import numpy as np
 import pytest
 
-import tfaccel
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "strategies"))
+
+import tfaccel  # noqa: E402
+from strategies_logs import tfaccel_records  # noqa: E402
 from tfaccel.train.data import example_order, example_stream, prepare_data
 from tfaccel.train.loops import compiled, multi_step
 from tfaccel.train.loops.ps_step import closure_batches, closure_spans
@@ -107,3 +113,25 @@ def test_keras_fit_stream_visits_the_order() -> None:
     stream, steps = example_stream(prepare_data(x, y, batch_size=BATCH, seed=SEED), epochs=EPOCHS, initial_epoch=0)
     got = [np.asarray(bx).reshape(-1).astype(int).tolist() for bx, _ in stream]
     assert got == [b for epoch in _expected() for b in epoch] and steps == len(_expected()[0])
+
+
+def test_shuffle_follows_keras_set_random_seed_as_plain_fit_does(clean_tf_config):
+    """``keras.utils.set_random_seed(s)`` then ``fit(shuffle=True)`` repeats its order after the same call, and a
+    second fit gets another order, as Keras' own shuffle; before, seed=None drew from ``secrets`` and ignored it."""
+    import keras
+
+    x, y = np.zeros((16, 2), "float32"), np.zeros((16, 1), "float32")
+
+    def seed_of_one_fit() -> int:
+        with tfaccel.scope(strategy="default"):
+            model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+            model.compile(optimizer="sgd", loss="mse")
+        return tfaccel.fit(model, x, y, batch_size=8, epochs=1, verbose=0).details["seed"]
+
+    keras.utils.set_random_seed(5)
+    with tfaccel_records() as records:
+        first, second = seed_of_one_fit(), seed_of_one_fit()
+    keras.utils.set_random_seed(5)
+    assert seed_of_one_fit() == first != second
+    assert any(r.levelno == logging.DEBUG and "from keras.utils.set_random_seed(5)" in r.getMessage()
+               for r in records)

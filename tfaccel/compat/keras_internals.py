@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 __all__ = ["CHECKED_ON", "train_validation_split", "class_weight_to_sample_weights", "reduce_per_replica",
            "symbolic_build", "compile_objects", "loss_tracker", "flatten_layers", "per_worker_value", "maybe_merge_call",
-           "load_cifar_batch", "backup_and_restore_epoch", "optimizer_strategy", "learning_rate_or_schedule"]
+           "load_cifar_batch", "backup_and_restore_epoch", "optimizer_strategy", "learning_rate_or_schedule", "global_random_seed"]
 
 CHECKED_ON = {"keras": "3.15.1", "tensorflow": "2.21.0"}
 
@@ -94,3 +94,11 @@ def load_cifar_batch(path: str) -> Tuple[Any, Any]:
     from keras.src.datasets.cifar import load_batch
 
     return load_batch(path)
+
+
+def global_random_seed() -> Optional[int]:
+    """The seed ``keras.utils.set_random_seed`` was given in this process, else None (Keras keeps it in
+    ``keras.src.utils.rng_utils.get_random_seed``, not exported)."""
+    from keras.src.utils import rng_utils
+
+    return rng_utils.get_random_seed()

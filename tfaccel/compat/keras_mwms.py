@@ -41,6 +41,7 @@ import threading
 from typing import Any, Callable, Dict, Optional
 
 from tfaccel.compat import VersionWindow, is_disabled, outside_versions, switched_off
+from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
 
 __all__ = ["NAME", "UPSTREAM_ISSUES", "AFFECTED_VERSIONS", "is_needed", "why_not_needed", "apply", "remove",
@@ -124,11 +125,46 @@ def _make_symbolic_build(original: Callable, module: Any) -> Callable:
                 data_batch = batch
             break
         with strategy.scope():
-            self._symbolic_build(data_batch=data_batch)
+            try:
+                self._symbolic_build(data_batch=data_batch)
+            except ValueError as exc:
+                refusal = split_batch_refusal(self, strategy, data_batch, exc)
+                if refusal is None:
+                    raise
+                raise refusal from exc
 
     _maybe_symbolic_build.__doc__ = f"tfaccel fix for {UPSTREAM_ISSUES[0]} (see tfaccel.compat.keras_mwms)."
     _maybe_symbolic_build._tfaccel_fix = NAME  # type: ignore[attr-defined]
     return _maybe_symbolic_build
+
+
+def split_batch_refusal(model: Any, strategy: Any, replica_batch: Any, exc: Exception) -> Optional[ConfigError]:
+    """The refusal for a model with its own ``train_step`` that cannot be built on one replica's share of a batch.
+
+    Under several replicas Keras builds the model on one replica's share of the first batch (split along axis 0)
+    before the first step; on one device it never does. keras-io's metric learning feeds batches whose axis 0 is
+    (anchors, positives), not examples: each replica would get only the anchors, and Keras' input-shape check
+    fails (plain Keras under ``MirroredStrategy`` too). None where it does not apply (one replica, Keras' own step).
+    """
+    import keras
+
+    replicas = strategy.num_replicas_in_sync
+    if replicas < 2 or type(model).train_step is keras.Model.train_step:
+        return None
+    shapes = [tuple(getattr(v, "shape", ())) for v in _flatten(replica_batch)]
+    reason = " ".join(str(exc).split())[:300]
+    return ConfigError(
+        f"fit: {type(model).__name__} has its own train_step, and under {replicas} replicas every batch is split "
+        f"along axis 0 (one replica's share here: {', '.join(map(str, shapes))}); Keras could not build the model "
+        f"on that share before training ({reason}). A train_step whose batch's axis 0 is not examples (keras-io's "
+        "metric learning: axis 0 = anchors, positives) cannot be split across replicas. Fix: give every input "
+        "its examples on axis 0 (e.g. yield the anchors and the positives as two arrays) and make the train_step "
+        'work on any share of them, or train it on one replica with tfaccel.scope(strategy="default")')
+
+
+def _flatten(structure: Any) -> list:
+    """The leaves of a nested batch (Keras' own tree, as the trainer uses)."""
+    return _trainer_module().tree.flatten(structure)
 
 
 def _make_reduce_per_replica(original: Callable, module: Any) -> Callable:

@@ -215,6 +215,17 @@ def multi_worker_request(*, devices: Any, task: Optional[Any], implementation: s
             "apply_compat": bool(apply_compat), "task": _cluster_key(task)}
 
 
+
+# TensorFlow 2.21's words when its runtime ran before MultiWorkerMirroredStrategy was made (a tf.data pipeline, a
+# tensor or a model built first): the strategy cannot configure collectives any more, and the process cannot undo it.
+_STARTED_TOO_LATE = "Collective ops must be configured at program startup"
+_TOO_LATE_MESSAGE = (
+    "multi_worker: TensorFlow already ran in this process before MultiWorkerMirroredStrategy was made (TensorFlow: "
+    f"\"{_STARTED_TOO_LATE}\"): something used TensorFlow first, such as a tf.data pipeline, a tensor or a model "
+    "built before tfaccel.scope(). Fix: enter `with tfaccel.scope():` (or call tfaccel.get_strategy()) first thing "
+    "in the script, before building the dataset or the model")
+
+
 def make_multi_worker(*, devices: Any, task: Optional[Any], implementation: str = "auto",
                       timeout_seconds: Optional[float] = None, apply_compat: bool = True,
                       startup_timeout_seconds: Optional[float] = None,
@@ -255,6 +266,8 @@ def make_multi_worker(*, devices: Any, task: Optional[Any], implementation: str 
     except tf.errors.OpError as exc:  # the start-up barrier timed out: name who never came
         raise peer_health.startup_error(exc, task=task, timeouts=timeouts) from exc
     except (RuntimeError, ValueError) as exc:
+        if _STARTED_TOO_LATE in str(exc):
+            raise DeviceError(_TOO_LATE_MESSAGE) from exc
         raise DeviceError(f"multi_worker: TensorFlow could not set up MultiWorkerMirroredStrategy ({exc}). Create "
                           "the strategy first thing in the process, before any TensorFlow op runs, and check "
                           "TF_CONFIG") from exc

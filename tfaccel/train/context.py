@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 import keras
 
 from tfaccel.compat.keras_callless import build_callless_container
+from tfaccel.compat.keras_compile_args import compile_jit_request
 from tfaccel.compat.keras_sharded import placements
 from tfaccel.compat.keras_zero import is_sharded, slot_bytes_per_device
 from tfaccel.devices import detect_devices
@@ -37,7 +38,7 @@ from tfaccel.train.result import FitResult
 from tfaccel.train.scope import plan_for_model
 from tfaccel.train.xla_payback import job_decision
 from tfaccel.train.zero import shard_optimizer_state
-from tfaccel.xla import decided_per_job
+from tfaccel.xla import decided_per_job, resolve_compile_jit
 
 if TYPE_CHECKING:
     from tfaccel.train.loops.base import Loop, LoopResult
@@ -122,17 +123,28 @@ def _adapt(ctx: FitContext, loop_name: str) -> Dict[str, Any]:
     if backend.optimizer_change:
         changes[backend.optimizer_change[0]] = backend.optimizer_change[1]
 
+    _decide_jit(ctx, loop_name, changes)
+    return changes
+
+
+def _decide_jit(ctx: FitContext, loop_name: str, changes: Dict[str, Any]) -> None:
+    """The one XLA decision of a job: an explicit ``compile(jit_compile=...)`` stands; else the plan's, refined on
+    this model and job where ``"auto"`` is decided per job."""
+    model, backend = ctx.model, ctx.backend
     devices = detect_devices()
     jit, jit_reason = bool(ctx.plan.jit_compile), ctx.plan.jit_reason
-    if decided_per_job(ctx.requested_jit, backend=backend, devices=devices):
-        jit, jit_reason, ctx.xla_auto = job_decision(model, backend=backend, data=data, epochs=request.epochs,
+    at_compile = compile_jit_request(model)
+    if at_compile != "auto":  # the user's explicit compile(jit_compile=...) stands
+        jit, jit_reason = resolve_compile_jit(at_compile, scope_requested=ctx.requested_jit, backend=backend,
+                                              devices=devices)
+    elif decided_per_job(ctx.requested_jit, backend=backend, devices=devices):
+        jit, jit_reason, ctx.xla_auto = job_decision(model, backend=backend, data=ctx.data, epochs=ctx.request.epochs,
                                                      loop_name=loop_name)
     if bool(model.jit_compile) != jit or jit_reason != ctx.plan.jit_reason:  # decided on this model and job
         changes["jit_compile"] = f"{model.jit_compile} -> {jit} ({jit_reason})"
         ctx.plan = dataclasses.replace(ctx.plan, jit_compile=jit, jit_reason=jit_reason)  # what this job starts with
         model.jit_compile = jit
         model.train_function = model.test_function = model.predict_function = None
-    return changes
 
 
 def _device_memory_bytes() -> Optional[int]:

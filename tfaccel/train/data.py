@@ -11,6 +11,7 @@ so that every worker agrees and a resumed job sees exactly the batches an uninte
 import collections.abc
 import dataclasses
 import math
+import random
 import secrets
 from typing import Any, Dict, Optional, Tuple
 
@@ -18,7 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfaccel.compat.keras_internals import class_weight_to_sample_weights, train_validation_split
+from tfaccel.compat.keras_internals import class_weight_to_sample_weights, global_random_seed, train_validation_split
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
 
@@ -99,7 +100,8 @@ def agree_on_seed(seed: Optional[int], *, backend: Any, announce: bool = True) -
     """
     if seed is not None:
         return int(seed)
-    fresh = secrets.randbelow(2**31 - 1) if backend.worker_index == 0 else 0
+    fresh, source = _fresh_seed()
+    fresh = fresh if backend.worker_index == 0 else 0
     if backend.num_workers > 1 and backend.broadcast is not None:  # processes outside tf.distribute (Horovod)
         fresh = int(backend.broadcast(fresh, "tfaccel_seed"))
     elif backend.num_workers > 1:
@@ -112,8 +114,18 @@ def agree_on_seed(seed: Optional[int], *, backend: Any, announce: bool = True) -
         fresh = int(strategy.reduce(tf.distribute.ReduceOp.SUM, shared, axis=None))
     if backend.is_chief:
         say = get_logger().info if announce else get_logger().debug
-        say("seed=None: drew seed %d for the example order (pass seed=%d to repeat it)", fresh, fresh)
+        say("seed=None: drew seed %d for the example order%s (pass seed=%d to repeat it)", fresh, source, fresh)
     return fresh
+
+
+def _fresh_seed() -> Tuple[int, str]:
+    """A seed for ``seed=None``: after ``keras.utils.set_random_seed(s)``, drawn from Python's ``random`` (which it
+    seeds), so a rerun of the script repeats the order and a second ``fit`` gets another one, as Keras' own
+    ``shuffle=True`` does; else a fresh one. Returns (seed, where it came from, for the log line)."""
+    keras_seed = global_random_seed()
+    if keras_seed is not None:
+        return random.randrange(2**31 - 1), f" from keras.utils.set_random_seed({keras_seed})"
+    return secrets.randbelow(2**31 - 1), ""
 
 
 def _length(a: Any) -> int:

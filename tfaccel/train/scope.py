@@ -17,6 +17,7 @@ from typing import Any, Dict, Iterator, Mapping, Optional, Tuple, Union
 import keras
 import tensorflow as tf
 
+from tfaccel.compat.keras_compile_args import remember_compile_arguments
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
 from tfaccel.plan import describe_auto, resolve_plan
@@ -59,6 +60,7 @@ def scope(strategy: str = "auto", precision: str = "auto", jit_compile: Union[st
     """
     plan, backend = resolve_plan(strategy=strategy, precision=precision, jit_compile=jit_compile,
                                  strategy_options=strategy_options)
+    remember_compile_arguments()  # an explicit compile(jit_compile=...) inside stands (tfaccel.fit keeps it)
     previous = keras.config.dtype_policy()
     if plan.precision != previous.name:  # else the policy the user set (or Keras' default) stands as it is
         set_precision(plan.precision)
