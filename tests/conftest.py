@@ -37,7 +37,8 @@ HEAVY_FIRST = (
     "tests/memory/test_memory_cli.py",  # 143
     "tests/training/test_training_fit.py",  # 135
     "tests/doctor/test_doctor_cli.py",  # 123 (then about as long after issue 37's second part: estimated)
-    "tests/doctor/test_doctor_workers.py",  # about 110 (estimated from a local run against test_doctor_cli.py's)
+    "tests/doctor/test_doctor_workers.py",
+    "tests/training/test_zero.py",  # about 200 under load (issue 35's parity processes, estimated from a local run)  # about 110 (estimated from a local run against test_doctor_cli.py's)
 )
 
 
