@@ -80,6 +80,7 @@ class _Pass:
         with self._strategy.scope():
             if not self._partial and self._trace_loop_only(model, step, jit_compile):
                 return
+            self._build_state(model)
             first = self._step.get_concrete_function(self._gather(tf.range(self._partial or batch_size)))
         self._zeros = None if self._partial else tf.nest.map_structure(lambda t: tf.zeros(t.shape, t.dtype),
                                                                        first.structured_outputs)
@@ -102,6 +103,16 @@ class _Pass:
             self._zeros, self._loop = None, tf.function(self._whole_batches, jit_compile=jit_compile)
             return False
         return True
+
+    def _build_state(self, model: Any) -> None:
+        """The model's state (optimizer slots, metrics) built before the step's first trace, as Keras ``fit`` does,
+        where every layer is built: a first trace that created them would be traced again (3 traces, not Keras' 2).
+        A model Keras cannot build that way (no ``call``) is left to build in its first trace."""
+        if model.built and all(layer.built for layer in keras_internals.flatten_layers(model)):
+            try:
+                keras_internals.symbolic_build(model, self._gather(tf.range(self._partial or self.batch_size)))
+            except (TypeError, ValueError, NotImplementedError, AttributeError):
+                pass
 
     def _gather(self, idx: Any, data: Any = None) -> Any:
         return tf.nest.map_structure(lambda t: tf.gather(t, idx), self._data if data is None else data)
