@@ -63,11 +63,12 @@ def normalize_command(cmd: Union[str, Sequence[str]], *, check_exists: bool = Fa
         argv = [sys.executable] + argv
     elif check_exists:
         path = (env if env is not None else os.environ).get("PATH", os.defpath)
-        if argv[0] in ("python", "python3") and shutil.which(argv[0], path=path) is None:
+        found = shutil.which(argv[0], path=path) is not None
+        if not found and argv[0] in ("python", "python3"):
             # e.g. a PATH with python3 only (no `python` outside a virtual environment): the Python running tfaccel
             notes.append(f"{argv[0]!r} is not on PATH: the script runs with this Python ({sys.executable})")
             argv = [sys.executable] + argv[1:]
-        elif shutil.which(argv[0], path=path) is None:
+        elif not found:
             where = "not an executable file" if os.sep in argv[0] else "not found on PATH"
             raise ConfigError(f"command: program {argv[0]!r} {where} (received {shlex.join(argv)!r}); give its full "
                               "path or install it")

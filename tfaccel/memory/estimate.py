@@ -18,7 +18,7 @@ Two peaks are estimated, and they answer different questions:
 """
 
 import dataclasses
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import keras
 import tensorflow as tf
@@ -126,11 +126,16 @@ def _dtype_size(dtype: Any) -> int:
     return tf.as_dtype(str(dtype)).size
 
 
-def _ps_shards(model: Any, optimizer: Any, num_ps: int) -> Tuple[int, ...]:
-    """TF's default placement: variables round-robin over the ps tasks, each slot beside its variable."""
+def _slot_ratio(model: Any, optimizer: Any) -> Tuple[List[Any], float]:
+    """(the optimizer's scalar variables, its slot bytes per byte of trainable weights)."""
     scalars = [v for v in optimizer.variables if len(v.shape) == 0]
     trainable = _nbytes(model.trainable_variables)
-    slot_ratio = (_nbytes(optimizer.variables) - _nbytes(scalars)) / trainable if trainable else 0.0
+    return scalars, (_nbytes(optimizer.variables) - _nbytes(scalars)) / trainable if trainable else 0.0
+
+
+def _ps_shards(model: Any, optimizer: Any, num_ps: int) -> Tuple[int, ...]:
+    """TF's default placement: variables round-robin over the ps tasks, each slot beside its variable."""
+    scalars, slot_ratio = _slot_ratio(model, optimizer)
     shards = [0] * num_ps
     for index, var in enumerate(model.variables):
         size = _nbytes([var])
@@ -142,9 +147,7 @@ def _ps_shards(model: Any, optimizer: Any, num_ps: int) -> Tuple[int, ...]:
 def _optimizer_shards(model: Any, optimizer: Any, replicas: int) -> Tuple[int, ...]:
     """Optimizer-state sharding: each replica's slots (each variable's on its owner, as ``tfaccel.train.zero``
     places them) plus the scalars (iteration counter, rate) that stay on every replica."""
-    scalars = [v for v in optimizer.variables if len(v.shape) == 0]
-    trainable = _nbytes(model.trainable_variables)
-    slot_ratio = (_nbytes(optimizer.variables) - _nbytes(scalars)) / trainable if trainable else 0.0
+    scalars, slot_ratio = _slot_ratio(model, optimizer)
     sizes = [int(round(_nbytes([v]) * slot_ratio)) for v in model.trainable_variables]
     return tuple(load + _nbytes(scalars) for load in shard_loads(sizes, replicas))
 
