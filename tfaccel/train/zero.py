@@ -125,9 +125,6 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
             return f"optimizer state not sharded: {why}"
     strategy, optimizer = model.distribute_strategy, model.optimizer
     _check_strategy(strategy)
-    if backup_dir:
-        raise _refuse(f"backup_dir={backup_dir!r}: backups of sharded optimizer state (and resuming from them) are "
-                      "not written yet", f"train without backup_dir, or {_FIX}")
     _check_model(model, optimizer, accumulation_steps)
     if not is_sharded(optimizer):
         optimizer.__class__ = sharded_class(type(optimizer), partition_by_bytes)
