@@ -1,12 +1,14 @@
 """Differential check of shard_optimizer_state=True under multi_worker (one CPU per worker process, started by the
 test's harness with TF_CONFIG on loopback): for each optimizer case, plain ``model.fit`` on one device in this
 process against tfaccel.fit sharded over the workers, same initial weights. Then the backups of sharded state: Adam
-sharded over the workers with a backup every 3 steps, stopped by an exception at epoch 1 step 5 on every worker (the
-backup at step 3 left behind, each worker's shard in it), resumed by a fresh model, saved with ``model.save`` by every
-worker (the chief's path: ``argv[1]``) and that file loaded in plain Keras. Prints one JSON line."""
+sharded over the workers with a backup every 3 steps, stopped by an exception at epoch 1 step 5 on every worker
+(the backup at step 3 left behind, each worker's shard in it; the chief copies it to ``argv[1]/kept``), resumed by
+a fresh model, saved with ``model.save`` by every worker (the chief's file: ``argv[1]/model.keras``) and that file
+loaded in plain Keras. Prints one JSON line."""
 
 import json
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -90,9 +92,11 @@ def _resumed(x, y):
     with open(os.path.join(backup, "tfaccel_backup.json")) as fh:
         pointer = json.load(fh)
     left = sorted(os.listdir(backup))
+    task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    if task == 0:  # for the test's resume of this backup on one process (another layout)
+        shutil.copytree(backup, os.path.join(work, "kept"))
     model = _model(tfaccel.scope(strategy="multi_worker"), optimizer, None)
     result = tfaccel.fit(model, x, y, epochs=2, shard_optimizer_state=True, backup_dir=backup, backup_freq=3, **kw)
-    task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     path = os.path.join(work, "model.keras" if task == 0 else f"other-{task}.keras")
     model.save(path)  # every worker: the slots are gathered from their owners
     loaded = keras.models.load_model(os.path.join(work, "model.keras")) if task == 0 else None
