@@ -6,6 +6,7 @@ what it cannot train exactly is refused before training, with the reason and the
 import inspect
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -335,14 +336,14 @@ def test_a_backup_of_two_workers_shards_resumes_on_one_process(worker_runs, clea
     """Another layout: the 2-worker backup (two shard files) resumed on this process's 2 mirrored replicas, which
     hold every slot between them: it ends with the uninterrupted run's weights; a mirrored backup keeps every slot
     in its weights file (no shard files) and records the layout."""
-    import shutil
+    import keras
 
     backup = tmp_path / "backup"
     shutil.copytree(worker_runs[0]["work"] / "kept", backup)
     model, x, y = _resume_model()
     seen = []
 
-    class Pointer(__import__("keras").callbacks.Callback):
+    class Pointer(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
             seen.append({**json.loads((backup / "tfaccel_backup.json").read_text()),
                          "left": sorted(p.name for p in backup.iterdir())})
@@ -389,8 +390,8 @@ def test_what_does_not_fit_a_sharded_backup_is_refused_with_the_fix(clean_tf_con
     with pytest.raises(ConfigError, match=r"the optimizer shard backup-3.shard-0-of-2.npz is unreadable"):
         load_shards(model, state, backup_dir=str(tmp_path))
     np.savez(tmp_path / "backup-3.shard-0-of-2.npz", **{"2": np.zeros((5,), "float32")})
-    with pytest.raises(ConfigError, match=r"do not fit this optimizer: adam/sequential_dense_kernel_momentum: shape "
-                                          r"\(5,\) in its shard, \(8, 32\) here; adam/.*: in no shard"):
+    with pytest.raises(ConfigError, match=r"do not fit this optimizer: adam\w*/\w*dense\w*_kernel_momentum: shape "
+                                          r"\(5,\) in its shard, \(8, 32\) here; adam\w*/.*: in no shard"):
         load_shards(model, state, backup_dir=str(tmp_path))
     with pytest.raises(OSError, match=r"1 of 2 workers could not write their shard of backup-3.weights.h5"):
         agree_written(lambda mine: mine + 0.0, written=True, processes=2, backup_dir="b", name="backup-3.weights.h5")
