@@ -126,9 +126,10 @@ class StepBackup(keras.callbacks.Callback):
 
     Only the chief writes (Keras 3 reads mirrored variables locally, so saving needs no collective and the
     other workers have nothing to contribute), except for optimizer state sharded over several workers: each writes
-    its shard, and the chief moves the pointer once all are written (``tfaccel.resilience.shard_backup``). ``step_offset`` lets a resumed partial epoch report its true
-    position; ``record(epoch, step)`` returns more fields for the backup's pointer (the world size, the finished
-    epochs' logs: ``tfaccel.resilience.elastic.journal_callback``). ``saves`` counts the backups written.
+    its shard, and the chief moves the pointer once all are written (``tfaccel.resilience.shard_backup``).
+    ``step_offset`` lets a resumed partial epoch report its true position; ``record(epoch, step)`` returns more
+    fields for the backup's pointer (the world size, the finished epochs' logs:
+    ``tfaccel.resilience.elastic.journal_callback``). ``saves`` counts the backups written.
     """
 
     def __init__(self, backup_dir: str, *, save_freq: Optional[int], is_chief: bool, step_offset: int = 0,
