@@ -287,6 +287,12 @@ def test_sharded_over_two_workers_equals_plain_fit(worker_runs, case):
     assert sum(held) <= full + 2 * 16 and max(held) < 0.7 * full, (held, full)  # each worker holds its share only
 
 
+def test_checkpoint_dir_under_sharded_multi_worker_is_refused(worker_runs):
+    for w in worker_runs:
+        assert "checkpoint_dir" in w["checkpoint_dir_refusal"] and "only the writing worker's" in \
+            w["checkpoint_dir_refusal"] and "keep backup_dir" in w["checkpoint_dir_refusal"], w["checkpoint_dir_refusal"]
+
+
 def _close(got, want, atol=1e-5):
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(np.asarray(a, "float64"), np.asarray(b, "float64"), rtol=0, atol=atol)

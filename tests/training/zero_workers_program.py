@@ -64,7 +64,19 @@ def main() -> None:
                      "weights": [w.tolist() for w in model.get_weights()],
                      "bytes": sum(result.details["optimizer_state_bytes"].values()),
                      "full_bytes": sum(int(np.prod(v.shape)) * 4 for v in plain.optimizer.variables)}
+    out["checkpoint_dir_refusal"] = _checkpoint_dir_refusal(x, y, initial)
     print(json.dumps(out))
+
+
+def _checkpoint_dir_refusal(x, y, initial):
+    """What a sharded multi_worker fit with checkpoint_dir says (refused before training: nothing to run)."""
+    model = _model(tfaccel.scope(strategy="multi_worker"), CASES["adamw"], initial)
+    try:
+        tfaccel.fit(model, x, y, batch_size=32, epochs=1, verbose=0, shard_optimizer_state=True,
+                    checkpoint_dir=os.path.join(sys.argv[1], "ckpt"))
+    except tfaccel.ConfigError as exc:
+        return str(exc)
+    return "trained"
 
 
 class _Stop(keras.callbacks.Callback):

@@ -98,7 +98,8 @@ def _auto(model: Any, *, batch_size: Optional[int], device_memory_bytes: Optiona
 
 
 def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, batch_size: Optional[int] = None,
-                          device_memory_bytes: Optional[int] = None) -> Optional[str]:
+                          device_memory_bytes: Optional[int] = None,
+                          checkpoint_dir: Optional[str] = None) -> Optional[str]:
     """Swaps the class of the model's optimizer for its sharded subclass (in place) when ``setting`` is True, or
     ``"auto"`` and the replica does not fit its device.
 
@@ -111,6 +112,8 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
         batch_size: the global batch, for ``"auto"``'s memory estimate.
         device_memory_bytes: the memory of one replica's device (the smallest GPU's), None where unknown (CPU):
             ``"auto"`` then stays off.
+        checkpoint_dir: the job's ``checkpoint_dir`` (refused under multi_worker: its ``tf.train.Checkpoint`` files
+            would hold only the slots the writing worker owns).
 
     Returns:
         What was decided and why (for the plan), or None for ``setting=False``.
@@ -128,6 +131,11 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
     strategy, optimizer = model.distribute_strategy, model.optimizer
     _check_strategy(strategy)
     _check_model(model, optimizer, accumulation_steps)
+    if checkpoint_dir and isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        raise _refuse(f"checkpoint_dir={checkpoint_dir!r}: under multi_worker each worker holds only its shard of the "
+                      "optimizer state, and a checkpoint_dir file would hold only the writing worker's",
+                      "keep backup_dir (its backups save every worker's shard) or a ModelCheckpoint / model.save "
+                      f"(.keras, called on every worker), or {_FIX}")
     if not is_sharded(optimizer):
         optimizer.__class__ = sharded_class(type(optimizer), partition_by_bytes)
     replicas = strategy.num_replicas_in_sync
