@@ -6,6 +6,7 @@ files first under a temporary name, renamed into place, then a small JSON pointe
 """
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -16,12 +17,14 @@ from typing import Any, Callable, Dict, List, Optional
 import keras
 import tensorflow as tf
 
+from tfaccel.compat.keras_weights_snapshot import WeightsSnapshot, snapshot_weights, write_weights
 from tfaccel.errors import ConfigError
 from tfaccel.job_id import JOB_ID_ENV
 from tfaccel.log import get_logger
 from tfaccel.resilience.atomic_io import atomic_write_text, swap_prefix
 from tfaccel.resilience.backup_check import check_weights_file
 from tfaccel.resilience.backup_guard import confined, describe_job, fsync_path, job_alive, job_identity, same_job
+from tfaccel.resilience.backup_writer import BackupWriter
 from tfaccel.resilience.restarts import PROGRESS_FILE, RECORD_FILE
 
 __all__ = ["BackupState", "read_backup", "load_backup_weights", "StepBackup", "ChiefCheckpoint", "Throughput",
@@ -102,9 +105,18 @@ def load_backup_weights(model: Any, state: BackupState, *, backup_dir: str) -> N
 
 def save_weights_atomically(model: Any, path: str) -> None:
     """Writes the weights under a temporary name, fsyncs, then renames; a failed write leaves no half file."""
+    _write_atomically(path, model.save_weights)
+
+
+def write_snapshot_atomically(snapshot: WeightsSnapshot, path: str) -> None:
+    """:func:`save_weights_atomically` of values snapshotted earlier (``snapshot_weights``): the same file."""
+    _write_atomically(path, functools.partial(write_weights, snapshot))
+
+
+def _write_atomically(path: str, write: Callable[..., None]) -> None:
     tmp = f"{path[:-len('.weights.h5')]}.tmp-{os.getpid()}.weights.h5"
     try:
-        model.save_weights(tmp, overwrite=True)
+        write(tmp)
         fsync_path(tmp)  # the data reaches the disk before any pointer can name it
         os.replace(tmp, path)
     except BaseException:
@@ -120,13 +132,20 @@ class StepBackup(keras.callbacks.Callback):
     other workers have nothing to contribute). ``step_offset`` lets a resumed partial epoch report its true
     position; ``record(epoch, step)`` returns more fields for the backup's pointer (the world size, the finished
     epochs' logs: ``tfaccel.resilience.elastic.journal_callback``). ``saves`` counts the backups written.
+
+    A save copies the values to host memory in the step loop and hands the file, its fsync and the pointer to
+    ``writer`` (a :class:`~tfaccel.resilience.backup_writer.BackupWriter`: a background thread unless
+    ``TFACCEL_ASYNC_BACKUP=0``); training goes on meanwhile. ``on_train_end`` and :meth:`save_durably` (the
+    preemption stop) wait until the backup is on disk.
     """
 
     def __init__(self, backup_dir: str, *, save_freq: Optional[int], is_chief: bool, step_offset: int = 0,
-                 steps_per_epoch: int, record: Optional[Callable[[int, int], Dict[str, Any]]] = None) -> None:
+                 steps_per_epoch: int, record: Optional[Callable[[int, int], Dict[str, Any]]] = None,
+                 writer: Optional[BackupWriter] = None) -> None:
         super().__init__()
         self.backup_dir, self.save_freq, self.is_chief = backup_dir, save_freq, is_chief
         self.steps_per_epoch, self.record = steps_per_epoch, record
+        self.writer = writer if writer is not None else BackupWriter()
         self.epoch = 0
         self.step_offset = step_offset
         self.last_saved: Optional[tuple] = None
@@ -144,19 +163,37 @@ class StepBackup(keras.callbacks.Callback):
         self.step_offset = 0  # only the first (resumed) epoch starts mid-way
         self.save(epoch + 1, 0)
 
+    def on_train_end(self, logs: Optional[Dict] = None) -> None:
+        self.writer.wait()  # fit returns with its last backup on disk (or raises why it is not)
+
     def save(self, epoch: int, step: int) -> None:
-        """Writes the backup at (epoch, step) on the chief (a no-op elsewhere, or where it was written)."""
+        """Backs up (epoch, step) on the chief (a no-op elsewhere, or where it was written): the values are
+        copied now, the files written by ``writer``."""
         if not self.is_chief or self.last_saved == (epoch, step):
             return
         os.makedirs(self.backup_dir, exist_ok=True)
         global_step = epoch * self.steps_per_epoch + step
         name = f"backup-{global_step}.weights.h5"
-        save_weights_atomically(self.model, os.path.join(self.backup_dir, name))
-        commit_backup(self.backup_dir, {**(self.record(epoch, step) if self.record else {}), "epoch": epoch,
-                                        "step": step, "global_step": global_step, "weights": name,
-                                        "steps_per_epoch": self.steps_per_epoch})
+        state = {**(self.record(epoch, step) if self.record else {}), "epoch": epoch, "step": step,
+                 "global_step": global_step, "weights": name, "steps_per_epoch": self.steps_per_epoch}
+        path = os.path.join(self.backup_dir, name)
+        if self.writer.asynchronous:
+            data = functools.partial(write_snapshot_atomically, snapshot_weights(self.model), path)
+        else:  # TFACCEL_ASYNC_BACKUP=0: the file written from the live variables, in the step loop
+            data = functools.partial(save_weights_atomically, self.model, path)
+        self.writer.submit(functools.partial(_write_and_commit, data, self.backup_dir, state))
         self.last_saved = (epoch, step)
         self.saves += 1
+
+    def save_durably(self, epoch: int, step: int) -> None:
+        """:meth:`save`, then waits until that backup is on disk (a preemption stop: the process exits next)."""
+        self.save(epoch, step)
+        self.writer.wait()
+
+
+def _write_and_commit(write_data: Callable[[], None], backup_dir: str, state: Dict[str, Any]) -> None:
+    write_data()
+    commit_backup(backup_dir, state)
 
 
 def commit_backup(backup_dir: str, state: Dict[str, Any]) -> None:
