@@ -44,7 +44,8 @@ class WeightsSnapshot:
 
     @property
     def nbytes(self) -> int:
-        return sum(int(np.prod(value.shape)) * value.dtype.size for _, _, values in self.entries for _, value in values)
+        return sum(value.nbytes if isinstance(value, np.ndarray) else int(np.prod(value.shape)) * value.dtype.size
+                   for _, _, values in self.entries for _, value in values)
 
 
 class _Entry:
