@@ -11,8 +11,8 @@ tests/strategies/test_compat_keras_weights_snapshot.py fails when those internal
 ``save_weights``'.
 
 A variable's value is kept as the tensor TensorFlow reads (no copy: TensorFlow's variables copy their buffer before an
-update while a read of it is alive, so the tensor keeps the value of the moment it was read); values Keras hands over
-as arrays (the optimizer's) are kept as they are.
+update while a read of it is alive, so the tensor keeps the value of the moment it was read); the arrays Keras makes
+for the save (the optimizer's ``variable.numpy()``, a copy) are kept as they are, other values copied.
 
 Keras 3.15.1's ``get_attr_skipset`` caches each skip set under a key it never reads (it stores
 ``saving_attr_skipset_<type>`` and looks up ``saving_attr_skiplist_<type>``), so every saveable of every save builds
@@ -57,9 +57,10 @@ class _Entry:
     def __setitem__(self, key: str, value: Any) -> None:
         if isinstance(value, (Variable, tf.Variable)):
             self._values.append((key, tf.convert_to_tensor(value)))  # a read: the value now, whatever comes next
-            return
-        array = np.asarray(ops.convert_to_numpy(value))
-        self._values.append((key, array if array.flags.owndata else array.copy()))  # never a view of a variable
+        elif isinstance(value, np.ndarray):  # made for this save (the optimizer's variable.numpy(): a copy)
+            self._values.append((key, value))
+        else:
+            self._values.append((key, np.array(ops.convert_to_numpy(value))))
 
     def __len__(self) -> int:
         return len(self._values)
