@@ -6,10 +6,11 @@ temporary name, fsynced, renamed, the directory fsynced, and only then the point
 (``tfaccel.resilience.backups.commit_backup``). A crash at any moment leaves the previous backup whole.
 
 At most one backup is in flight. A backup due while the previous one is still being written **waits** for it
-(counted in :attr:`BackupWriter.waits` and :attr:`BackupWriter.wait_seconds`); none is skipped, so every backup the
-job asks for is written, in order. :meth:`BackupWriter.wait` blocks until the backup in flight is durable: a
-preemption stop and the end of training call it, so a job never exits 75 or removes its ``backup_dir`` while a
-write is pending. A failed write raises in the training thread at the next :meth:`submit` or :meth:`wait`.
+before its snapshot (:meth:`BackupWriter.make_room`; counted in :attr:`BackupWriter.waits` and
+:attr:`BackupWriter.wait_seconds`, and logged at debug level); none is skipped, so every backup the job asks for is
+written, in order, and one snapshot at most is held in memory. :meth:`BackupWriter.wait` blocks until the backup in
+flight is durable: a preemption stop and the end of training call it, so a job never exits 75 or removes its
+``backup_dir`` while a write is pending. A failed write raises in the training thread at the next :meth:`submit` or :meth:`wait`.
 
 ``TFACCEL_ASYNC_BACKUP=0`` writes every backup in the step loop instead (to debug; the default is ``1``).
 """
@@ -55,18 +56,23 @@ class BackupWriter:
         self._thread: Optional[threading.Thread] = None
         self._error: Optional[BaseException] = None
 
+    def make_room(self) -> None:
+        """Waits for the backup in flight, if any (counted: a backup was due while it was being written), so that
+        the next snapshot neither competes with its write nor doubles the memory held. Raises what it raised."""
+        if not self.pending:
+            self.wait()  # a finished write's error, if any
+            return
+        self.wait_seconds += self.wait()
+        self.waits += 1
+        get_logger().debug("backup: waited for the previous backup's write (%d so far, %.2f s in all)", self.waits,
+                           self.wait_seconds)
+
     def submit(self, write: Callable[[], None]) -> None:
         """Writes a backup: ``write()`` (files, fsync, pointer) runs in the background thread.
 
-        Waits first for the backup in flight, if any (counted). Raises what a previous write raised.
+        Calls :meth:`make_room` first (a no-op after the caller's own call). Raises what a previous write raised.
         """
-        if self.pending:
-            self.wait_seconds += self.wait()
-            self.waits += 1
-            get_logger().debug("backup: waited for the previous backup's write (%d so far, %.2f s in all)",
-                               self.waits, self.wait_seconds)
-        else:
-            self.wait()  # a finished write's error, if any
+        self.make_room()
         if not self.asynchronous:
             self._timed(write)
             return

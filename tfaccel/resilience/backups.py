@@ -177,6 +177,7 @@ class StepBackup(keras.callbacks.Callback):
         state = {**(self.record(epoch, step) if self.record else {}), "epoch": epoch, "step": step,
                  "global_step": global_step, "weights": name, "steps_per_epoch": self.steps_per_epoch}
         path = os.path.join(self.backup_dir, name)
+        self.writer.make_room()  # the previous backup's write ends before this one's snapshot
         if self.writer.asynchronous:
             data = functools.partial(write_snapshot_atomically, snapshot_weights(self.model), path)
         else:  # TFACCEL_ASYNC_BACKUP=0: the file written from the live variables, in the step loop
