@@ -44,7 +44,7 @@ LIGHT_MODULES = ("tfaccel", "tfaccel.cluster", "tfaccel.launch", "tfaccel.resili
 KNOWN_OUTSIDE_FILES: Set[str] = set()
 
 # The issue's two greps, as regular expressions over source lines.
-INTERNALS = re.compile(r"keras\.src|tf\.__internal__|\._values\b|model\._[a-z]")
+INTERNALS = re.compile(r"keras\.src|tf\.__internal__|tensorflow\.(python|compiler)|\._values\b|model\._[a-z]")
 BACKEND_NAME = re.compile(r"backend.name|== \"horovod\"|'horovod'")  # as the issue's grep: "." is any character
 BACKEND_NAME_SCOPE = ("tfaccel/train/", "tfaccel/plan.py", "tfaccel/xla.py")
 # A comment or docstring pointing at a file outside the repository.

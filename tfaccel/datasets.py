@@ -4,8 +4,9 @@ auto-sharding.
 :func:`load_dataset` returns ``(x, y)`` NumPy arrays: ``x`` float32 images scaled to [0, 1] (channels last) or
 int32 token ids, ``y`` int32 class ids of shape ``(n,)``.
 
-- ``"digits"``: scikit-learn's embedded 8x8 digits (1797 images, no internet needed), shape (8, 8, 1), split
-  into train/test (80/20) by a seeded shuffle.
+- ``"digits"``: the 8x8 handwritten digits scikit-learn's ``load_digits`` gives (1797 images, UCI's CC BY 4.0
+  data set; shipped in ``tfaccel/data/digits.npz``, see its NOTICE.md: no download and no scikit-learn needed),
+  shape (8, 8, 1), split into train/test (80/20) by a seeded shuffle.
 - ``"mnist"``, ``"fashion_mnist"``, ``"cifar10"``: read from the Keras cache (``$KERAS_HOME/datasets``, else
   ``~/.keras/datasets``), in exactly the files and formats ``keras.datasets.*.load_data`` downloads, *only when
   the files are present*. Missing files are a ``ConfigError`` naming the expected path. tfaccel reads the files
@@ -41,6 +42,9 @@ DATASET_NAMES: Tuple[str, ...] = ("digits", "mnist", "fashion_mnist", "cifar10",
 """Every name :func:`load_dataset` accepts (the one source of truth for CLI choices and docs)."""
 
 SPLIT_NAMES: Tuple[str, ...] = ("train", "test")
+
+DIGITS_FILE = Path(__file__).resolve().parent / "data" / "digits.npz"
+"""The digits images (uint8, 0-16) and labels, as scikit-learn's ``load_digits`` returns them."""
 
 # Options each dataset takes besides split / num_examples / seed; anything else is an error.
 _OPTIONS: Dict[str, Tuple[str, ...]] = {
@@ -171,14 +175,9 @@ def _load_cifar10(split: str, cache_dir: Optional[str]) -> Tuple[np.ndarray, np.
 
 
 def _load_digits(split: str, seed: int) -> Tuple[np.ndarray, np.ndarray]:
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError as exc:
-        raise ConfigError("dataset 'digits': needs scikit-learn; install it with pip install 'tfaccel[data]' "
-                          "or use dataset 'synthetic'") from exc
-    digits = load_digits()
-    x = (digits.images.astype(np.float32) / 16.0)[..., None]
-    y = digits.target.astype(np.int32)
+    with np.load(DIGITS_FILE, allow_pickle=False) as data:
+        x = (data["images"].astype(np.float32) / 16.0)[..., None]
+        y = data["target"].astype(np.int32)
     order = np.random.default_rng(seed).permutation(len(y))
     n_test = len(y) // 5
     idx = order[n_test:] if split == "train" else order[:n_test]

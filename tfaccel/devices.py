@@ -59,9 +59,9 @@ class _TFDeviceBackend:
         self._tf = tf
 
     def is_initialized(self) -> bool:
-        from tensorflow.python.eager import context
+        from tfaccel.compat.tf_runtime import runtime_initialised  # imported lazily, as TensorFlow above
 
-        return bool(getattr(context.context(), "_initialized", False))
+        return runtime_initialised()
 
     def list_physical_devices(self, device_type: str) -> List[Any]:
         return self._tf.config.list_physical_devices(device_type)

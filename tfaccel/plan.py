@@ -172,9 +172,9 @@ def _evaluator_note(strategy: str, strategy_options: Optional[Mapping[str, Any]]
 
 def _runtime_initialised() -> bool:
     try:
-        from tensorflow.python.eager import context
+        from tfaccel.compat.tf_runtime import runtime_initialised  # TensorFlow loads only when asked
 
-        return bool(getattr(context.context(), "_initialized", False))
+        return runtime_initialised()
     except ImportError:
         return False
 

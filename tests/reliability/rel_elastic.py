@@ -61,6 +61,7 @@ def _verdict(run: "rs.Run", work: Path, ref: Dict[str, Any], *, sizes: List[int]
     resumed = sorted({tuple(r["resumed_from"] or ()) for r in reports})
     measured.update(resumed_from=[list(r) for r in resumed], workers_at_end=len(reports),
                     iterations=sorted({r["iterations"] for r in reports}),
+                    optimizer_state=sorted({str(r.get("optimizer_state")) for r in reports}),
                     world_size=reports[0]["world_size"] if reports else None)
     allowed = _allowed(kill[0], kill[1], victim == "worker:0")
     problems = []
@@ -111,15 +112,19 @@ def _history_problems(histories: List[Dict[str, List[float]]], expected: Dict[st
 
 
 def shrink_trial(work: Path, ref: Dict[str, Any], *, rng: random.Random, victim: Optional[str] = None,
-                 kill: Optional[List[int]] = None, timeout: float = 360, ray: bool = False) -> Dict[str, Any]:
+                 kill: Optional[List[int]] = None, timeout: float = 360, ray: bool = False,
+                 shard: bool = False) -> Dict[str, Any]:
     """3 workers; one is SIGKILLed at a random step and not allowed back; the job ends on 2 like the reference.
-    ``ray``: 3 Ray Train workers (``--backend ray``, a private local Ray instance), the job restarted on 2."""
+    ``ray``: 3 Ray Train workers (``--backend ray``, a private local Ray instance), the job restarted on 2.
+    ``shard``: the optimizer state sharded over the workers (each backs up its shard; 3 shards re-partitioned
+    over 2 workers on resume)."""
     work.mkdir(parents=True, exist_ok=True)
     victim = victim or rng.choice(["worker:0", "worker:1", "worker:2"])
     kill = kill or [rng.randrange(EPOCHS), rng.randrange(1, STEPS_PER_EPOCH)]
     backend = ["--backend", "ray", "--storage-path", str(work / "ray")] if ray else []
     run = rs.Run([*backend, "--workers", "2:3", "--max-restarts", "0", "--timeout", str(timeout - 10), "--",
-                  str(JOB)], env=_env(work, ELASTIC_KILL_AT=f"{victim}:{kill[0]}:{kill[1]}"))
+                  str(JOB)], env=_env(work, ELASTIC_KILL_AT=f"{victim}:{kill[0]}:{kill[1]}",
+                                      ELASTIC_SHARD="1" if shard else "0"))
     run.wait(timeout)
     measured = {"victim": victim, "kill_at": kill, "seconds": round(run.seconds, 1)}
     return _verdict(run, work, ref, sizes=[3, 2], kill=kill, victim=victim, measured=measured)

@@ -27,10 +27,17 @@ def _check(result):
 
 @pytest.mark.slow
 def test_a_lost_chief_leaves_the_job_on_two_workers_with_the_same_training(reference, tmp_path):
-    """3 workers, worker:0 (the chief, which writes the backups) SIGKILLed after epoch 1 step 5 with
-    --max-restarts 0: the job resumes on 2 workers from (1, 4) and ends with the 3-worker run's weights, optimizer
-    steps and history (every epoch once), the change recorded as {from 3, to 2, epoch 1, step 4}."""
-    _check(re_.shrink_trial(tmp_path, reference, rng=random.Random(0), victim="worker:0", kill=[1, 5]))
+    """3 workers with their optimizer state sharded (shard_optimizer_state=True: each holds and backs up the slots
+    of the variables it owns), worker:0 (the chief, which moves the backup pointer) SIGKILLed after epoch 1 step 5
+    with --max-restarts 0: the job resumes on 2 workers from (1, 4), its 3 shards re-partitioned over 2, and ends
+    with the uninterrupted 3-worker run's weights, optimizer steps and history (every epoch once), the change
+    recorded as {from 3, to 2, epoch 1, step 4}. (The reference is unsharded: sharded and unsharded 3-worker runs
+    of this job ended 6e-8 apart, measured.)"""
+    result = re_.shrink_trial(tmp_path, reference, rng=random.Random(0), victim="worker:0", kill=[1, 5], shard=True)
+    _check(result)
+    assert result["optimizer_state"] == ["optimizer Adam: state sharded over 2 replicas (ZeRO-1: each variable's "
+                                         "slots on one owner, gradients reduced to it, its update copied to every "
+                                         "replica); asked for (shard_optimizer_state=True)"]
 
 
 @pytest.mark.slow

@@ -96,7 +96,7 @@ def _model():
 
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
 def test_backup_that_fails_midway_leaves_the_previous_backup_intact(tmp_path, monkeypatch, asynchronous):
-    from tfaccel.resilience import backups
+    from tfaccel.resilience import backup_writer, backups
     from tfaccel.resilience.backup_writer import BackupWriter
 
     model = _model()
@@ -114,7 +114,7 @@ def test_backup_that_fails_midway_leaves_the_previous_backup_intact(tmp_path, mo
         raise OSError("disk full")
 
     if asynchronous:  # the background thread writes from the snapshot
-        monkeypatch.setattr(backups, "write_weights", lambda snapshot, path: crash_midway(path))
+        monkeypatch.setattr(backup_writer, "write_weights", lambda snapshot, path: crash_midway(path))
     else:
         monkeypatch.setattr(model, "save_weights", crash_midway)
     for w in model.weights:

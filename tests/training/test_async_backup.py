@@ -11,7 +11,7 @@ import pytest
 
 import tfaccel
 from tfaccel.errors import ConfigError
-from tfaccel.resilience import backups, job
+from tfaccel.resilience import backup_writer, backups, job
 from tfaccel.resilience.backup_writer import ASYNC_ENV, BackupWriter
 
 X = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
@@ -29,14 +29,14 @@ def _model():
 @pytest.fixture
 def slow_writes(monkeypatch):
     """Every backup file takes WRITE_S longer to write; the moments the writes ended."""
-    ended, real = [], backups.write_weights
+    ended, real = [], backup_writer.write_weights
 
     def slow(snapshot, path):
         time.sleep(WRITE_S)
         real(snapshot, path)
         ended.append(time.monotonic())
 
-    monkeypatch.setattr(backups, "write_weights", slow)
+    monkeypatch.setattr(backup_writer, "write_weights", slow)
     return ended
 
 

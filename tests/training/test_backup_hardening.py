@@ -254,3 +254,17 @@ def test_a_pointer_swap_killed_midway_leaves_nothing_once_training_completes(tmp
     result = _fit(_model(), backup_dir)
     assert result.resumed_from == (0, 2)
     assert os.listdir(backup_dir) == ["notes.txt"]  # tfaccel's files gone, the user's kept
+
+
+def test_flushing_a_backup_dir_skips_a_file_renamed_meanwhile(tmp_path, monkeypatch):
+    """Workers writing their optimizer shards into one backup_dir at once: a temporary file another worker renamed
+    between this worker's listing and its open is not an error (that worker flushed it itself). The race is forced
+    by a listing that names a file already gone."""
+    (tmp_path / "backup-3.shard-0-of-2.npz").write_bytes(b"x")
+    listing = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda path: listing(path) + [".tmp-backup-3.shard-1-of-2-99.npz"])
+    monkeypatch.setattr(os.path, "isfile", lambda path: True)  # it was there when listed
+    backup_guard.fsync_path(str(tmp_path))
+    monkeypatch.undo()
+    with pytest.raises(FileNotFoundError):  # a file that is missing outright still fails
+        backup_guard.fsync_path(str(tmp_path / "gone.weights.h5"))

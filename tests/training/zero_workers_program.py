@@ -1,8 +1,16 @@
 """Differential check of shard_optimizer_state=True under multi_worker (one CPU per worker process, started by the
 test's harness with TF_CONFIG on loopback): for each optimizer case, plain ``model.fit`` on one device in this
-process against tfaccel.fit sharded over the workers, same initial weights. Prints one JSON line."""
+process against tfaccel.fit sharded over the workers, same initial weights. The sharded fit of "adam_schedule" is
+also the check of backups of sharded state: a backup every 3 steps, stopped by an exception at epoch 1 step 5 on
+every worker (the backup at step 3 left behind, each worker's shard in it; the chief copies it to
+``argv[1]/kept``), resumed by a fresh model (whose weights and history are compared), saved with ``model.save`` by
+every worker (the chief's file: ``argv[1]/model.keras``) and that file loaded in plain Keras. Prints one JSON
+line."""
 
 import json
+import os
+import shutil
+import sys
 
 import numpy as np
 
@@ -44,15 +52,61 @@ def main() -> None:
         plain = _model(tf.distribute.get_strategy().scope(), optimizer)
         initial = plain.get_weights()
         ref = plain.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0).history
-        model = _model(tfaccel.scope(strategy="multi_worker"), optimizer, initial)
-        result = tfaccel.fit(model, x, y, batch_size=32, epochs=2, shuffle=False, verbose=0, seed=0,
-                             shard_optimizer_state=True)
+        if name == "adam_schedule":  # stopped, backed up and resumed: it must still end as plain fit does
+            model, result, out["resume"] = _stopped_and_resumed(x, y, optimizer, initial)
+            out["resume"]["plain_state"] = [v.numpy().tolist() for v in plain.optimizer.variables]
+        else:
+            model = _model(tfaccel.scope(strategy="multi_worker"), optimizer, initial)
+            result = tfaccel.fit(model, x, y, batch_size=32, epochs=2, shuffle=False, verbose=0, seed=0,
+                                 shard_optimizer_state=True)
         out[name] = {"plain_history": ref, "history": result.history,
                      "plain_weights": [w.tolist() for w in plain.get_weights()],
                      "weights": [w.tolist() for w in model.get_weights()],
                      "bytes": sum(result.details["optimizer_state_bytes"].values()),
                      "full_bytes": sum(int(np.prod(v.shape)) * 4 for v in plain.optimizer.variables)}
     print(json.dumps(out))
+
+
+class _Stop(keras.callbacks.Callback):
+    """Raises at epoch 1 step 5 on every worker: the job ends there, its last backup (step 3) left behind."""
+
+    epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.epoch == 1 and batch + 1 == 5:
+            raise RuntimeError("stopped for the test")
+
+
+def _stopped_and_resumed(x, y, optimizer, initial):
+    """The sharded fit stopped at epoch 1 step 5, the fit of a fresh model that resumes it, its .keras file saved
+    by every worker and loaded in plain Keras: ``(model, result, what was seen)``."""
+    work = sys.argv[1]
+    backup, kw = os.path.join(work, "backup"), dict(batch_size=32, shuffle=False, verbose=0, seed=0, loop="keras")
+    stopped = _model(tfaccel.scope(strategy="multi_worker"), optimizer, initial)
+    try:
+        tfaccel.fit(stopped, x, y, epochs=2, shard_optimizer_state=True, backup_dir=backup, backup_freq=3,
+                    callbacks=[_Stop()], **kw)
+    except RuntimeError:
+        pass
+    with open(os.path.join(backup, "tfaccel_backup.json")) as fh:
+        pointer = json.load(fh)
+    left = sorted(os.listdir(backup))
+    task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    if task == 0:  # for the test's resume of this backup on one process (another layout)
+        shutil.copytree(backup, os.path.join(work, "kept"))
+    model = _model(tfaccel.scope(strategy="multi_worker"), optimizer, None)
+    result = tfaccel.fit(model, x, y, epochs=2, shard_optimizer_state=True, backup_dir=backup, backup_freq=3, **kw)
+    path = os.path.join(work, "model.keras" if task == 0 else f"other-{task}.keras")
+    model.save(path)  # every worker: the slots are gathered from their owners
+    loaded = keras.models.load_model(os.path.join(work, "model.keras")) if task == 0 else None
+    return model, result, {
+        "pointer": pointer, "left": left, "resumed_from": result.resumed_from,
+        "loaded_class": f"{type(loaded.optimizer).__module__}.{type(loaded.optimizer).__name__}" if loaded else None,
+        "loaded_state": [v.numpy().tolist() for v in loaded.optimizer.variables] if loaded else None,
+        "loaded_weights": [w.tolist() for w in loaded.get_weights()] if loaded else None}
 
 
 if __name__ == "__main__":

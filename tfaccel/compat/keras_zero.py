@@ -13,21 +13,33 @@ variable (seen on Keras 3.15.1 / TensorFlow 2.21.0):
   iteration counter every replica computed;
 * copies the updated value to every other replica's copy.
 
+Saving (``save_own_variables`` / ``load_own_variables``, what ``save_weights`` and ``model.save`` call): under one
+host's MirroredStrategy every slot is readable in the process, so the optimizer saves as its base class does. Under
+multi_worker a worker holds only its own slots (the others are empty stand-ins): ``model.save`` then gathers each
+slot from its owner (a collective: every worker calls ``model.save``, TF's rule for multi_worker), so the file holds
+the whole state under the user's optimizer class; loading assigns each held slot and leaves the stand-ins. Within
+:func:`slots_apart` (tfaccel's backups, whose shard files carry the slots) every sharded slot is written as an empty
+array and left alone on load.
+
 It reads the private ``_distribution_strategy``, ``_var_key``, ``_clip_gradients`` and the collective strategy's
-``_id_in_cluster`` (which replicas are this worker's), overrides ``_backend_update_step`` and
-``add_variable_from_reference`` (past Keras' ``TFOptimizer``'s), and uses TensorFlow's internal
-``numpy_dataset.SingleDevice`` and ``maybe_merge_call``. tests/training/test_zero.py fails when one of them moves.
+``_id_in_cluster`` (which replicas are this worker's), overrides ``_backend_update_step``,
+``add_variable_from_reference`` (past Keras' ``TFOptimizer``'s), ``save_own_variables`` and ``load_own_variables``,
+and uses TensorFlow's internal ``numpy_dataset.SingleDevice`` and ``maybe_merge_call``. tests/training/test_zero.py
+fails when one of them moves.
 """
 
-from typing import Any, Callable, Dict, List, Sequence
+import contextlib
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
+import numpy as np
 import tensorflow as tf
 from keras.src.backend.tensorflow.optimizer import TFOptimizer
 from tensorflow.python.distribute import numpy_dataset
 
 from tfaccel.compat import keras_internals
 
-__all__ = ["sharded_class", "is_sharded", "slot_bytes_per_device"]
+__all__ = ["sharded_class", "is_sharded", "slot_bytes_per_device", "shard_layout", "held_slots", "load_held_slots",
+           "slots_apart"]
 
 _SHARDED: Dict[type, type] = {}
 
@@ -50,6 +62,10 @@ class _ShardOptimizerState:
         self._tfaccel_devices = devices
         self._tfaccel_workers = replicas // len(devices)
         first = strategy.extended._id_in_cluster * len(devices) if self._tfaccel_workers > 1 else 0  # local replica 0
+        self._tfaccel_layout = {"count": replicas, "processes": self._tfaccel_workers, "owners": list(owners),
+                                "index": first // len(devices)}
+        self._tfaccel_slots: Dict[int, Tuple[Tuple[int, ...], bool]] = {}  # id(slot) -> (its full shape, held here)
+        self._tfaccel_apart = False
         # owner -> index among this worker's devices, or None where another worker owns the variable
         self._tfaccel_owner = {self._var_key(v): (o - first if first <= o < first + len(devices) else None)
                                for v, o in zip(variables, owners)}
@@ -71,9 +87,43 @@ class _ShardOptimizerState:
         # Past TFOptimizer's override, which colocates the slot with the (mirrored) variable: on every device.
         with tf.variable_creator_scope(on_owner):
             if owner is None:  # another worker owns it: an empty stand-in, never read
-                return self.add_variable((0,), initializer="zeros", dtype=reference_variable.dtype, name=name)
-            return super(TFOptimizer, self).add_variable_from_reference(reference_variable, name=name,
-                                                                         initializer=initializer)
+                slot = self.add_variable((0,), initializer="zeros", dtype=reference_variable.dtype, name=name)
+            else:
+                slot = super(TFOptimizer, self).add_variable_from_reference(reference_variable, name=name,
+                                                                            initializer=initializer)
+        self._tfaccel_slots[id(slot)] = (tuple(int(d) for d in reference_variable.shape), owner is not None)
+        return slot
+
+    def save_own_variables(self, store: Any) -> None:
+        slots = getattr(self, "_tfaccel_slots", {})
+        if not slots or not (self._tfaccel_apart or self._tfaccel_workers > 1):
+            super().save_own_variables(store)  # type: ignore[misc]
+            return
+        for i, variable in enumerate(self.variables):
+            info = slots.get(id(variable))
+            if info is None:  # the iteration counter, the rate...: the same on every replica
+                store[str(i)] = variable.numpy()
+            elif self._tfaccel_apart:
+                store[str(i)] = np.zeros((0,), variable.dtype)
+            else:  # the owner's value, summed with the other workers' zeros: every worker calls this
+                value = variable.numpy() if info[1] else np.zeros(info[0], variable.dtype)
+                store[str(i)] = _sum_over_workers(self._distribution_strategy, value)
+
+    def load_own_variables(self, store: Any) -> None:
+        slots = getattr(self, "_tfaccel_slots", {})
+        if not slots or len(store.keys()) != len(self.variables):
+            super().load_own_variables(store)  # type: ignore[misc]  # Keras' own warning when the count differs
+            return
+        for i, variable in enumerate(self.variables):
+            info = slots.get(id(variable))
+            if info is not None and (self._tfaccel_apart or not info[1]):
+                continue  # a stand-in here, or the shard files carry it
+            value = store[str(i)]
+            if info is not None and tuple(value.shape) != info[0]:
+                raise ValueError(f"optimizer {self.name}: variable {i} ({variable.path}) is saved with shape "
+                                 f"{tuple(value.shape)}, not {info[0]}: a file written with its slots apart (a tfaccel "
+                                 "backup of sharded state) loads through tfaccel's backups")
+            variable.assign(value)
 
     def _clip_gradients(self, grads: Any) -> Any:
         return grads  # clipped once reduced (in _tfaccel_update), with the global norm
@@ -123,6 +173,21 @@ class _ShardOptimizerState:
                 copy.assign(value)
 
 
+_SUMS: Dict[int, Any] = {}
+
+
+def _sum_over_workers(strategy: Any, value: np.ndarray) -> np.ndarray:
+    """``value`` summed over every worker (a collective all-reduce; every worker calls it, in the same order)."""
+    if id(strategy) not in _SUMS:
+        @tf.function(reduce_retracing=True)
+        def total(tensor: Any) -> Any:
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(tf.identity, args=(tensor,)), axis=None)
+
+        _SUMS.clear()  # one strategy per process at a time
+        _SUMS[id(strategy)] = total
+    return _SUMS[id(strategy)](tf.constant(value)).numpy()
+
+
 def sharded_class(base: type, partition: Callable[[Sequence[int], int], List[int]]) -> type:
     """A subclass of ``base`` whose slots are sharded over the replicas by ``partition`` (see the module doc).
 
@@ -149,3 +214,49 @@ def slot_bytes_per_device(optimizer: Any, strategy: Any) -> Dict[str, int]:
             device = tf.DeviceSpec.from_string(copy.device).to_string()
             held[device] = held.get(device, 0) + _num_bytes(copy)
     return held
+
+
+def shard_layout(optimizer: Any) -> Optional[Dict[str, Any]]:
+    """How a built sharded optimizer splits its slots: ``count`` (replicas), ``processes`` (workers, each holding
+    its replicas' slots), ``owners`` (the owner replica of each trainable variable, in build order) and ``index``
+    (this process's first replica); None for an optimizer not sharded or not built."""
+    if not is_sharded(optimizer) or not getattr(optimizer, "_tfaccel_slots", None):
+        return None
+    return dict(optimizer._tfaccel_layout)
+
+
+def held_slots(optimizer: Any) -> Dict[str, np.ndarray]:
+    """``{index in optimizer.variables: value}`` of the sharded slots this process holds (its shard)."""
+    slots = optimizer._tfaccel_slots
+    return {str(i): v.numpy() for i, v in enumerate(optimizer.variables) if slots.get(id(v), ((), False))[1]}
+
+
+def load_held_slots(optimizer: Any, lookup: Callable[[str], Optional[np.ndarray]]) -> List[str]:
+    """Assigns every slot this process holds from ``lookup(index)`` (its value in the shards, written by any number
+    of processes, or None); what could not be assigned (missing, or another shape), one line each."""
+    problems, slots = [], optimizer._tfaccel_slots
+    for i, variable in enumerate(optimizer.variables):
+        shape, held = slots.get(id(variable), ((), False))
+        if not held:
+            continue
+        value = lookup(str(i))
+        if value is None or tuple(value.shape) != shape:
+            problems.append(f"{variable.path}: " + ("in no shard" if value is None else
+                                                    f"shape {tuple(value.shape)} in its shard, {shape} here"))
+            continue
+        variable.assign(value)
+    return problems
+
+
+@contextlib.contextmanager
+def slots_apart(optimizer: Any) -> Iterator[None]:
+    """Within: a sharded optimizer saves each sharded slot as an empty array and leaves them alone on load (the
+    backup's shard files carry them); no collective runs. A no-op for any other optimizer."""
+    if not is_sharded(optimizer):
+        yield
+        return
+    optimizer._tfaccel_apart = True
+    try:
+        yield
+    finally:
+        optimizer._tfaccel_apart = False

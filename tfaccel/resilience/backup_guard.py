@@ -12,6 +12,7 @@
   job that ended (a restart) is taken over.
 """
 
+import contextlib
 import os
 import socket
 import time
@@ -65,7 +66,8 @@ def fsync_path(path: str) -> None:
         for name in os.listdir(path):
             child = os.path.join(path, name)
             if os.path.isfile(child) and not os.path.islink(child):
-                _fsync_one(child, os.O_RDONLY)
+                with contextlib.suppress(FileNotFoundError):  # renamed meanwhile (another worker's shard): not ours
+                    _fsync_one(child, os.O_RDONLY)
         _fsync_one(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     else:
         _fsync_one(path, os.O_RDONLY)

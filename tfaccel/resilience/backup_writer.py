@@ -15,15 +15,19 @@ flight is durable: a preemption stop and the end of training call it, so a job n
 ``TFACCEL_ASYNC_BACKUP=0`` writes every backup in the step loop instead (to debug; the default is ``1``).
 """
 
+import contextlib
+import functools
 import os
 import threading
 import time
-from typing import Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
+from tfaccel.compat.keras_weights_snapshot import WeightsSnapshot, write_weights
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
+from tfaccel.resilience.backup_guard import fsync_path
 
-__all__ = ["ASYNC_ENV", "async_backups", "BackupWriter"]
+__all__ = ["ASYNC_ENV", "async_backups", "BackupWriter", "save_weights_atomically", "write_snapshot_atomically"]
 
 ASYNC_ENV = "TFACCEL_ASYNC_BACKUP"
 
@@ -118,3 +122,25 @@ class BackupWriter:
             write()
         finally:
             self.write_seconds += time.perf_counter() - began
+
+
+def save_weights_atomically(model: Any, path: str) -> None:
+    """Writes the weights under a temporary name, fsyncs, then renames; a failed write leaves no half file."""
+    _write_atomically(path, model.save_weights)
+
+
+def write_snapshot_atomically(snapshot: WeightsSnapshot, path: str) -> None:
+    """:func:`save_weights_atomically` of values snapshotted earlier (``snapshot_weights``): the same file."""
+    _write_atomically(path, functools.partial(write_weights, snapshot))
+
+
+def _write_atomically(path: str, write: Callable[..., None]) -> None:
+    tmp = f"{path[:-len('.weights.h5')]}.tmp-{os.getpid()}.weights.h5"
+    try:
+        write(tmp)
+        fsync_path(tmp)  # the data reaches the disk before any pointer can name it
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -17,15 +17,19 @@ from typing import Any, Callable, Dict, List, Optional
 import keras
 import tensorflow as tf
 
-from tfaccel.compat.keras_weights_snapshot import WeightsSnapshot, snapshot_weights, write_weights
+from tfaccel.compat.keras_weights_snapshot import snapshot_weights
+from tfaccel.compat.keras_zero import slots_apart
 from tfaccel.errors import ConfigError
 from tfaccel.job_id import JOB_ID_ENV
 from tfaccel.log import get_logger
 from tfaccel.resilience.atomic_io import atomic_write_text, swap_prefix
 from tfaccel.resilience.backup_check import check_weights_file
 from tfaccel.resilience.backup_guard import confined, describe_job, fsync_path, job_alive, job_identity, same_job
-from tfaccel.resilience.backup_writer import BackupWriter
+from tfaccel.resilience.backup_writer import BackupWriter, save_weights_atomically, write_snapshot_atomically
+from tfaccel.resilience.preemption import strategy_sum
 from tfaccel.resilience.restarts import PROGRESS_FILE, RECORD_FILE
+from tfaccel.resilience.shard_backup import (SHARDS_FIELD, agree_written, check_shard_files, load_shards,
+                                             loading_context, shards_record, write_shard, writes_shards)
 
 __all__ = ["BackupState", "read_backup", "load_backup_weights", "StepBackup", "ChiefCheckpoint", "Throughput",
            "PS_BACKUP_FORMAT", "write_checkpoint_backup", "restore_checkpoint_backup"]
@@ -82,6 +86,7 @@ def read_backup(backup_dir: Optional[str]) -> Optional[BackupState]:
     if not os.path.exists(state["weights_path"]):
         raise ConfigError(f"backup_dir {backup_dir}: {_STATE_FILE} names {state['weights']}, which is missing; "
                           "remove the directory to start from scratch")
+    check_shard_files(backup_dir, state)
     mine, owner = job_identity(), state.get("job")
     if isinstance(owner, dict) and not same_job(owner, mine):
         if job_alive(owner):
@@ -94,49 +99,33 @@ def read_backup(backup_dir: Optional[str]) -> Optional[BackupState]:
 
 
 def load_backup_weights(model: Any, state: BackupState, *, backup_dir: str) -> None:
-    """Loads the backup's weights and optimizer state into ``model`` after checking the file fits it.
+    """Loads the backup's weights and optimizer state into ``model`` after checking the file fits it (and the
+    optimizer's slots from its shard files, where sharded state was written by several workers).
 
     Raises:
         ConfigError: the file is unreadable, or its layers and shapes are not this model's (names what differs).
     """
-    check_weights_file(model, state["weights_path"], backup_dir=backup_dir, name=state["weights"])
-    model.load_weights(state["weights_path"])
-
-
-def save_weights_atomically(model: Any, path: str) -> None:
-    """Writes the weights under a temporary name, fsyncs, then renames; a failed write leaves no half file."""
-    _write_atomically(path, model.save_weights)
-
-
-def write_snapshot_atomically(snapshot: WeightsSnapshot, path: str) -> None:
-    """:func:`save_weights_atomically` of values snapshotted earlier (``snapshot_weights``): the same file."""
-    _write_atomically(path, functools.partial(write_weights, snapshot))
-
-
-def _write_atomically(path: str, write: Callable[..., None]) -> None:
-    tmp = f"{path[:-len('.weights.h5')]}.tmp-{os.getpid()}.weights.h5"
-    try:
-        write(tmp)
-        fsync_path(tmp)  # the data reaches the disk before any pointer can name it
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    with loading_context(model, state, backup_dir=backup_dir):
+        check_weights_file(model, state["weights_path"], backup_dir=backup_dir, name=state["weights"])
+        model.load_weights(state["weights_path"])
+    load_shards(model, state, backup_dir=backup_dir)
 
 
 class StepBackup(keras.callbacks.Callback):
     """The Keras callback that backs up model + optimizer every ``save_freq`` steps and each epoch end.
 
     Only the chief writes (Keras 3 reads mirrored variables locally, so saving needs no collective and the
-    other workers have nothing to contribute). ``step_offset`` lets a resumed partial epoch report its true
-    position; ``record(epoch, step)`` returns more fields for the backup's pointer (the world size, the finished
-    epochs' logs: ``tfaccel.resilience.elastic.journal_callback``). ``saves`` counts the backups written.
+    other workers have nothing to contribute), except for optimizer state sharded over several workers: each writes
+    its shard, and the chief moves the pointer once all are written (``tfaccel.resilience.shard_backup``).
+    ``step_offset`` lets a resumed partial epoch report its true position; ``record(epoch, step)`` returns more
+    fields for the backup's pointer (the world size, the finished epochs' logs:
+    ``tfaccel.resilience.elastic.journal_callback``). ``saves`` counts the backups written.
 
     A save copies the values to host memory in the step loop and hands the file, its fsync and the pointer to
     ``writer`` (a :class:`~tfaccel.resilience.backup_writer.BackupWriter`: a background thread unless
     ``TFACCEL_ASYNC_BACKUP=0``); training goes on meanwhile. ``on_train_end`` and :meth:`save_durably` (the
-    preemption stop) wait until the backup is on disk.
+    preemption stop) wait until the backup is on disk. Sharded optimizer state is written in the step loop (the
+    workers agree, through a collective, that every shard is on disk before the chief moves the pointer).
     """
 
     def __init__(self, backup_dir: str, *, save_freq: Optional[int], is_chief: bool, step_offset: int = 0,
@@ -150,6 +139,7 @@ class StepBackup(keras.callbacks.Callback):
         self.step_offset = step_offset
         self.last_saved: Optional[tuple] = None
         self.saves = 0
+        self._total: Optional[Callable[[float], float]] = None
 
     def on_epoch_begin(self, epoch: int, logs: Optional[Dict] = None) -> None:
         self.epoch = epoch
@@ -168,21 +158,30 @@ class StepBackup(keras.callbacks.Callback):
 
     def save(self, epoch: int, step: int) -> None:
         """Backs up (epoch, step) on the chief (a no-op elsewhere, or where it was written): the values are
-        copied now, the files written by ``writer``."""
-        if not self.is_chief or self.last_saved == (epoch, step):
+        copied now, the files written by ``writer``; every worker writes its shard of sharded optimizer state."""
+        optimizer = self.model.optimizer
+        apart = writes_shards(optimizer)
+        if not (self.is_chief or apart) or self.last_saved == (epoch, step):
             return
         os.makedirs(self.backup_dir, exist_ok=True)
         global_step = epoch * self.steps_per_epoch + step
         name = f"backup-{global_step}.weights.h5"
-        state = {**(self.record(epoch, step) if self.record else {}), "epoch": epoch, "step": step,
-                 "global_step": global_step, "weights": name, "steps_per_epoch": self.steps_per_epoch}
-        path = os.path.join(self.backup_dir, name)
+        shards = shards_record(optimizer, global_step)
+        state = {**(self.record(epoch, step) if self.record and self.is_chief else {}), "epoch": epoch,
+                 "step": step, "global_step": global_step, "weights": name, "steps_per_epoch": self.steps_per_epoch,
+                 **({SHARDS_FIELD: shards} if shards else {})}
         self.writer.make_room()  # the previous backup's write ends before this one's snapshot
-        if self.writer.asynchronous:
-            data = functools.partial(write_snapshot_atomically, snapshot_weights(self.model), path)
-        else:  # TFACCEL_ASYNC_BACKUP=0: the file written from the live variables, in the step loop
-            data = functools.partial(save_weights_atomically, self.model, path)
-        self.writer.submit(functools.partial(_write_and_commit, data, self.backup_dir, state))
+        if apart:  # in the step loop: its agreement is a collective of every worker
+            self._save_apart(name, global_step)
+            if self.is_chief:
+                commit_backup(self.backup_dir, state)
+        else:
+            path = os.path.join(self.backup_dir, name)
+            if self.writer.asynchronous:
+                data = functools.partial(write_snapshot_atomically, snapshot_weights(self.model), path)
+            else:  # TFACCEL_ASYNC_BACKUP=0: the file written from the live variables, in the step loop
+                data = functools.partial(save_weights_atomically, self.model, path)
+            self.writer.submit(functools.partial(_write_and_commit, data, self.backup_dir, state))
         self.last_saved = (epoch, step)
         self.saves += 1
 
@@ -190,6 +189,22 @@ class StepBackup(keras.callbacks.Callback):
         """:meth:`save`, then waits until that backup is on disk (a preemption stop: the process exits next)."""
         self.save(epoch, step)
         self.writer.wait()
+
+    def _save_apart(self, name: str, global_step: int) -> None:
+        """Every worker writes its shard (the chief also the weights file, slots left apart), then all agree."""
+        model, written = self.model, False
+        try:
+            write_shard(self.backup_dir, model.optimizer, global_step)
+            if self.is_chief:
+                with slots_apart(model.optimizer):
+                    save_weights_atomically(model, os.path.join(self.backup_dir, name))
+            written = True
+        except Exception as exc:  # noqa: BLE001 - said, then every worker raises after the barrier below
+            get_logger().error("backup_dir %s: this worker's part of %s was not written: %s", self.backup_dir, name,
+                               exc)
+        self._total = self._total or strategy_sum(model.distribute_strategy)
+        agree_written(self._total, written=written, processes=shards_record(model.optimizer, 0)["processes"],
+                      backup_dir=self.backup_dir, name=name)
 
 
 def _write_and_commit(write_data: Callable[[], None], backup_dir: str, state: Dict[str, Any]) -> None:
@@ -223,6 +238,8 @@ def commit_backup(backup_dir: str, state: Dict[str, Any]) -> None:
     fsync_path(backup_dir)  # the pointer's rename is on disk before the data it replaced goes
     if previous and previous["weights"] != state["weights"]:
         _remove_data(previous["weights_path"])
+        for shard in (previous.get(SHARDS_FIELD) or {}).get("files") or []:
+            _remove_data(confined(backup_dir, shard, what="backup_dir", field=f"{SHARDS_FIELD} 'files'"))
 
 
 def _remove_data(path: str) -> None:
@@ -235,7 +252,7 @@ def _remove_data(path: str) -> None:
 
 def is_backup_data(name: str) -> bool:
     """Whether ``name`` (in a backup_dir) is backup data tfaccel wrote, or a temporary one a crash left behind."""
-    return name.startswith(("backup-", ".tmp-backup-")) and name.endswith((".weights.h5", ".ckpt"))
+    return name.startswith(("backup-", ".tmp-backup-")) and name.endswith((".weights.h5", ".ckpt", ".npz"))
 
 
 def remove_backup(backup_dir: str) -> None:

@@ -26,10 +26,7 @@ import os
 import re
 from typing import Any, List, Mapping, Optional, Tuple
 
-from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
-from tensorflow.python.distribute import multi_worker_util
-from tensorflow.python.eager import context
-
+from tfaccel.compat.tf_runtime import configure_coordination_service, coordination_service_configured
 from tfaccel.errors import ConfigError, DeviceError
 from tfaccel.launch.procs import port_open
 
@@ -117,18 +114,10 @@ def configure_coordination(cluster_spec: Any, timeouts: PeerTimeouts) -> bool:
     Returns:
         True when tfaccel configured the service; False when one was configured already (left as it is).
     """
-    ctx = context.context()
-    if ctx.coordination_service is not None:
+    if coordination_service_configured():
         return False
-    jobs = [coordination_config_pb2.CoordinatedJob(name=job, num_tasks=cluster_spec.num_tasks(job))
-            for job in _COORDINATED_JOBS if job in cluster_spec.jobs]
-    ctx.configure_coordination_service(
-        service_type="standalone", service_leader=multi_worker_util.coordination_leader(cluster_spec),
-        cluster_register_timeout_in_ms=int(timeouts.startup * 1000),
-        heartbeat_timeout_in_ms=int(timeouts.heartbeat * 1000), coordinated_jobs=jobs)
-    if timeouts.startup:
-        # Without the barrier the register timeout is not enforced on TF 2.21: the leader waits forever.
-        ctx.coordination_service.cluster_register_with_barrier = True
+    configure_coordination_service(cluster_spec, _COORDINATED_JOBS, register_timeout_s=timeouts.startup,
+                                   heartbeat_timeout_s=timeouts.heartbeat)
     return True
 
 

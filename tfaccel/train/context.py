@@ -106,8 +106,7 @@ def _adapt(ctx: FitContext, loop_name: str) -> Dict[str, Any]:
         check_output_dtype(model)  # float16/bfloat16 outputs: the Keras mixed precision guide's warning
     accumulation = request.loop.gradient_accumulation_steps
     sharded = shard_optimizer_state(model, request.loop.shard_optimizer_state, accumulation_steps=accumulation,
-                                    backup_dir=request.backups.backup_dir, batch_size=data.batch_size,
-                                    device_memory_bytes=_device_memory_bytes())
+                                    batch_size=data.batch_size, device_memory_bytes=_device_memory_bytes())
     if sharded:  # the plan says whether the optimizer state is sharded, and why
         changes["optimizer_state"] = sharded
         ctx.plan = dataclasses.replace(ctx.plan, notes=ctx.plan.notes + (sharded,))

@@ -8,8 +8,12 @@ new value summed with the others' zeros). The mechanism is in ``tfaccel.compat.k
 
 What would not train exactly as ``model.fit`` is refused before training, with the reason: other strategies (one
 device, multi_worker with several devices per worker, parameter_server, TPU, Horovod), mixed precision, gradient
-accumulation, sparse (embedding) gradients, a model's own ``train_step``, an optimizer's moving average (``use_ema``), an optimizer built unsharded,
-backups (``backup_dir``: sharded state is not backed up yet).
+accumulation, sparse (embedding) gradients, a model's own ``train_step``, an optimizer's moving average
+(``use_ema``), an optimizer built unsharded.
+
+Backups (``backup_dir``) hold the whole sharded state: under multi_worker each worker writes its own shard and a
+resumed job, on any number of workers, re-partitions it (``tfaccel.resilience.shard_backup``); ``model.save``
+writes the whole state under the user's optimizer class (``tfaccel.compat.keras_zero``).
 
 ``"auto"`` shards when ``tfaccel memory``'s estimate of one replica (parameters, gradients, optimizer slots,
 activations) exceeds the memory of its device (the smallest GPU's); it stays off where the devices report no size
@@ -93,8 +97,7 @@ def _auto(model: Any, *, batch_size: Optional[int], device_memory_bytes: Optiona
     return True, f"auto: on, one replica needs {need} by tfaccel memory's estimate, more than its device's {have}"
 
 
-def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, backup_dir: Optional[str] = None,
-                          batch_size: Optional[int] = None,
+def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, batch_size: Optional[int] = None,
                           device_memory_bytes: Optional[int] = None) -> Optional[str]:
     """Swaps the class of the model's optimizer for its sharded subclass (in place) when ``setting`` is True, or
     ``"auto"`` and the replica does not fit its device.
@@ -105,7 +108,6 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
         model: the compiled model.
         setting: ``shard_optimizer_state`` (False, True or ``"auto"``).
         accumulation_steps: tfaccel's gradient accumulation (refused above 1).
-        backup_dir: the job's backup directory (refused: sharded state is not backed up yet).
         batch_size: the global batch, for ``"auto"``'s memory estimate.
         device_memory_bytes: the memory of one replica's device (the smallest GPU's), None where unknown (CPU):
             ``"auto"`` then stays off.
@@ -125,9 +127,6 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
             return f"optimizer state not sharded: {why}"
     strategy, optimizer = model.distribute_strategy, model.optimizer
     _check_strategy(strategy)
-    if backup_dir:
-        raise _refuse(f"backup_dir={backup_dir!r}: backups of sharded optimizer state (and resuming from them) are "
-                      "not written yet", f"train without backup_dir, or {_FIX}")
     _check_model(model, optimizer, accumulation_steps)
     if not is_sharded(optimizer):
         optimizer.__class__ = sharded_class(type(optimizer), partition_by_bytes)

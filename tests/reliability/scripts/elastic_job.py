@@ -6,7 +6,8 @@ environment: ELASTIC_EPOCHS (3), ELASTIC_BACKUP_DIR, ELASTIC_BACKUP_FREQ (2), EL
 {task} filled in), ELASTIC_KILL_AT "worker:I:EPOCH:STEP": that task SIGKILLs itself right after that step, once
 (guarded by the marker file ELASTIC_KILL_MARKER); ELASTIC_CAPACITY "PATH:N": just before that kill, N is written
 into PATH (the launcher's capacity file: capacity returns); ELASTIC_MODEL "bn" / "syncbn": a BatchNormalization
-layer after the hidden layer (per-replica statistics / synchronized over every replica).
+layer after the hidden layer (per-replica statistics / synchronized over every replica); ELASTIC_SHARD "1": the
+optimizer state sharded over the workers (shard_optimizer_state=True, each worker backing up its own shard).
 """
 
 import json
@@ -66,10 +67,12 @@ result = tfaccel.compile_and_fit(
     global_batch_size=int(env.get("ELASTIC_BATCH", "96")), loss="sparse_categorical_crossentropy",
     learning_rate=0.003, backup_dir=env.get("ELASTIC_BACKUP_DIR") or None,
     backup_freq=int(env.get("ELASTIC_BACKUP_FREQ", "2")), seed=1, verbose=0, steps_per_execution=1,
+    shard_optimizer_state=env.get("ELASTIC_SHARD") == "1",
     callbacks=[kill_callback()] if env.get("ELASTIC_KILL_AT") else [])
 if env.get("ELASTIC_WEIGHTS_OUT"):
     np.savez(env["ELASTIC_WEIGHTS_OUT"].format(task=task_name.replace(":", "")), *result.model.get_weights())
 print(json.dumps({"task": task_name, "replicas": result.plan.num_replicas, "resumed_from": result.resumed_from,
                   "steps": result.steps, "iterations": int(result.model.optimizer.iterations.numpy()),
                   "world_size": result.details.get("world_size"), "restarts": result.details.get("restarts"),
+                  "optimizer_state": result.details.get("optimizer_state"),
                   "history": result.history}), flush=True)
