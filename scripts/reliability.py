@@ -4,7 +4,7 @@
     python scripts/reliability.py --r1 10 --r2 1 --json rel_out/tallies.json
     python scripts/reliability.py --r1 0 --r2 0 --r3 0 --r1_horovod 5   # R1 under Horovod only
     python scripts/reliability.py --r1 0 --r2 0 --r3 0 --r1_ray 10      # R1 on Ray Train only (issue 14)
-    python scripts/reliability.py --r1 0 --r2 0 --r3 0 --kills 50       # SIGKILLs during backup saves (issue 24)
+    python scripts/reliability.py --r1 0 --r2 0 --r3 0 --kills 50       # SIGKILLs during (async) backup writes
     python scripts/reliability.py --r1 0 --r2 0 --r3 0 --preempt 10     # SIGTERM to a worker (issue 25)
     python scripts/reliability.py --r1 0 --r2 0 --r3 0 --preempt_horovod 10 --preempt_ps 5 --preempt_ray 10
     python scripts/reliability.py --r1 0 --r2 0 --r3 0 --elastic 10 --elastic_growth 5   # elastic 3 -> 2, 2 -> 3
@@ -40,9 +40,10 @@ def define_flags() -> None:
                          "--max-restarts 1 on a private local Ray instance: a worker dies at a random step, its "
                          "training command or Ray's worker process SIGKILLed in turn; Ray restarts the worker group, "
                          "which resumes from tfaccel's backup in Ray's run storage; compare weights)")
-    flags.DEFINE_integer("kills", 0, "trials that SIGKILL a one-process job (a backup after every step) at a random "
-                         "moment while it writes backups, then restart it: it must resume from a complete backup "
-                         "or from the start and end with the uninterrupted run's weights (issue 24)")
+    flags.DEFINE_integer("kills", 0, "trials that SIGKILL a one-process job (a backup after every step, written in "
+                         "a background thread while training goes on) at a random moment while it writes backups, "
+                         "then restart it: it must resume from a complete backup or from the start and end with the "
+                         "uninterrupted run's weights (issues 24, 35)")
     flags.DEFINE_integer("preempt", 0, "preemption trials on multi_worker (tfaccel launch --workers 2 "
                          "--max-restarts 0: SIGTERM to one worker at a random step; every worker must exit 75 within "
                          "the grace period, the launcher restart, 0 steps lost, final weights equal to the "
@@ -98,7 +99,8 @@ def _kills(work: Path, rng: random.Random) -> dict:
     ref = rel_kills.reference(work / "kills-reference")
     if not ref["ok"]:
         sys.exit(f"kills reference run failed: {ref['why']}")
-    print(f"  kills reference: backups over {ref['backup_span_s']} s ({ref['backups_written']} backups)", flush=True)
+    print(f"  kills reference: backups over {ref['backup_span_s']} s ({ref['backups_written']} backups; writer: "
+          f"{json.dumps(ref['backup_writer'])})", flush=True)
     results = []
     for i in range(FLAGS.kills):
         result = rel_kills.trial(work / f"kills-{i}", ref, rng=rng)

@@ -70,7 +70,9 @@ def test_killed_worker_ray_restarts_group_and_resumes_to_uninterrupted_weights(r
     result = rel_ray.r1_ray_trial(tmp_path, Path(reference["weights"]), rng=random.Random(0), what=what,
                                   cluster=ray_cluster, victim=victim, kill_at=(1, 7))
     assert result["ok"], result["why"]
-    assert result["resumed_from"] == [(1, 5)] and result["restarts"] == 1, result
+    # backups are written in the background: the step-5 one may still have been in flight when the chief's worker
+    # died after step 7, and then both resume from the epoch end's (the kill tally's promise: the last complete one)
+    assert result["resumed_from"] in ([(1, 5)], [(1, 0)]) and result["restarts"] == 1, result
     assert (tmp_path / "killed").read_text().strip() == "1:7"
     if what == "command":  # tfaccel's worker function reports the command's death (its last line reaches Ray)
         assert re.search(rf"\[worker {victim}\] JOB: worker:{victim} SIGKILLs command \(pid \d+\) after epoch 1 "

@@ -101,7 +101,8 @@ def reference(work: Path, *, timeout: float = 240) -> Dict[str, Any]:
     ok = rc == 0 and job.first_backup_at is not None and done is not None
     return {"ok": ok, "why": "" if ok else f"reference failed (rc={rc}):\n{job.tail()}",
             "weights": str(work / "ref.npz"), "backup_span_s": round(done[0] - job.first_backup_at, 3) if ok else None,
-            "backups_written": done[1]["backups_written"] if ok else None}
+            "backups_written": done[1]["backups_written"] if ok else None,
+            "backup_writer": done[1]["backup_writer"] if ok else None}
 
 
 def _what_the_kill_left(backup_dir: Path) -> Dict[str, Any]:
@@ -173,6 +174,7 @@ def trial(work: Path, ref: Dict[str, Any], *, rng: random.Random, timeout: float
     measured["max_abs_diff"] = diff
     if diff > atol:
         return {"ok": False, "why": f"final weights differ from the uninterrupted run's by {diff:.3g}", **measured}
+    measured["restart_writer"] = done[1]["backup_writer"]
     if backup_dir.exists():
         return {"ok": False, "why": "backup_dir was not removed after training completed", **measured}
     return {"ok": True, "why": "", **measured}

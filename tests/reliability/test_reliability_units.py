@@ -94,30 +94,36 @@ def _model():
     return model
 
 
-def test_backup_that_fails_midway_leaves_the_previous_backup_intact(tmp_path):
-    from tfaccel.resilience.backups import StepBackup, read_backup
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_backup_that_fails_midway_leaves_the_previous_backup_intact(tmp_path, monkeypatch, asynchronous):
+    from tfaccel.resilience import backup_writer, backups
+    from tfaccel.resilience.backup_writer import BackupWriter
 
     model = _model()
-    cb = StepBackup(str(tmp_path), save_freq=5, is_chief=True, steps_per_epoch=20)
+    cb = backups.StepBackup(str(tmp_path), save_freq=5, is_chief=True, steps_per_epoch=20,
+                            writer=BackupWriter(asynchronous=asynchronous))
     cb.set_model(model)
     cb.on_epoch_begin(0)
     cb.on_train_batch_end(4)  # step 5: a complete backup
+    cb.writer.wait()
     good = [w.copy() for w in model.get_weights()]
-    assert read_backup(str(tmp_path)).step == 5
-
-    original = model.save_weights
+    assert backups.read_backup(str(tmp_path)).step == 5
 
     def crash_midway(path, overwrite=True):
         Path(path).write_bytes(b"\x89HDF\r\n half a file")  # the process dies while writing
         raise OSError("disk full")
 
-    model.save_weights = crash_midway
+    if asynchronous:  # the background thread writes from the snapshot
+        monkeypatch.setattr(backup_writer, "write_weights", lambda snapshot, path: crash_midway(path))
+    else:
+        monkeypatch.setattr(model, "save_weights", crash_midway)
     for w in model.weights:
         w.assign(w + 1.0)
     with pytest.raises(OSError, match="disk full"):
-        cb.on_train_batch_end(9)  # step 10
-    model.save_weights = original
-    state = read_backup(str(tmp_path))
+        cb.on_train_batch_end(9)  # step 10: the step loop sees the error (sync), or the end of training (async)
+        cb.on_train_end()
+    monkeypatch.undo()
+    state = backups.read_backup(str(tmp_path))
     assert (state.epoch, state.step) == (0, 5)
     assert sorted(os.listdir(tmp_path)) == ["backup-5.weights.h5", "tfaccel_backup.json"]  # no half file left
     model.load_weights(state["weights_path"])

@@ -40,6 +40,7 @@ def _backup_of(model, backup_dir, *, step=2, epoch=0):
     cb.set_model(model)
     cb.on_epoch_begin(epoch)
     cb.on_train_batch_end(step - 1)
+    cb.writer.wait()  # written in the background
     return json.loads((backup_dir / "tfaccel_backup.json").read_text())
 
 
@@ -116,6 +117,7 @@ def test_data_and_directory_are_fsynced_before_the_pointer_swap_and_the_old_back
     cb.set_model(model)
     cb.on_epoch_begin(0)
     cb.on_train_batch_end(1)
+    cb.writer.wait()  # written in the background
     monkeypatch.undo()
     order = [e for e in events if e[1] in ("backup", "backup-2.weights.h5", "backup-1.weights.h5",
                                            "tfaccel_backup.json") or e[1].startswith("backup-2.tmp")]

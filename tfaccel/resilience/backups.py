@@ -6,6 +6,7 @@ files first under a temporary name, renamed into place, then a small JSON pointe
 """
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional
 import keras
 import tensorflow as tf
 
+from tfaccel.compat.keras_weights_snapshot import snapshot_weights
 from tfaccel.compat.keras_zero import slots_apart
 from tfaccel.errors import ConfigError
 from tfaccel.job_id import JOB_ID_ENV
@@ -23,6 +25,7 @@ from tfaccel.log import get_logger
 from tfaccel.resilience.atomic_io import atomic_write_text, swap_prefix
 from tfaccel.resilience.backup_check import check_weights_file
 from tfaccel.resilience.backup_guard import confined, describe_job, fsync_path, job_alive, job_identity, same_job
+from tfaccel.resilience.backup_writer import BackupWriter, save_weights_atomically, write_snapshot_atomically
 from tfaccel.resilience.preemption import strategy_sum
 from tfaccel.resilience.restarts import PROGRESS_FILE, RECORD_FILE
 from tfaccel.resilience.shard_backup import (SHARDS_FIELD, agree_written, check_shard_files, load_shards,
@@ -108,19 +111,6 @@ def load_backup_weights(model: Any, state: BackupState, *, backup_dir: str) -> N
     load_shards(model, state, backup_dir=backup_dir)
 
 
-def save_weights_atomically(model: Any, path: str) -> None:
-    """Writes the weights under a temporary name, fsyncs, then renames; a failed write leaves no half file."""
-    tmp = f"{path[:-len('.weights.h5')]}.tmp-{os.getpid()}.weights.h5"
-    try:
-        model.save_weights(tmp, overwrite=True)
-        fsync_path(tmp)  # the data reaches the disk before any pointer can name it
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 class StepBackup(keras.callbacks.Callback):
     """The Keras callback that backs up model + optimizer every ``save_freq`` steps and each epoch end.
 
@@ -130,13 +120,21 @@ class StepBackup(keras.callbacks.Callback):
     ``step_offset`` lets a resumed partial epoch report its true position; ``record(epoch, step)`` returns more
     fields for the backup's pointer (the world size, the finished epochs' logs:
     ``tfaccel.resilience.elastic.journal_callback``). ``saves`` counts the backups written.
+
+    A save copies the values to host memory in the step loop and hands the file, its fsync and the pointer to
+    ``writer`` (a :class:`~tfaccel.resilience.backup_writer.BackupWriter`: a background thread unless
+    ``TFACCEL_ASYNC_BACKUP=0``); training goes on meanwhile. ``on_train_end`` and :meth:`save_durably` (the
+    preemption stop) wait until the backup is on disk. Sharded optimizer state is written in the step loop (the
+    workers agree, through a collective, that every shard is on disk before the chief moves the pointer).
     """
 
     def __init__(self, backup_dir: str, *, save_freq: Optional[int], is_chief: bool, step_offset: int = 0,
-                 steps_per_epoch: int, record: Optional[Callable[[int, int], Dict[str, Any]]] = None) -> None:
+                 steps_per_epoch: int, record: Optional[Callable[[int, int], Dict[str, Any]]] = None,
+                 writer: Optional[BackupWriter] = None) -> None:
         super().__init__()
         self.backup_dir, self.save_freq, self.is_chief = backup_dir, save_freq, is_chief
         self.steps_per_epoch, self.record = steps_per_epoch, record
+        self.writer = writer if writer is not None else BackupWriter()
         self.epoch = 0
         self.step_offset = step_offset
         self.last_saved: Optional[tuple] = None
@@ -155,9 +153,12 @@ class StepBackup(keras.callbacks.Callback):
         self.step_offset = 0  # only the first (resumed) epoch starts mid-way
         self.save(epoch + 1, 0)
 
+    def on_train_end(self, logs: Optional[Dict] = None) -> None:
+        self.writer.wait()  # fit returns with its last backup on disk (or raises why it is not)
+
     def save(self, epoch: int, step: int) -> None:
-        """Writes the backup at (epoch, step) on the chief (a no-op elsewhere, or where it was written); every worker
-        writes its shard of sharded optimizer state."""
+        """Backs up (epoch, step) on the chief (a no-op elsewhere, or where it was written): the values are
+        copied now, the files written by ``writer``; every worker writes its shard of sharded optimizer state."""
         optimizer = self.model.optimizer
         apart = writes_shards(optimizer)
         if not (self.is_chief or apart) or self.last_saved == (epoch, step):
@@ -165,18 +166,29 @@ class StepBackup(keras.callbacks.Callback):
         os.makedirs(self.backup_dir, exist_ok=True)
         global_step = epoch * self.steps_per_epoch + step
         name = f"backup-{global_step}.weights.h5"
-        if apart:
-            self._save_apart(name, global_step)
-        else:
-            save_weights_atomically(self.model, os.path.join(self.backup_dir, name))
         shards = shards_record(optimizer, global_step)
-        if self.is_chief:
-            commit_backup(self.backup_dir, {**(self.record(epoch, step) if self.record else {}), "epoch": epoch,
-                                            "step": step, "global_step": global_step, "weights": name,
-                                            "steps_per_epoch": self.steps_per_epoch,
-                                            **({SHARDS_FIELD: shards} if shards else {})})
+        state = {**(self.record(epoch, step) if self.record and self.is_chief else {}), "epoch": epoch,
+                 "step": step, "global_step": global_step, "weights": name, "steps_per_epoch": self.steps_per_epoch,
+                 **({SHARDS_FIELD: shards} if shards else {})}
+        self.writer.make_room()  # the previous backup's write ends before this one's snapshot
+        if apart:  # in the step loop: its agreement is a collective of every worker
+            self._save_apart(name, global_step)
+            if self.is_chief:
+                commit_backup(self.backup_dir, state)
+        else:
+            path = os.path.join(self.backup_dir, name)
+            if self.writer.asynchronous:
+                data = functools.partial(write_snapshot_atomically, snapshot_weights(self.model), path)
+            else:  # TFACCEL_ASYNC_BACKUP=0: the file written from the live variables, in the step loop
+                data = functools.partial(save_weights_atomically, self.model, path)
+            self.writer.submit(functools.partial(_write_and_commit, data, self.backup_dir, state))
         self.last_saved = (epoch, step)
         self.saves += 1
+
+    def save_durably(self, epoch: int, step: int) -> None:
+        """:meth:`save`, then waits until that backup is on disk (a preemption stop: the process exits next)."""
+        self.save(epoch, step)
+        self.writer.wait()
 
     def _save_apart(self, name: str, global_step: int) -> None:
         """Every worker writes its shard (the chief also the weights file, slots left apart), then all agree."""
@@ -193,6 +205,11 @@ class StepBackup(keras.callbacks.Callback):
         self._total = self._total or strategy_sum(model.distribute_strategy)
         agree_written(self._total, written=written, processes=shards_record(model.optimizer, 0)["processes"],
                       backup_dir=self.backup_dir, name=name)
+
+
+def _write_and_commit(write_data: Callable[[], None], backup_dir: str, state: Dict[str, Any]) -> None:
+    write_data()
+    commit_backup(backup_dir, state)
 
 
 def commit_backup(backup_dir: str, state: Dict[str, Any]) -> None:

@@ -60,7 +60,9 @@ def backup_callbacks(ctx: FitContext, state: Optional[Dict[str, Any]]) -> Dict[s
 
 
 def finish(ctx: FitContext) -> None:
-    """A job that completed leaves nothing to resume: the chief removes its backup."""
+    """A job that completed leaves nothing to resume: the chief removes its backup (once no write is pending)."""
+    if "backup" in ctx.named:
+        ctx.named["backup"].writer.wait()
     if ctx.request.backups.backup_dir and ctx.backend.is_chief:
         remove_backup(ctx.request.backups.backup_dir)
 
@@ -118,7 +120,8 @@ def add_preemption(ctx: FitContext) -> None:
     backend, backup, backup_dir = ctx.backend, ctx.named.get("backup"), ctx.request.backups.backup_dir
     task = f"process {backend.worker_index} of {backend.num_workers}" if backend.uses_keras_fit else "the coordinator"
     progress = Progress(backup_dir, is_chief=backend.is_chief, steps_per_epoch=ctx.data.steps_per_epoch or 0)
-    ctx.preemption = make_preemption(backend, save=backup.save if backup is not None else None,
+    # the stop's backup is on disk before the process exits 75 (save_durably waits for the background write)
+    ctx.preemption = make_preemption(backend, save=backup.save_durably if backup is not None else None,
                                      can_save=bool(backup_dir), epochs=ctx.request.epochs, task=task, progress=progress)
     if backend.uses_keras_fit:  # parameter_server: the coordinator loop checks between its joins
         ctx.named["preemption"] = preemption_callback(ctx.preemption, steps_per_epoch=ctx.data.steps_per_epoch or 0,

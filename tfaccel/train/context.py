@@ -231,6 +231,7 @@ def _result(ctx: FitContext, outcome: Optional["LoopResult"], seconds: float) ->
         details["optimizer_state_bytes"] = slot_bytes_per_device(ctx.model.optimizer, ctx.model.distribute_strategy)
     if "backup" in ctx.named:
         details["backups_written"] = ctx.named["backup"].saves
+        details["backup_writer"] = ctx.named["backup"].writer.details()
     if "checkpoint" in ctx.named:
         details["checkpoints"] = list(ctx.named["checkpoint"].saved)
     details["preemption"] = ctx.preemption.details()

@@ -2,7 +2,8 @@
 
 Environment: KILLS_BACKUP_DIR (required), KILLS_WEIGHTS_OUT (npz of the final weights), KILLS_EPOCHS (3).
 Prints ``{"event": "train_begin"}`` when training starts (the parent times its SIGKILL from there) and
-``{"event": "done", "resumed_from": ..., "steps": ...}`` at the end.
+``{"event": "done", "resumed_from": ..., "steps": ..., "backup_writer": ...}`` at the end (backups are written in a
+background thread unless TFACCEL_ASYNC_BACKUP=0, so most kills land while one is being written).
 """
 
 import json
@@ -35,4 +36,5 @@ result = tfaccel.fit(model, x, y, batch_size=32, epochs=int(env.get("KILLS_EPOCH
 if env.get("KILLS_WEIGHTS_OUT"):
     np.savez(env["KILLS_WEIGHTS_OUT"], *result.model.get_weights())
 print(json.dumps({"event": "done", "resumed_from": result.resumed_from, "steps": result.steps,
-                  "backups_written": result.details.get("backups_written")}), flush=True)
+                  "backups_written": result.details.get("backups_written"),
+                  "backup_writer": result.details.get("backup_writer")}), flush=True)
