@@ -43,8 +43,8 @@ VIRTUAL_CPUS = 2
 MESSAGE_CHARS = 300
 _OUTCOMES: Dict[str, Dict[str, str]] = collections.defaultdict(dict)
 _ROUTING = threading.local()  # set while tfaccel.fit runs: its own Keras-fit loop calls the original fit
-_STATE = threading.local()  # the mode the running test is in; whether it called a trainer entry point (in graph)
-_RERUN_FUNCTIONS: Set[Tuple[str, str]] = set()  # (class node id, test function): the functions rerun so far
+RUN_STATE = threading.local()  # the mode the running test is in; whether it called a trainer entry point (in graph)
+RERUN_FUNCTIONS: Set[Tuple[str, str]] = set()  # (class node id, test function): the functions rerun so far
 
 
 def _mode() -> str:
@@ -54,7 +54,7 @@ def _mode() -> str:
     return mode
 
 
-def _rerun_path() -> Optional[str]:
+def rerun_path() -> Optional[str]:
     path = os.environ.get("TFACCEL_CONFORMANCE_RERUN") or None
     if path is not None and (path not in RERUN_PATHS or not _mode().endswith(":default")):
         raise pytest.UsageError(f"TFACCEL_CONFORMANCE_RERUN must be one of {', '.join(RERUN_PATHS)} beside a "
@@ -94,8 +94,8 @@ def _noted(original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def entry_point(self: Any, *args: Any, **kwargs: Any) -> Any:
-        _STATE.trained = True
-        _STATE.in_graph = _STATE.in_graph or not (getattr(self, "run_eagerly", False) or
+        RUN_STATE.trained = True
+        RUN_STATE.in_graph = RUN_STATE.in_graph or not (getattr(self, "run_eagerly", False) or
                                                   getattr(self, "jit_compile", False))
         return original(self, *args, **kwargs)
 
@@ -105,7 +105,7 @@ def _noted(original: Callable[..., Any]) -> Callable[..., Any]:
 def pytest_configure(config: pytest.Config) -> None:
     import tfaccel
 
-    mode, rerun = _mode(), _rerun_path()
+    mode, rerun = _mode(), rerun_path()
     _OUTCOMES[mode] = {}
     if rerun:
         _OUTCOMES[f"{mode.split(':')[0]}:{rerun}"] = {}
@@ -143,7 +143,7 @@ _KERAS_STRATEGY: Any = None
 
 
 def _running_mode() -> str:
-    return getattr(_STATE, "mode", None) or _mode()
+    return getattr(RUN_STATE, "mode", None) or _mode()
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -164,11 +164,11 @@ def pytest_runtest_call(item: pytest.Item) -> None:
 
 def _run(item: pytest.Item, nextitem: Optional[pytest.Item], mode: str) -> List[pytest.TestReport]:
     """One run of ``item`` (setup, call, teardown) in ``mode``; its reports, not yet logged."""
-    _STATE.mode, _STATE.trained, _STATE.in_graph = mode, False, False
+    RUN_STATE.mode, RUN_STATE.trained, RUN_STATE.in_graph = mode, False, False
     try:
         return runtestprotocol(item, nextitem=nextitem, log=False)
     finally:
-        _STATE.mode = None
+        RUN_STATE.mode = None
 
 
 def _function_of(item: pytest.Item) -> Tuple[str, str]:
@@ -183,18 +183,18 @@ def rerun_wanted(item: pytest.Item, function: Tuple[str, str]) -> bool:
     One parametrization per test function keeps the mirrored path within CI's time: the parametrizations of Keras'
     trainer tests vary the execution mode (eager, graph, XLA) and the data's kind, which the default path covers.
     """
-    if item.nodeid.split("::")[0] not in RERUN_MODULES or not (_STATE.trained and _STATE.in_graph):
+    if item.nodeid.split("::")[0] not in RERUN_MODULES or not (RUN_STATE.trained and RUN_STATE.in_graph):
         return False
-    if function in _RERUN_FUNCTIONS:
+    if function in RERUN_FUNCTIONS:
         return False
-    _RERUN_FUNCTIONS.add(function)
+    RERUN_FUNCTIONS.add(function)
     return True
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: Optional[pytest.Item]) -> Optional[bool]:
     """With a rerun path: the default run, then (if the test called a trainer entry point) the rerun path's run."""
-    path = _rerun_path()
+    path = rerun_path()
     if path is None:
         return None
     function = _function_of(item)

@@ -33,6 +33,7 @@ does that and prints the table docs/guides/keras-parity.md shows).
 import json
 import os
 import sys
+import types
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional
 
@@ -41,6 +42,7 @@ import pytest
 import tensorflow as tf
 
 import harness
+import keras_mode_plugin
 
 HERE = Path(__file__).resolve().parent
 KERAS_TESTS = HERE / "keras_tests"
@@ -176,3 +178,33 @@ def test_the_comparison_names_each_difference() -> None:
     assert differences(plain, routed, {"c": "why"}, {}) == ["b: failed: AssertionError: 1 != 2"]
     assert differences(plain, routed, {"c": "other"}, {"b": "1 != 2", "d": "x"}) == [
         "c: failed: tfaccel.errors.ConfigError: why", "d: listed in OPEN_DIFFERENCES ('x') but passed"]
+
+
+def test_the_mirrored_rerun_is_one_graph_test_per_trainer_test_function(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TFACCEL_CONFORMANCE_MODE", "tfaccel:default")
+    monkeypatch.setenv("TFACCEL_CONFORMANCE_RERUN", "mirrored")
+    monkeypatch.setattr(keras_mode_plugin, "RERUN_FUNCTIONS", set())
+    state = keras_mode_plugin.RUN_STATE
+
+    def wanted(nodeid: str, function: str, *, trained: bool = True, in_graph: bool = True) -> bool:
+        state.trained, state.in_graph = trained, in_graph
+        return keras_mode_plugin.rerun_wanted(types.SimpleNamespace(nodeid=nodeid), ("T", function))
+
+    trainer = keras_mode_plugin.RERUN_MODULES[0]
+    assert not wanted(f"{trainer}::T::test_fit_eager", "test_fit", in_graph=False)
+    assert wanted(f"{trainer}::T::test_fit_graph", "test_fit")
+    assert not wanted(f"{trainer}::T::test_fit_other_graph", "test_fit"), "one parametrization per function"
+    assert not wanted(f"{trainer}::T::test_no_fit", "test_no_fit", trained=False, in_graph=False)
+    assert not wanted("keras/src/callbacks/callback_test.py::T::test_fit", "test_fit_cb"), "trainer tests only"
+
+
+def test_a_rerun_path_other_than_mirrored_beside_default_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TFACCEL_CONFORMANCE_MODE", "keras:mirrored")
+    monkeypatch.setenv("TFACCEL_CONFORMANCE_RERUN", "mirrored")
+    with pytest.raises(pytest.UsageError, match="beside a \\*:default mode; received 'mirrored' with mode "
+                                                "'keras:mirrored'"):
+        keras_mode_plugin.rerun_path()
+    monkeypatch.setenv("TFACCEL_CONFORMANCE_MODE", "keras:default")
+    monkeypatch.setenv("TFACCEL_CONFORMANCE_RERUN", "multi_worker")
+    with pytest.raises(pytest.UsageError, match="must be one of mirrored"):
+        keras_mode_plugin.rerun_path()
