@@ -76,11 +76,13 @@ def render(data: dict) -> str:
     differing = {path: _differing(data, path) for path in paths}
     modules = sorted({m for mode in counts.values() for m in mode})
     lines = [f"Keras {data.get('keras', '?')}, TensorFlow {data.get('tensorflow', '?')}, Python "
-             f"{data.get('python', '?')}; each cell: tests passed / tests run on that path.", "",
+             f"{data.get('python', '?')}; each cell: tests passed / tests run on that path (mirrored runs the tests "
+             "named above).", "",
              "| test module | " + " | ".join(title for _, title in columns) + " | differences (" + ", ".join(paths) +
              ") |", "|---" * (len(columns) + 2) + "|"]
     for module in modules:
-        cells = ["{} / {}".format(*counts[mode].get(module, (0, 0))) for mode, _ in columns]
+        cells = ["{} / {}".format(*counts[mode][module]) if module in counts[mode] else "not run"
+                 for mode, _ in columns]
         diffs = [str(sum(_module(t) == module for t in differing[path])) for path in paths]
         lines.append(f"| `{module}` | " + " | ".join(cells) + " | " + " / ".join(diffs) + " |")
     totals = [f"**{sum(c[0] for c in counts[mode].values())} / {len(modes[mode])}**" for mode, _ in columns]
