@@ -1,7 +1,7 @@
 """Runs Keras' own tests in plain Keras and through tfaccel and prints the "Keras' own tests" tables of
 docs/guides/keras-parity.md from the results.
 
-    python scripts/keras_conformance_table.py             # runs all four modes, rewrites the JSON, prints the tables
+    python scripts/keras_conformance_table.py             # runs both tools on both paths, rewrites the JSON, prints
     python scripts/keras_conformance_table.py --from docs/data/keras_conformance.json   # only renders
 
 The run is tests/conformance/test_keras_conformance.py with TFACCEL_CONFORMANCE_RECORD=1, which writes
