@@ -32,7 +32,7 @@ import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import pytest
-from _pytest.runner import runtestprotocol
+from _pytest.runner import runtestprotocol  # one item's setup, call, teardown; pytest has no public name for it
 
 MODES = ("keras:default", "keras:mirrored", "tfaccel:default", "tfaccel:mirrored")
 RERUN_PATHS = ("mirrored",)
@@ -55,6 +55,7 @@ def _mode() -> str:
 
 
 def rerun_path() -> Optional[str]:
+    """The path each chosen test runs on after its default run (``TFACCEL_CONFORMANCE_RERUN``), or None."""
     path = os.environ.get("TFACCEL_CONFORMANCE_RERUN") or None
     if path is not None and (path not in RERUN_PATHS or not _mode().endswith(":default")):
         raise pytest.UsageError(f"TFACCEL_CONFORMANCE_RERUN must be one of {', '.join(RERUN_PATHS)} beside a "
@@ -193,7 +194,7 @@ def rerun_wanted(item: pytest.Item, function: Tuple[str, str]) -> bool:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: Optional[pytest.Item]) -> Optional[bool]:
-    """With a rerun path: the default run, then (if the test called a trainer entry point) the rerun path's run."""
+    """With a rerun path: the default run, then (when ``rerun_wanted`` says so) the rerun path's run."""
     path = rerun_path()
     if path is None:
         return None
