@@ -15,12 +15,13 @@ Which tests run on which path:
   first such parametrization; 47 tests with Keras 3.15.1); plain Keras runs it inside one
   ``tf.distribute.MirroredStrategy`` scope, tfaccel inside ``tfaccel.scope(strategy="mirrored")``. Why that set:
   what a strategy changes is the trainer's loops (data split over replicas, losses and metrics reduced across them,
-  steps per execution, predict's outputs gathered), which is what the trainer tests exercise; a test that never calls a trainer entry point runs the same code on
-  both paths; Keras' "auto" itself runs graph without XLA on CPUs and under a several-device MirroredStrategy (XLA
-  there fails in Keras), and the other parametrizations vary what the default path already covers. Why not more:
-  CI's time (a mirrored run costs about 1.4 CPU seconds, 65 s for the 47, against about 90 s for the path).
-  The callback and TF distribute test modules were run on mirrored module by module once (2026-11-28), with no
-  test that plain Keras passes failing through tfaccel (docs/guides/keras-parity.md).
+  steps per execution, predict's outputs gathered), which is what the trainer tests exercise; a test that never
+  calls a trainer entry point runs the same code on both paths; Keras' "auto" itself runs graph without XLA on CPUs
+  and under a several-device MirroredStrategy (XLA there fails in Keras), and the other parametrizations vary what
+  the default path already covers. Why not more: CI's time (a mirrored run costs about 1.4 CPU seconds, 65 s for the
+  47, against about 90 s for the path). The callback and TF distribute test modules were run on mirrored module by
+  module once (2026-11-28), with no test that plain Keras passes failing through tfaccel
+  (docs/guides/keras-parity.md).
 
 The plain-Keras outcomes are recorded in docs/data/keras_conformance.json (they depend only on the pinned Keras and
 TensorFlow, checked here); this test runs tfaccel and compares. A test plain Keras passes must pass through tfaccel
