@@ -1,7 +1,7 @@
 """Runs Keras' own tests in plain Keras and through tfaccel and prints the "Keras' own tests" tables of
 docs/guides/keras-parity.md from the results.
 
-    python scripts/keras_conformance_table.py             # runs all four modes, rewrites the JSON, prints the tables
+    python scripts/keras_conformance_table.py             # runs both tools on both paths, rewrites the JSON, prints
     python scripts/keras_conformance_table.py --from docs/data/keras_conformance.json   # only renders
 
 The run is tests/conformance/test_keras_conformance.py with TFACCEL_CONFORMANCE_RECORD=1, which writes
@@ -20,8 +20,8 @@ from typing import Dict, List, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDED = ROOT / "docs" / "data" / "keras_conformance.json"
-COLUMNS = [("keras:default", "plain Keras, one device"), ("tfaccel:default", "tfaccel, default"),
-           ("keras:mirrored", "plain Keras, MirroredStrategy (2 vCPUs)"), ("tfaccel:mirrored", "tfaccel, mirrored")]
+COLUMNS = [("keras:default", "default: plain Keras"), ("tfaccel:default", "default: tfaccel"),
+           ("keras:mirrored", "mirrored: plain Keras"), ("tfaccel:mirrored", "mirrored: tfaccel")]
 CAUSE_CHARS = 110
 
 
@@ -47,29 +47,53 @@ def _columns(data: dict) -> List[Tuple[str, str]]:
     return [(mode, title) for mode, title in COLUMNS if mode in data["modes"]]
 
 
+def _paths(data: dict) -> List[str]:
+    return [mode.split(":")[1] for mode, _ in _columns(data) if mode.startswith("tfaccel:")]
+
+
+def _differing(data: dict, path: str) -> Dict[str, str]:
+    """``{test: kind}`` for each test that passes on ``path`` in plain Keras or through tfaccel but not in both."""
+    plain, routed = data["modes"][f"keras:{path}"], data["modes"][f"tfaccel:{path}"]
+    refused = data.get("intended_refusals", {}).get(f"tfaccel:{path}", {})
+    open_ones = data.get("open_differences", {}).get(f"tfaccel:{path}", {})
+    kinds = {}
+    for test in sorted(set(plain) | set(routed)):
+        if (plain.get(test) == "passed") == (routed.get(test) == "passed"):
+            continue
+        if routed.get(test) == "passed":
+            kinds[test] = "passes through tfaccel only"
+        else:
+            kinds[test] = ("intended refusal" if test in refused else "open difference" if test in open_ones
+                           else "difference")
+    return kinds
+
+
 def render(data: dict) -> str:
-    """The per-module table, the totals, then every test whose outcome differs between plain Keras and tfaccel."""
-    modes = data["modes"]
-    columns = _columns(data)
+    """The versions, the per-module table (passed / tests per path and tool, then the differences per path), the
+    totals, then every test whose outcome differs between plain Keras and tfaccel, with its cause."""
+    modes, columns, paths = data["modes"], _columns(data), _paths(data)
     counts = {mode: _counts(modes[mode]) for mode, _ in columns}
+    differing = {path: _differing(data, path) for path in paths}
     modules = sorted({m for mode in counts.values() for m in mode})
-    lines = ["| test module | " + " | ".join(title for _, title in columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    lines = [f"Keras {data.get('keras', '?')}, TensorFlow {data.get('tensorflow', '?')}, Python "
+             f"{data.get('python', '?')}; each cell: tests passed / tests run on that path (mirrored runs the tests "
+             "named above).", "",
+             "| test module | " + " | ".join(title for _, title in columns) + " | differences (" + ", ".join(paths) +
+             ") |", "|---" * (len(columns) + 2) + "|"]
     for module in modules:
-        cells = ["{} / {}".format(*counts[mode].get(module, (0, 0))) for mode, _ in columns]
-        lines.append(f"| `{module}` | " + " | ".join(cells) + " |")
-    totals = [sum(c[0] for c in counts[mode].values()) for mode, _ in columns]
-    tests = [len(modes[mode]) for mode, _ in columns]
-    lines.append("| **all** | " + " | ".join(f"**{p} / {t}**" for p, t in zip(totals, tests)) + " |")
-    lines += ["", "Differences between plain Keras and tfaccel (on the same path):", ""]
-    differences = []
-    for path in sorted({mode.split(":")[1] for mode, _ in columns}):
-        plain, routed = modes[f"keras:{path}"], modes[f"tfaccel:{path}"]
-        for test in sorted(plain):
-            if (plain[test] == "passed") != (routed.get(test) == "passed"):
-                differences.append(f"| {path} | `{test.replace('keras/src/', '')}` | {_cause(plain[test])} | "
-                                   f"{_cause(routed.get(test, 'not run'))} |")
-    if differences:
-        lines += ["| path | test | plain Keras | tfaccel |", "|---|---|---|---|", *differences]
+        cells = ["{} / {}".format(*counts[mode][module]) if module in counts[mode] else "not run"
+                 for mode, _ in columns]
+        diffs = [str(sum(_module(t) == module for t in differing[path])) for path in paths]
+        lines.append(f"| `{module}` | " + " | ".join(cells) + " | " + " / ".join(diffs) + " |")
+    totals = [f"**{sum(c[0] for c in counts[mode].values())} / {len(modes[mode])}**" for mode, _ in columns]
+    lines.append("| **all** | " + " | ".join(totals) + " | **" +
+                 " / ".join(str(len(differing[path])) for path in paths) + "** |")
+    lines += ["", "Differences between plain Keras and tfaccel (on the same path), with their cause:", ""]
+    rows = [f"| {path} | `{test.replace('keras/src/', '')}` | {kind} | " +
+            " | ".join(_cause(modes[f"{tool}:{path}"].get(test, "not run")) for tool in ("keras", "tfaccel")) + " |"
+            for path in paths for test, kind in differing[path].items()]
+    if rows:
+        lines += ["| path | test | kind | plain Keras | tfaccel |", "|---|---|---|---|---|", *rows]
     else:
         lines.append("none: every test passes through tfaccel exactly where it passes in plain Keras.")
     return "\n".join(lines)

@@ -2,37 +2,56 @@
 tfaccel, on one device (``default``) and under ``mirrored`` over 2 virtual CPUs.
 
 Keras' tests (keras_tests/, copied unmodified from the Keras 3.15.1 source distribution; see keras_tests/NOTICE) run
-in one pytest process per mode (keras_mode_plugin.py): plain Keras, plain Keras inside a MirroredStrategy scope,
-and the README's 3-line change applied mechanically (each test body inside ``tfaccel.scope(strategy=...)``, every
-``fit`` through ``tfaccel.fit``). The plain-Keras outcomes are recorded in docs/data/keras_conformance.json (they
-depend only on the pinned Keras and TensorFlow, checked here; recording them costs two more full runs); this test
-runs the two tfaccel modes, side by side, and compares. A test plain Keras passes must pass through tfaccel, or be
-an intended refusal listed in INTENDED_REFUSALS: a tfaccel ConfigError that says why (checked), never a traceback.
+in one pytest process per tool (keras_mode_plugin.py): plain Keras, and the README's 3-line change applied
+mechanically (each test body inside ``tfaccel.scope(strategy=...)``, every ``fit`` through ``tfaccel.fit``).
 
-``TFACCEL_CONFORMANCE_RECORD=1`` runs the plain modes too and rewrites the JSON (scripts/keras_conformance_table.py
+Which tests run on which path:
+
+- ``default``: every test of TEST_PATHS (370 with Keras 3.15.1).
+- ``mirrored``: in the same process, right after its default run (one TensorFlow start, one collection, 2 virtual
+  CPUs from the start), each test of Keras' trainer tests (``keras/src/trainers/trainer_test.py``) that called
+  ``fit`` / ``evaluate`` / ``predict`` / ``train_on_batch`` / ``test_on_batch`` / ``predict_on_batch`` on a model in
+  Keras' compiled-graph execution (``run_eagerly`` and ``jit_compile`` off at the call), once per test function (its
+  first such parametrization; 47 tests with Keras 3.15.1); plain Keras runs it inside one
+  ``tf.distribute.MirroredStrategy`` scope, tfaccel inside ``tfaccel.scope(strategy="mirrored")``. Why that set:
+  what a strategy changes is the trainer's loops (data split over replicas, losses and metrics reduced across them,
+  steps per execution, predict's outputs gathered), which is what the trainer tests exercise; a test that never
+  calls a trainer entry point runs the same code on both paths; Keras' "auto" itself runs graph without XLA on CPUs
+  and under a several-device MirroredStrategy (XLA there fails in Keras), and the other parametrizations vary what
+  the default path already covers. Why not more: CI's time (a mirrored run costs about 1.4 CPU seconds, 65 s for the
+  47, against about 90 s for the path). The callback and TF distribute test modules were run on mirrored module by
+  module once (2026-11-28), with no test that plain Keras passes failing through tfaccel
+  (docs/guides/keras-parity.md).
+
+The plain-Keras outcomes are recorded in docs/data/keras_conformance.json (they depend only on the pinned Keras and
+TensorFlow, checked here); this test runs tfaccel and compares. A test plain Keras passes must pass through tfaccel
+on the same path, or be an intended refusal listed in INTENDED_REFUSALS (a tfaccel ConfigError that says why,
+checked, never a traceback) or an open difference in OPEN_DIFFERENCES (failing with its cause, checked).
+
+``TFACCEL_CONFORMANCE_RECORD=1`` runs plain Keras too and rewrites the JSON (scripts/keras_conformance_table.py
 does that and prints the table docs/guides/keras-parity.md shows).
 """
 
 import json
 import os
 import sys
+import types
 from pathlib import Path
-from typing import Dict, List, Mapping
+from typing import Dict, List, Mapping, Optional
 
 import keras
 import pytest
 import tensorflow as tf
 
 import harness
+import keras_mode_plugin
 
 HERE = Path(__file__).resolve().parent
 KERAS_TESTS = HERE / "keras_tests"
 RECORDED = harness.REPO_ROOT / "docs" / "data" / "keras_conformance.json"
 # In this order: Keras' backend/tensorflow distribute tests reset TensorFlow's context in their setUp, so they run last.
 TEST_PATHS = ("keras/src/trainers", "keras/src/callbacks", "keras/src/models", "keras/src/backend/tensorflow")
-# "mirrored" is not run yet: its two full runs (plain Keras under MirroredStrategy, tfaccel mirrored) did not finish in
-# 40 minutes on the shared 2-core machine (each test under pytest-timeout's 300 s); to be added once measured.
-PATHS = ("default",)
+PATHS = ("default", "mirrored")  # mirrored: the tests the module's docstring names, after their default run
 # {mode: {test id: the reason tfaccel's ConfigError gives}}: tests plain Keras passes that tfaccel refuses on purpose.
 # Keras' distribute tests build a model under a MirroredStrategy of their own and fit it: tfaccel trains with the
 # strategy its plan made (one per process), so it names the foreign one instead of training under it.
@@ -53,33 +72,36 @@ PROGRAM = "import sys, pytest; sys.exit(pytest.main(sys.argv[1:]))"
 RUN_SECONDS = 900
 
 
-def run_modes(modes: List[str], out_dir: Path, *, test_ids: Mapping[str, List[str]] = None) -> Dict[str, dict]:
-    """Runs Keras' tests in each mode, one pytest process per mode, all at once; returns ``{mode: {test: outcome}}``.
+def run_tools(tools: List[str], out_dir: Path, *, test_ids: Optional[List[str]] = None) -> Dict[str, dict]:
+    """Runs Keras' tests for each tool (``keras``, ``tfaccel``), one pytest process per tool, all at once, each on
+    PATHS (the default run, then each test that called a trainer entry point again on mirrored); returns
+    ``{mode: {test: outcome}}``.
 
     Args:
-        test_ids: per mode, only these tests (default: all of TEST_PATHS).
+        test_ids: only these tests (default: all of TEST_PATHS).
     """
     tasks, per_task = [], {}
-    for index, mode in enumerate(modes):
+    for index, tool in enumerate(tools):
         tasks.append(("worker", index, None))
-        per_task[f"worker:{index}"] = {"TFACCEL_CONFORMANCE_MODE": mode,
-                                       "TFACCEL_CONFORMANCE_OUT": str(out_dir / f"{mode.replace(':', '_')}.json"),
+        per_task[f"worker:{index}"] = {"TFACCEL_CONFORMANCE_MODE": f"{tool}:default",
+                                       "TFACCEL_CONFORMANCE_RERUN": "mirrored" if "mirrored" in PATHS else "",
+                                       "TFACCEL_CONFORMANCE_OUT": str(out_dir / f"{tool}.json"),
                                        "TFACCEL_CACHE_DIR": str(out_dir / f"cache_{index}")}
     env = {"PYTHONPATH": os.pathsep.join([str(harness.REPO_ROOT), str(HERE)]), "PYTHONDONTWRITEBYTECODE": "1"}
-    args = ["-q", "-p", "no:cacheprovider", "-p", "keras_mode_plugin", "-c", str(KERAS_TESTS / "pytest.ini"),
-            "--rootdir", str(KERAS_TESTS), "--confcutdir", str(KERAS_TESTS), "--continue-on-collection-errors"]
-    if test_ids:
-        assert len(modes) == 1
-        args += [str(KERAS_TESTS / t) for t in test_ids[modes[0]]]
-    else:
-        args += [str(KERAS_TESTS / p) for p in TEST_PATHS]
+    # --tb=native: pytest's own traceback formatting parses source with `ast`, which on CPython 3.11 can raise a
+    # spurious SystemError ("AST constructor recursion depth mismatch", python/cpython#106905, seen here on 3.11.7
+    # in the mirrored runs) and end the whole pytest run with INTERNALERROR; Python's traceback module parses nothing.
+    args = ["-q", "--tb=native", "-p", "no:cacheprovider", "-p", "keras_mode_plugin", "-c",
+            str(KERAS_TESTS / "pytest.ini"), "--rootdir", str(KERAS_TESTS), "--confcutdir", str(KERAS_TESTS),
+            "--continue-on-collection-errors"]
+    args += [str(KERAS_TESTS / t) for t in (test_ids or TEST_PATHS)]
     results = harness.run_tasks(PROGRAM, tasks=tasks, per_task_env=per_task, env=env, args=args,
                                 timeout=RUN_SECONDS, fail_fast_grace=RUN_SECONDS)
     outcomes = {}
-    for mode, result in zip(modes, results):
-        path = out_dir / f"{mode.replace(':', '_')}.json"
-        assert result.returncode in (0, 1) and path.exists(), f"{mode}: pytest did not finish\n{result.describe()}"
-        outcomes[mode] = json.loads(path.read_text())
+    for tool, result in zip(tools, results):
+        path = out_dir / f"{tool}.json"
+        assert result.returncode in (0, 1) and path.exists(), f"{tool}: pytest did not finish\n{result.describe()}"
+        outcomes.update(json.loads(path.read_text()))
     return outcomes
 
 
@@ -117,10 +139,10 @@ def recorded() -> dict:
 def routed(recorded: dict, tmp_path_factory: pytest.TempPathFactory) -> Dict[str, dict]:
     out = tmp_path_factory.mktemp("conformance")
     if os.environ.get("TFACCEL_CONFORMANCE_RECORD") == "1":
-        outcomes = run_modes([f"{tool}:{path}" for tool in ("keras", "tfaccel") for path in PATHS], out)
+        outcomes = run_tools(["keras", "tfaccel"], out)
         record(outcomes)
         return outcomes
-    return run_modes([f"tfaccel:{path}" for path in PATHS], out)
+    return run_tools(["tfaccel"], out)
 
 
 def record(outcomes: Dict[str, dict]) -> None:
@@ -142,12 +164,13 @@ def test_what_plain_keras_passes_passes_through_tfaccel(path: str, recorded: dic
 
 def test_the_listed_refusals_and_open_differences_pass_in_plain_keras(tmp_path: Path) -> None:
     """What tfaccel refuses or still gets wrong is re-run in plain Keras here (cheap: only those tests run)."""
-    for path in PATHS:
-        mode = f"tfaccel:{path}"
-        tests = sorted({**INTENDED_REFUSALS[mode], **OPEN_DIFFERENCES[mode]})
-        if tests:
-            plain = run_modes([f"keras:{path}"], tmp_path, test_ids={f"keras:{path}": tests})[f"keras:{path}"]
-            assert {t: plain.get(t) for t in tests} == {t: "passed" for t in tests}
+    listed = {path: sorted({**INTENDED_REFUSALS[f"tfaccel:{path}"], **OPEN_DIFFERENCES[f"tfaccel:{path}"]})
+              for path in PATHS}
+    tests = sorted({test for path in PATHS for test in listed[path]})
+    if tests:
+        plain = run_tools(["keras"], tmp_path, test_ids=tests)
+        for path in PATHS:
+            assert {t: plain[f"keras:{path}"].get(t) for t in listed[path]} == {t: "passed" for t in listed[path]}
 
 
 def test_the_comparison_names_each_difference() -> None:
@@ -157,3 +180,33 @@ def test_the_comparison_names_each_difference() -> None:
     assert differences(plain, routed, {"c": "why"}, {}) == ["b: failed: AssertionError: 1 != 2"]
     assert differences(plain, routed, {"c": "other"}, {"b": "1 != 2", "d": "x"}) == [
         "c: failed: tfaccel.errors.ConfigError: why", "d: listed in OPEN_DIFFERENCES ('x') but passed"]
+
+
+def test_the_mirrored_rerun_is_one_graph_test_per_trainer_test_function(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TFACCEL_CONFORMANCE_MODE", "tfaccel:default")
+    monkeypatch.setenv("TFACCEL_CONFORMANCE_RERUN", "mirrored")
+    monkeypatch.setattr(keras_mode_plugin, "RERUN_FUNCTIONS", set())
+    state = keras_mode_plugin.RUN_STATE
+
+    def wanted(nodeid: str, function: str, *, trained: bool = True, in_graph: bool = True) -> bool:
+        state.trained, state.in_graph = trained, in_graph
+        return keras_mode_plugin.rerun_wanted(types.SimpleNamespace(nodeid=nodeid), ("T", function))
+
+    trainer = keras_mode_plugin.RERUN_MODULES[0]
+    assert not wanted(f"{trainer}::T::test_fit_eager", "test_fit", in_graph=False)
+    assert wanted(f"{trainer}::T::test_fit_graph", "test_fit")
+    assert not wanted(f"{trainer}::T::test_fit_other_graph", "test_fit"), "one parametrization per function"
+    assert not wanted(f"{trainer}::T::test_no_fit", "test_no_fit", trained=False, in_graph=False)
+    assert not wanted("keras/src/callbacks/callback_test.py::T::test_fit", "test_fit_cb"), "trainer tests only"
+
+
+def test_a_rerun_path_other_than_mirrored_beside_default_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TFACCEL_CONFORMANCE_MODE", "keras:mirrored")
+    monkeypatch.setenv("TFACCEL_CONFORMANCE_RERUN", "mirrored")
+    with pytest.raises(pytest.UsageError, match="beside a \\*:default mode; received 'mirrored' with mode "
+                                                "'keras:mirrored'"):
+        keras_mode_plugin.rerun_path()
+    monkeypatch.setenv("TFACCEL_CONFORMANCE_MODE", "keras:default")
+    monkeypatch.setenv("TFACCEL_CONFORMANCE_RERUN", "multi_worker")
+    with pytest.raises(pytest.UsageError, match="must be one of mirrored"):
+        keras_mode_plugin.rerun_path()

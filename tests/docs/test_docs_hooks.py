@@ -89,9 +89,15 @@ def test_the_keras_conformance_tables_are_rendered_from_the_recorded_results() -
 def test_the_conformance_table_lists_a_difference_with_its_cause() -> None:
     passed = {"keras/src/x_test.py::T::a": "passed", "keras/src/x_test.py::T::b": "passed"}
     refused = dict(passed, **{"keras/src/x_test.py::T::b": "failed: tfaccel.errors.ConfigError: fit: no because"})
-    data = {"modes": {"keras:default": passed, "tfaccel:default": refused, "keras:mirrored": passed,
-                      "tfaccel:mirrored": passed}}
+    beyond = {"keras/src/x_test.py::T::a": "failed: AddN"}
+    data = {"keras": "3.15.1", "tensorflow": "2.21.0", "python": "3.11.7",
+            "modes": {"keras:default": passed, "tfaccel:default": refused, "keras:mirrored": beyond,
+                      "tfaccel:mirrored": {"keras/src/x_test.py::T::a": "passed"}},
+            "intended_refusals": {"tfaccel:default": {"keras/src/x_test.py::T::b": "because"}}}
     table = conformance_table.render(data)
-    assert "| `x_test.py` | 2 / 2 | 1 / 2 | 2 / 2 | 2 / 2 |" in table
-    assert "| default | `x_test.py::T::b` | passed | tfaccel.errors.ConfigError: fit: no because |" in table
+    assert table.startswith("Keras 3.15.1, TensorFlow 2.21.0, Python 3.11.7;")
+    assert "| `x_test.py` | 2 / 2 | 1 / 2 | 0 / 1 | 1 / 1 | 1 / 1 |" in table
+    assert "| default | `x_test.py::T::b` | intended refusal | passed | tfaccel.errors.ConfigError: fit: no because |" \
+        in table
+    assert "| mirrored | `x_test.py::T::a` | passes through tfaccel only | AddN | passed |" in table
     assert "ConfigError: fit: no because | 0 | 1 | 0 | 0 |" in conformance_table.causes(data)
