@@ -28,6 +28,7 @@ import contextlib
 import functools
 import json
 import os
+import sys
 import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
@@ -103,9 +104,25 @@ def _noted(original: Callable[..., Any]) -> Callable[..., Any]:
     return entry_point
 
 
+def add_keras_tests_site() -> None:
+    """Puts ``TFACCEL_KERAS_TESTS_SITE`` (jax, which Keras' tests import at module level) last on ``sys.path``.
+
+    scripts/install_keras_tests.sh installs it apart from the venv, so that the suite's other TensorFlow processes do
+    not import jax (and scipy) at start-up; the venv's own packages stay first."""
+    site = os.environ.get("TFACCEL_KERAS_TESTS_SITE")
+    if not site:
+        return
+    if not os.path.isdir(site):
+        raise pytest.UsageError(f"TFACCEL_KERAS_TESTS_SITE={site!r} does not exist; Keras' tests import jax from it: "
+                                "run `bash scripts/install_keras_tests.sh .venv`")
+    if site not in sys.path:
+        sys.path.append(site)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     import tfaccel
 
+    add_keras_tests_site()
     mode, rerun = _mode(), rerun_path()
     _OUTCOMES[mode] = {}
     if rerun:

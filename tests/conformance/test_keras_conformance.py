@@ -48,6 +48,8 @@ import keras_mode_plugin
 
 HERE = Path(__file__).resolve().parent
 KERAS_TESTS = HERE / "keras_tests"
+# jax for Keras' tests, apart from the venv (scripts/install_keras_tests.sh); keras_mode_plugin appends it to sys.path
+KERAS_TESTS_SITE = Path(sys.prefix) / "keras-tests-site"
 RECORDED = harness.REPO_ROOT / "docs" / "data" / "keras_conformance.json"
 # In this order: Keras' backend/tensorflow distribute tests reset TensorFlow's context in their setUp, so they run last.
 TEST_PATHS = ("keras/src/trainers", "keras/src/callbacks", "keras/src/models", "keras/src/backend/tensorflow")
@@ -87,7 +89,8 @@ def run_tools(tools: List[str], out_dir: Path, *, test_ids: Optional[List[str]] 
                                        "TFACCEL_CONFORMANCE_RERUN": "mirrored" if "mirrored" in PATHS else "",
                                        "TFACCEL_CONFORMANCE_OUT": str(out_dir / f"{tool}.json"),
                                        "TFACCEL_CACHE_DIR": str(out_dir / f"cache_{index}")}
-    env = {"PYTHONPATH": os.pathsep.join([str(harness.REPO_ROOT), str(HERE)]), "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {"PYTHONPATH": os.pathsep.join([str(harness.REPO_ROOT), str(HERE)]), "PYTHONDONTWRITEBYTECODE": "1",
+           "TFACCEL_KERAS_TESTS_SITE": str(KERAS_TESTS_SITE)}
     # --tb=native: pytest's own traceback formatting parses source with `ast`, which on CPython 3.11 can raise a
     # spurious SystemError ("AST constructor recursion depth mismatch", python/cpython#106905, seen here on 3.11.7
     # in the mirrored runs) and end the whole pytest run with INTERNALERROR; Python's traceback module parses nothing.

@@ -26,7 +26,8 @@ def test_the_readme_test_command_is_the_one_ci_runs() -> None:
     install = re.search(r"pip install -q -e '(\.\[[^\]]*\])'", ci).group(1)
     command = next(line for line in README.splitlines() if pytest_line in line)
     assert f"pip install -e '{install}'" in command, (install, command)
-    assert "bash scripts/install_hub.sh .venv" in command and "bash scripts/install_horovod.sh .venv" in command
+    for script in ("install_hub.sh", "install_horovod.sh", "install_keras_tests.sh"):
+        assert f"bash scripts/{script} .venv" in command and f"bash scripts/{script} .venv" in ci, script
 
 
 def test_every_anchor_link_of_the_readme_leads_to_one_of_its_headings() -> None:
