@@ -144,7 +144,8 @@ class _Pass:
             if self._partial and partial:
                 last = self._step(self._gather(tf.constant(order[split:])))
         for value in tf.nest.flatten(last):
-            value.numpy()  # waits for the device, so the epoch's time is the work's time
+            if value is not None:
+                value.numpy()  # waits for the device, so the epoch's time is the work's time
         return last
 
     def warm(self) -> float:
@@ -158,7 +159,8 @@ class _Pass:
                     zero = tf.constant(0)
                     out = self._loop(tf.zeros([self.whole * self.batch_size], tf.int32), self._data, zero, zero)
                 for value in tf.nest.flatten(out):
-                    value.numpy()
+                    if value is not None:  # a loop traced after a step carries no outputs (a partial batch)
+                        value.numpy()
             self.warm_s = time.perf_counter() - start
         return self.warm_s
 
