@@ -59,7 +59,7 @@ def test_auto_choice_without_details_and_with_the_xla_figures():
     auto = {"measured": {"jit_off": {"overhead_s": 1.709, "step_s": 0.006081}}, "expected_steps": 72,
             "events": ["epoch 3: XLA tried (...)"]}
     assert auto_choice({"xla_auto": auto}).endswith(
-        "measured without XLA: 1.7 s overhead + 6.08 ms/step; XLA tried only with ≥ 5,059 steps left (this job: "
+        "measured without XLA: 1.7 s overhead + 6.08 ms/step; XLA tried only with ≥ 2,530 steps left (this job: "
         "72); epoch 3: XLA tried (...)")
 
 

@@ -63,7 +63,8 @@ def _payback(auto: Any) -> Optional[Tuple[Any, int, Optional[str]]]:
     if not isinstance(auto, dict) or not isinstance(auto.get("measured", {}).get("jit_off"), dict):
         return None
 
-    off = Figures(**auto["measured"]["jit_off"])
+    measured = auto["measured"]["jit_off"]  # with its tracing and first-call seconds in newer reports
+    off = Figures(overhead_s=measured["overhead_s"], step_s=measured["step_s"])
     threshold = auto["try_from_steps"] if "try_from_steps" in auto else steps_to_try(off)  # older reports lack it
     prior = auto.get("prior") or {}
     return off, threshold, (str(prior.get("source", "")) if prior.get("speedup", 2) <= 1 else None)
