@@ -71,8 +71,10 @@ class _Pass:
             return tf.nest.map_structure(tf.convert_to_tensor, out)
 
         self._one_step = one_step
-        self._step = tf.function(one_step, jit_compile=jit_compile)
-        self._loop = tf.function(self._whole_batches, jit_compile=jit_compile)
+        # No AutoGraph, as Keras fit traces its step (do_not_convert on one_step_on_data, keras/src/backend/tensorflow/
+        # trainer.py): the loop needs none, and converting train_step made tracing a BERT 24% more Python calls.
+        self._step = tf.function(one_step, jit_compile=jit_compile, autograph=False)
+        self._loop = tf.function(self._whole_batches, jit_compile=jit_compile, autograph=False)
         # Tracing one step builds what the step creates lazily (optimizer slots, compiled metrics) outside the
         # while loop, as Keras' fit does on its first trace. With a partial last batch, that trace is the
         # partial step's own and the loop returns nothing; else the loop carries the last step's outputs.
@@ -102,7 +104,7 @@ class _Pass:
                                              tf.nest.map_structure(tf.TensorSpec.from_tensor, self._data),
                                              tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32))
         except (TypeError, ValueError):  # the step's outputs are not shaped like the metrics: trace a step first
-            self._zeros, self._loop = None, tf.function(self._whole_batches, jit_compile=jit_compile)
+            self._zeros, self._loop = None, tf.function(self._whole_batches, jit_compile=jit_compile, autograph=False)
             return False
         return True
 
@@ -218,6 +220,7 @@ class _Settings:
         self._model, self._data, self._val_data = model, data, val_data
         self._batch_size, self._val_batch_size = batch_size, validation_batch_size or batch_size
         self._built: Dict[bool, Tuple[_Pass, Optional[_Pass]]] = {}
+        self.spent = {"trace_s": 0.0, "first_call_s": 0.0}  # what this fit call paid (0 for passes reused)
         self.num_examples = int(tf.nest.flatten(data)[0].shape[0])
         self.whole, self.partial = divmod(self.num_examples, batch_size)
         self.num_batches = self.whole + bool(self.partial)
@@ -232,10 +235,13 @@ class _Settings:
         train = cached_pass(model, "train_step", self._data, batch_size=self._batch_size, jit=jit)
         val = None if self._val_data is None else cached_pass(model, "test_step", self._val_data,
                                                               batch_size=self._val_batch_size, jit=jit)
+        traced = time.perf_counter()
         for one in (train, val):
             if one is not None:
                 one.warm()
         self._built[jit] = (train, val)
+        self.spent["trace_s"] += traced - start
+        self.spent["first_call_s"] += time.perf_counter() - traced
         return train, val, time.perf_counter() - start
 
     def costs(self, jit: bool) -> Dict[str, float]:
@@ -301,14 +307,16 @@ def run_compiled(model: Any, *, x: Any, y: Any, sample_weight: Any, batch_size: 
     if not getattr(model, "compiled", False):
         raise ValueError("compiled loop: the model is not compiled; call model.compile(optimizer=..., loss=...) "
                          "before training it")
-    settings = _Settings(model, step_data(x, y, sample_weight, constants=True),
-                         None if validation is None else  # (x, y) or (x, y, sw)
-                         step_data(*(tuple(validation) + (None,))[:3], constants=True),
-                         batch_size=batch_size, validation_batch_size=validation_batch_size)
+    start = time.perf_counter()
+    data = step_data(x, y, sample_weight, constants=True)
+    val_data = None if validation is None else step_data(*(tuple(validation) + (None,))[:3], constants=True)
+    to_device = time.perf_counter() - start
+    settings = _Settings(model, data, val_data, batch_size=batch_size, validation_batch_size=validation_batch_size)
     train, _, setup = settings.get(bool(jit_compile))
     # Building a setting's passes counts as that setting's overhead: what a fresh job pays, also where an earlier fit
     # call built them (this call then pays nothing, but the figures must describe the job, not this call).
     pending = {bool(jit_compile): max(setup, sum(settings.costs(bool(jit_compile)).values()))}
+    before_epochs = dict(settings.spent)
 
     def train_epoch(epoch: int, _: Any) -> Tuple[Any, int]:
         order = example_order(settings.num_examples, seed, epoch, shuffle)
@@ -320,9 +328,13 @@ def run_compiled(model: Any, *, x: Any, y: Any, sample_weight: Any, batch_size: 
         return _evaluate(model, settings.get(bool(model.jit_compile))[1], cb_list)
 
     try:
-        return run_epochs(model, callbacks=callbacks, verbose=verbose, epochs=epochs, initial_epoch=initial_epoch,
-                          steps_per_epoch=train.num_batches, train_epoch=train_epoch,
-                          validate=None if validation is None else validate, validation_freq=validation_freq)
+        result = run_epochs(model, callbacks=callbacks, verbose=verbose, epochs=epochs, initial_epoch=initial_epoch,
+                            steps_per_epoch=train.num_batches, train_epoch=train_epoch,
+                            validate=None if validation is None else validate, validation_freq=validation_freq)
+        later = sum(settings.spent.values()) - sum(before_epochs.values())  # a switch built a setting mid-epoch
+        result.details["phases"] = {"to_device_s": to_device, **settings.spent,
+                                    "epochs_s": sum(result.epoch_seconds) - later}
+        return result
     finally:
         settings.release()
 
