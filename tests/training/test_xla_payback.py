@@ -16,7 +16,6 @@ from tfaccel.train import decisions, xla_payback
 from tfaccel.train.xla_payback import Figures, XlaAuto, figures_from_chunks, start_choice, try_choice
 
 N, BATCH, EPOCHS = 96, 32, 4  # whole batches: 3 steps per epoch
-STEPS = N // BATCH
 
 
 @pytest.fixture
@@ -25,8 +24,8 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "cache" / "decisions"
 
 
-def _data():
-    x = np.random.default_rng(0).standard_normal((N, 8)).astype("float32")
+def _data(n: int = N):
+    x = np.random.default_rng(0).standard_normal((n, 8)).astype("float32")
     return x, (x[:, 0] > 0).astype("int64") + (x[:, 1] > 0.5).astype("int64")
 
 
@@ -132,28 +131,30 @@ def test_random_layers_never_switch():
     assert xla_payback.random_layers(model) == [model.layers[1].name]
 
 
-def _switches(events):
-    """(0-based job step, XLA on?) of each switch auto's events name."""
+def _switches(events, steps: int):
+    """(0-based job step, XLA on?) of each switch auto's events name (``steps``: batches per epoch)."""
     found = []
     for event in events:
         m = re.match(r"epoch (\d+), step (\d+): XLA (tried|kept|off again)", event)
         if m and m.group(3) != "kept":
-            found.append(((int(m.group(1)) - 1) * STEPS + int(m.group(2)) - 1, m.group(3) == "tried"))
+            found.append(((int(m.group(1)) - 1) * steps + int(m.group(2)) - 1, m.group(3) == "tried"))
     return found
 
 
-def _keras_reference(x, y, events, build=_build):
-    """Keras fit (no shuffling), each run of batches with the ``jit_compile`` auto's events switched to; returns the
-    model and the last fit's history (the last epoch's, where it had no switch)."""
-    model, switches = build(), _switches(events)
-    setting = [([False] + [jit for at, jit in switches if at <= step])[-1] for step in range(EPOCHS * STEPS)]
+def _keras_reference(x, y, events, build=_build, epochs: int = EPOCHS):
+    """Keras fit (no shuffling), each run of batches with the ``jit_compile`` auto's events switched to (a partial
+    last batch with the epoch's last setting); returns the model and the last fit's history (the last epoch's,
+    where it had no switch)."""
+    steps = -(-len(x) // BATCH)
+    model, switches = build(), _switches(events, steps)
+    setting = [([False] + [jit for at, jit in switches if at <= step])[-1] for step in range(epochs * steps)]
     history = None
-    for epoch in range(EPOCHS):
+    for epoch in range(epochs):
         first = 0
-        for step in range(1, STEPS + 1):
-            if step == STEPS or setting[epoch * STEPS + step] != setting[epoch * STEPS + first]:
-                model.jit_compile, model.train_function = setting[epoch * STEPS + first], None
-                part = slice(first * BATCH, step * BATCH)
+        for step in range(1, steps + 1):
+            if step == steps or setting[epoch * steps + step] != setting[epoch * steps + first]:
+                model.jit_compile, model.train_function = setting[epoch * steps + first], None
+                part = slice(first * BATCH, min(len(x), step * BATCH))
                 history = model.fit(x[part], y[part], batch_size=BATCH, epochs=1, shuffle=False, verbose=0).history
                 first = step
     return model, history
@@ -170,19 +171,20 @@ def _check_like_keras(result, model, reference, history):
 def test_a_switch_inside_the_first_epoch_trains_what_keras_trains_and_the_second_run_reads_the_cache(
         cache, monkeypatch, clean_tf_config, caplog):
     """One no-XLA step measures the step, XLA's real compile (a call of 0 steps: it trains nothing) is timed, one
-    XLA step measures it: the weights are Keras' with the same settings step by step."""
+    XLA step measures it: the weights are Keras' with the same settings step by step (3 whole batches and a
+    partial one per epoch, which runs with the epoch's last setting)."""
     monkeypatch.setattr(xla_payback, "PRIOR_COMPILE_PER_OVERHEAD", 0.0)  # any remaining steps pay: try at once
     monkeypatch.setattr(xla_payback, "MEASURE_MIN_STEPS", 1)
-    x, y = _data()
+    x, y = _data(N + 4)
     with tfaccel.scope(strategy="default", jit_compile="auto"):
         model = _build()
-    result = tfaccel.fit(model, x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, seed=0, verbose=0)
+    result = tfaccel.fit(model, x, y, batch_size=BATCH, epochs=2, shuffle=False, seed=0, verbose=0)
     auto = result.details["xla_auto"]
     assert auto["events"][0].startswith("epoch 1, step 2: XLA tried"), auto
     assert auto["events"][1].startswith("epoch 1, step 3: XLA "), auto
     assert set(auto["measured"]) == {"jit_off", "jit_on"} and os.path.exists(auto["cache"]), auto
     assert auto["measured"]["jit_on"]["first_call_s"] > 0 and auto["measured"]["jit_on"]["trace_s"] > 0, auto
-    reference, history = _keras_reference(x, y, auto["events"])
+    reference, history = _keras_reference(x, y, auto["events"], epochs=2)
     _check_like_keras(result, model, reference, history)
 
     with tfaccel.scope(strategy="default", jit_compile="auto"):
