@@ -40,7 +40,7 @@ def _build(dropout: float = 0.0) -> keras.Model:
 
 def test_figures_and_the_payback_rules():
     assert figures_from_chunks(1.0, []) is None and figures_from_chunks(1.0, [(0.5, 0)]) is None  # no step yet
-    fig = figures_from_chunks(1.0, [(0.3, 2), (1.0, 10)])  # the passes were warmed: every run is clean
+    fig = figures_from_chunks(1.0, [(0.3, 2), (0.9, 10)])  # the passes were warmed: every run is clean
     assert fig.step_s == pytest.approx(0.1) and fig.overhead_s == pytest.approx(1.0)
     off = Figures(overhead_s=2.0, step_s=0.01)
     assert try_choice(off, 100)[0] is False  # a short job never tries XLA
@@ -73,11 +73,14 @@ def test_a_slow_down_prior_tries_xla_only_where_its_trial_is_a_small_share_of_th
 def test_xla_is_kept_only_where_its_steps_are_faster():
     auto = XlaAuto(steps_per_epoch=10, epochs=10, start=True, may_switch=True, reason="test")
     assert auto.measure_steps == xla_payback.MEASURE_MIN_STEPS
-    auto.record(False, 1.0, 10, setup_s=5.0)
+    auto.record(False, 0.1, 10, setup_s=5.0)  # a whole epoch: measured, however short
+    assert auto.figures(False).step_s == pytest.approx(0.01)
     assert auto.next_chunk(3, 0, 10) == (True, 8)  # XLA not measured yet: a measuring chunk of 8 steps
-    auto.record(True, 1.2, 8, setup_s=9.0, costs={"trace_s": 1.0, "first_call_s": 8.0})  # slower per step
-    assert auto.next_chunk(3, 8, 10) == (False, 10) and "XLA off again" in auto.events[-1], auto.events
-    assert auto.cache_record()["jit_on"] == {"overhead_s": 9.0, "step_s": 0.15}
+    auto.record(True, 0.12, 8, setup_s=9.0, costs={"trace_s": 1.0, "first_call_s": 8.0})  # 8 steps in 0.12 s
+    assert auto.figures(True) is None and auto.next_chunk(3, 8, 10) == (True, 10)  # too short: measure on
+    auto.record(True, 0.03, 2)  # slower per step than without XLA
+    assert auto.next_chunk(4, 0, 10) == (False, 10) and "XLA off again" in auto.events[-1], auto.events
+    assert auto.cache_record()["jit_on"] == {"overhead_s": 9.0, "step_s": 0.015}
     assert auto.details()["measured"]["jit_on"]["first_call_s"] == 8.0
 
 
@@ -175,6 +178,7 @@ def test_a_switch_inside_the_first_epoch_trains_what_keras_trains_and_the_second
     partial one per epoch, which runs with the epoch's last setting)."""
     monkeypatch.setattr(xla_payback, "PRIOR_COMPILE_PER_OVERHEAD", 0.0)  # any remaining steps pay: try at once
     monkeypatch.setattr(xla_payback, "MEASURE_MIN_STEPS", 1)
+    monkeypatch.setattr(xla_payback, "MEASURE_MIN_SECONDS", 0.0)
     x, y = _data(N + 4)
     with tfaccel.scope(strategy="default", jit_compile="auto"):
         model = _build()
