@@ -1,6 +1,7 @@
 """``tfaccel bench --suite real``: every contender in its own process, timed by the one Stopwatch, seeded order,
 the JSON key ``real`` with medians and min-max, and a clear error for unknown models, paths and sizes."""
 
+import argparse
 import json
 import subprocess
 import sys
@@ -9,6 +10,8 @@ import pytest
 
 import harness
 from tfaccel.bench import BenchConfig, run_bench
+from tfaccel.cli import bench as cli_bench
+from tfaccel.errors import ConfigError
 from tfaccel.bench.real import KERAS_MULTI_WORKER, format_real
 
 FIGURE = {"median", "min", "max", "values"}
@@ -16,18 +19,22 @@ FIGURE = {"median", "min", "max", "values"}
 
 def test_real_suite_report_one_model_default_path(tmp_path):
     config = BenchConfig(suite="real", repeats=1, real_models=("recommender",), real_paths=("default",),
-                         real_size="test")
+                         real_size="test", real_limits=("noxla",))  # XLA's limit compiles for 12 s here: left out
     report = run_bench(config, json_path=str(tmp_path / "bench.json"))
     row = json.loads((tmp_path / "bench.json").read_text())["real"]["rows"]["recommender"]["default"]
     assert row == json.loads(json.dumps(report["real"]["rows"]["recommender"]["default"]))
-    assert set(row["time_to_train"]) == {"keras", "tfaccel"} and sorted(row["order"][0]) == ["keras", "tfaccel"]
-    for key in ("time_to_train_ratio", "steady_ratio"):
+    contenders = ["keras", "limit_noxla", "tfaccel"]
+    assert sorted(row["time_to_train"]) == contenders and sorted(row["order"][0]) == contenders
+    for key in ("time_to_train_ratio", "steady_ratio", "limit", "limit_ratio"):
         assert set(row[key]) == FIGURE and row[key]["median"] > 0
+    assert row["limit"] == row["time_to_train"]["limit_noxla"]
+    assert row["limit_ratio"]["median"] == row["limit"]["median"] / row["time_to_train"]["tfaccel"]["median"]
     assert row["details"]["tfaccel"]["loop"] and row["details"]["keras"]["loop"] == "keras model.fit"
+    assert "calling model.train_step" in row["details"]["limit_noxla"]["loop"]
     assert report["timing"]["timed"] == [f"recommender:default:{c}" for c in row["order"][0]]
     assert report["real"]["jobs"]["recommender"] == {"examples": 128, "batch_size": 32, "epochs": 2}
     text = format_real(report)
-    assert "recommender (128 ex., batch 32, 2 epochs) default: plain " in text
+    assert "recommender (128 ex., batch 32, 2 epochs) default: plain " in text and "; limit " in text
 
 
 def test_real_report_says_plain_keras_cannot_run_multi_worker():
@@ -48,3 +55,15 @@ def test_cli_rejects_bad_real_options(args, message):
     proc = subprocess.run([sys.executable, "-m", "tfaccel", "bench", "--suite", "real", *args], capture_output=True,
                           text=True, timeout=120, cwd=str(harness.REPO_ROOT))
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_cli_real_limits_option():
+    """``--real-limits``: a list of the limit contenders, ``none`` for neither, an unknown one refused (in-process:
+    the CLI's own parsing, without starting another Python)."""
+    def parse(value):
+        args = argparse.Namespace(real_size="test", real_models=None, real_paths=None, real_limits=value)
+        return cli_bench.real_config(BenchConfig(), args).real_limits
+
+    assert parse(None) == ("xla", "noxla") and parse("none") == () and parse("noxla") == ("noxla",)
+    with pytest.raises(ConfigError, match="--real-limits: unknown value 'tpu'; valid values are: 'xla', 'noxla'"):
+        parse("xla,tpu")

@@ -48,6 +48,17 @@ def test_page_has_every_row_with_its_figures_and_what_auto_chose():
     assert "No GPU took part: every figure here is a CPU figure" in page  # the machine recorded no GPU
 
 
+def test_page_shows_the_limit_where_the_report_has_it():
+    report = _report()
+    assert "tfaccel / limit" not in render_page(report, command="x")  # reports before the limit contender
+    report["real"]["rows"]["bert_classifier"]["default"].update(limit=_fig(3.6, 3.5, 3.9),
+                                                                limit_ratio=_fig(0.82, 0.7, 0.9))
+    page = render_page(report, command="x")
+    assert "**limit** is the faster of two hand-written loops" in page and "| tfaccel / limit |" in page
+    assert "| 1.31 (1.20–1.40) | 3.6 s (3.5–3.9) | 0.82 (0.70–0.90) | compiled whole-epoch loop" in page
+    assert "| mirrored (2 virtual CPUs) |" in page and "| — | — | multi-step loop" in page
+
+
 def test_page_with_a_gpu_does_not_say_none_took_part():
     report = _report()
     report["machine"]["gpus"] = ["NVIDIA H100 80GB HBM3"]
@@ -59,7 +70,7 @@ def test_auto_choice_without_details_and_with_the_xla_figures():
     auto = {"measured": {"jit_off": {"overhead_s": 1.709, "step_s": 0.006081}}, "expected_steps": 72,
             "events": ["epoch 3: XLA tried (...)"]}
     assert auto_choice({"xla_auto": auto}).endswith(
-        "measured without XLA: 1.7 s overhead + 6.08 ms/step; XLA tried only with ≥ 5,059 steps left (this job: "
+        "measured without XLA: 1.7 s overhead + 6.08 ms/step; XLA tried only with ≥ 2,530 steps left (this job: "
         "72); epoch 3: XLA tried (...)")
 
 

@@ -57,6 +57,13 @@ def test_auto_picks_the_compiled_loop_for_one_device_arrays(clean_tf_config):
     assert result.details["loop"] == ("compiled whole-epoch loop running the model's train_step (one replica, "
                                       "array data)")
     assert "steps_per_execution" not in result.details  # a Keras fit setting: the compiled loop runs whole epochs
+    phases = result.details["phases"]  # each phase of the call, the compiled loop's own ones among them
+    assert list(phases) == ["plan_s", "data_s", "loop_choice_s", "example_order_s", "model_changes_s", "resume_s",
+                            "callbacks_s", "to_device_s", "trace_s", "first_call_s", "epochs_s", "loop_other_s",
+                            "result_s"], phases
+    assert phases["trace_s"] > 0 and phases["first_call_s"] > 0 and all(v >= 0 for v in phases.values())
+    loop = sum(phases[k] for k in ("to_device_s", "trace_s", "first_call_s", "epochs_s", "loop_other_s"))
+    assert loop == pytest.approx(result.seconds, abs=0.01)
 
 
 def test_auto_uses_keras_fit_with_the_reason_when_blocked(clean_tf_config):
@@ -78,6 +85,9 @@ def test_auto_uses_keras_fit_with_the_reason_when_blocked(clean_tf_config):
     # Every batch seen once: steps_per_execution stays 1 for a per-batch callback.
     assert result.details["steps_per_execution"] == "1 (1: per-batch callbacks must see every batch)"
     assert counter.calls == 2 * 5
+    phases = result.details["phases"]  # Keras fit measures no phases of its own: its epochs and the rest
+    assert {"plan_s", "data_s", "epochs_s", "loop_other_s", "result_s"} <= set(phases) and "trace_s" not in phases
+    assert phases["epochs_s"] + phases["loop_other_s"] == pytest.approx(result.seconds, abs=0.01)
 
 
 def test_compiled_loop_refused_where_it_cannot_run(clean_tf_config, cpu_replicas):

@@ -38,6 +38,8 @@ class BenchConfig:
         suite: ``"reference"`` (P1-P6) or ``"real"`` (the real models, ``tfaccel.bench.real``).
         real_models / real_paths / real_size / real_timeout: the real suite's models, paths, job size
             (``tfaccel.real_suite.SIZES``) and seconds allowed per contender.
+        real_limits: the limit contenders of the real suite's ``default`` path (``tfaccel.bench.real.REAL_LIMITS``:
+            the hand-written loop with XLA on, off); the row's ``limit`` is the faster of them each round.
     """
 
     quick: bool = True
@@ -67,6 +69,7 @@ class BenchConfig:
     real_paths: Sequence[str] = ("default", "mirrored", "multi_worker")
     real_size: str = "bench"
     real_timeout: float = 900.0
+    real_limits: Sequence[str] = ("xla", "noxla")
 
     @staticmethod
     def make(quick: bool) -> "BenchConfig":

@@ -6,7 +6,10 @@ in a fresh process (:mod:`tfaccel.bench.real_worker`, timed there by the one Sto
 per round. Per row: ``time_to_train`` and steady ``examples_per_sec`` (epochs 2..N) of each contender as
 ``{"median", "min", "max"}``, and the ratios ``time_to_train_ratio`` (plain / tfaccel: above 1, tfaccel is faster)
 and ``steady_ratio`` (tfaccel / plain). Plain Keras cannot run multi_worker at all (keras-team/keras#20585): that
-row has tfaccel's figures and ``keras`` says so instead of a ratio.
+row has tfaccel's figures and ``keras`` says so instead of a ratio. On the ``default`` path the limit contenders
+(``limit_xla`` / ``limit_noxla``: a hand-written whole-epoch ``tf.while_loop`` calling the model's own
+``train_step``, :mod:`tfaccel.bench.real_worker`) run too: ``limit`` is the faster one's ``time_to_train`` each round
+and ``limit_ratio`` = limit / tfaccel (1: tfaccel trains as fast as the hand-written loop).
 """
 
 import os
@@ -21,9 +24,10 @@ from tfaccel.launch import run_local
 from tfaccel.log import get_logger
 from tfaccel.real_suite import REAL_MODEL_NAMES, SIZES, get_real_model
 
-__all__ = ["REAL_PATHS", "KERAS_MULTI_WORKER", "check_real_config", "measure_real", "format_real"]
+__all__ = ["REAL_PATHS", "REAL_LIMITS", "KERAS_MULTI_WORKER", "check_real_config", "measure_real", "format_real"]
 
 REAL_PATHS = ("default", "mirrored", "multi_worker")
+REAL_LIMITS = ("xla", "noxla")  # the limit contenders: limit_xla, limit_noxla
 KERAS_MULTI_WORKER = ("cannot run: Keras 3 model.fit under MultiWorkerMirroredStrategy fails upstream "
                       "(keras-team/keras#20585)")
 
@@ -36,7 +40,8 @@ def check_real_config(config: BenchConfig) -> None:
     """
     for what, values, valid in (("--real-models", config.real_models, REAL_MODEL_NAMES),
                                 ("--real-paths", config.real_paths, REAL_PATHS),
-                                ("--real-size", [config.real_size], SIZES)):
+                                ("--real-size", [config.real_size], SIZES),
+                                ("--real-limits", config.real_limits, REAL_LIMITS)):
         for value in values:
             if value not in valid:
                 raise invalid_choice(what, value, valid)
@@ -63,7 +68,8 @@ def _contender(model: str, config: BenchConfig, path: str, contender: str) -> Di
 
 
 def _row(model: str, path: str, config: BenchConfig, stopwatch: Stopwatch) -> Dict[str, Any]:
-    contenders = ["tfaccel"] if path == "multi_worker" else ["keras", "tfaccel"]
+    limits = [f"limit_{name}" for name in config.real_limits] if path == "default" else []
+    contenders = (["tfaccel"] if path == "multi_worker" else ["keras", "tfaccel"]) + limits
     rounds: List[Dict[str, Any]] = []
     for r in range(config.repeats):
         order = round_order(contenders, seed=config.seed, group=f"real:{model}:{path}", round_index=r)
@@ -84,6 +90,11 @@ def _row(model: str, path: str, config: BenchConfig, stopwatch: Stopwatch) -> Di
         row["steady_ratio"] = summary([x["tfaccel"]["examples_per_sec"] / x["keras"]["examples_per_sec"] for x in t])
     else:
         row["keras"] = KERAS_MULTI_WORKER
+    if limits:
+        t = [r["timings"] for r in rounds]
+        best = [min(x[c]["time_to_train"] for c in limits) for x in t]
+        row["limit"] = summary(best)
+        row["limit_ratio"] = summary([b / x["tfaccel"]["time_to_train"] for b, x in zip(best, t)])
     return row
 
 
@@ -105,7 +116,8 @@ def format_real(report: Dict[str, Any]) -> str:
     """One line per model and path: time_to_train plain / tfaccel and the steady ratio (medians, min-max)."""
     real = report["real"]
     lines = [f"tfaccel bench --suite real ({real['size']} jobs; median [min-max] of {report['config']['repeats']} "
-             "rounds; time_to_train ratio = plain / tfaccel, steady = tfaccel / plain examples/s)"]
+             "rounds; time_to_train ratio = plain / tfaccel, steady = tfaccel / plain examples/s; limit = the faster "
+             "hand-written whole-epoch loop, XLA on or off, its time_to_train / tfaccel's)"]
     for model, paths in real["rows"].items():
         job = real["jobs"][model]
         for path, row in paths.items():
@@ -115,9 +127,14 @@ def format_real(report: Dict[str, Any]) -> str:
                 lines.append(f"{head} tfaccel {tf_time['median']:.1f}s; plain Keras {row['keras']}")
                 continue
             ratio, steady = row["time_to_train_ratio"], row["steady_ratio"]
-            lines.append(f"{head} plain {row['time_to_train']['keras']['median']:.1f}s / tfaccel "
-                         f"{tf_time['median']:.1f}s = {ratio['median']:.2f} [{ratio['min']:.2f}-{ratio['max']:.2f}], "
-                         f"steady {steady['median']:.2f} [{steady['min']:.2f}-{steady['max']:.2f}]")
+            line = (f"{head} plain {row['time_to_train']['keras']['median']:.1f}s / tfaccel "
+                    f"{tf_time['median']:.1f}s = {ratio['median']:.2f} [{ratio['min']:.2f}-{ratio['max']:.2f}], "
+                    f"steady {steady['median']:.2f} [{steady['min']:.2f}-{steady['max']:.2f}]")
+            if "limit" in row:
+                share = row["limit_ratio"]
+                line += (f"; limit {row['limit']['median']:.1f}s, tfaccel at {share['median']:.2f} "
+                         f"[{share['min']:.2f}-{share['max']:.2f}] of it")
+            lines.append(line)
     lines.append(f"  took {report['seconds']}s; load average before/after: {report['machine'].get('loadavg_before')}"
                  f" / {report['machine'].get('loadavg_after')}")
     return "\n".join(lines)

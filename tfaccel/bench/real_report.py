@@ -63,7 +63,8 @@ def _payback(auto: Any) -> Optional[Tuple[Any, int, Optional[str]]]:
     if not isinstance(auto, dict) or not isinstance(auto.get("measured", {}).get("jit_off"), dict):
         return None
 
-    off = Figures(**auto["measured"]["jit_off"])
+    measured = auto["measured"]["jit_off"]  # with its tracing and first-call seconds in newer reports
+    off = Figures(overhead_s=measured["overhead_s"], step_s=measured["step_s"])
     threshold = auto["try_from_steps"] if "try_from_steps" in auto else steps_to_try(off)  # older reports lack it
     prior = auto.get("prior") or {}
     return off, threshold, (str(prior.get("source", "")) if prior.get("speedup", 2) <= 1 else None)
@@ -150,20 +151,36 @@ def render_page(report: Dict[str, Any], *, command: str) -> str:
              "random order; figures are medians (min–max). **time_to_train** is the whole `fit` call (tracing and "
              "compilation included); its ratio is plain / tfaccel (above 1: tfaccel is faster). **steady** is "
              "examples/s over epochs 2..N, tfaccel / plain. tfaccel runs with every option at `auto`.", "",
+             *(_LIMIT_NOTE if _has_limit(report) else []),
              "| model (job) | path | time_to_train plain | time_to_train tfaccel | ratio plain / tfaccel | steady "
-             "ratio | what `auto` chose and why |", "|---|---|---|---|---|---|---|"]
+             f"ratio | {'limit | tfaccel / limit | ' if _has_limit(report) else ''}what `auto` chose and why |",
+             "|---|---|---|---|---|---|" + ("---|---|" if _has_limit(report) else "") + "---|"]
     for model, path, job, row in _rows(report):
         name = f"{model} ({job['examples']} ex., batch {job['batch_size']}, {job['epochs']} epochs)"
         tf_time = _range(row["time_to_train"]["tfaccel"], " s", 1)
         choice = auto_choice(row.get("details", {}).get("tfaccel", {}))
+        limit = ""
+        if _has_limit(report):
+            limit = (f"{_range(row['limit'], ' s', 1)} | {_range(row['limit_ratio'])} | " if "limit" in row else
+                     "— | — | ")
         if "keras" in row:
             lines.append(f"| {name} | {_PATH_TITLES.get(path, path)} | {row['keras']} | {tf_time} | — | — "
-                         f"| {choice} |")
+                         f"| {limit}{choice} |")
             continue
         lines.append(f"| {name} | {_PATH_TITLES.get(path, path)} | {_range(row['time_to_train']['keras'], ' s', 1)} "
                      f"| {tf_time} | {_range(row['time_to_train_ratio'])} | {_range(row['steady_ratio'])} "
-                     f"| {choice} |")
+                     f"| {limit}{choice} |")
     return "\n".join(lines) + "\n"
+
+
+_LIMIT_NOTE = ["**limit** is the faster of two hand-written loops (each epoch's whole batches in one `tf.while_loop` "
+               "calling the model's own `train_step`, XLA on / off), time_to_train; **tfaccel / limit** is the limit's "
+               "time over tfaccel's (1: tfaccel is as fast as the hand-written loop).", ""]
+
+
+def _has_limit(report: Dict[str, Any]) -> bool:
+    """Whether any row of the report has the limit contender (reports before it have none)."""
+    return any("limit" in row for _, _, _, row in _rows(report))
 
 
 def render_readme_table(report: Dict[str, Any], *, command: str, page: str = "docs/real_models.md") -> str:

@@ -28,18 +28,27 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     parser.add_argument("--real-paths", default=None, metavar="A,B",
                         help="paths to run: default, mirrored, multi_worker (default: all)")
     parser.add_argument("--real-size", default="bench", help="job size of the real models: bench (default) or test")
+    parser.add_argument("--real-limits", default=None, metavar="A,B",
+                        help="limit contenders on the default path: xla, noxla (default: both; 'none': neither)")
     parser.set_defaults(func=run)
 
 
-def _real(config: Any, args: argparse.Namespace) -> Any:
+def real_config(config: Any, args: argparse.Namespace) -> Any:
+    """The real suite's BenchConfig from the CLI's options (comma lists; ``--real-limits none``: no limit contender).
+
+    Raises:
+        ConfigError: an unknown model, path, size or limit contender.
+    """
     import dataclasses
 
     from tfaccel.bench.real import check_real_config
 
     config = dataclasses.replace(config, suite="real", real_size=args.real_size)
-    for option in ("real_models", "real_paths"):
+    for option in ("real_models", "real_paths", "real_limits"):
         value = getattr(args, option)
-        if value is not None:
+        if option == "real_limits" and value == "none":
+            config = dataclasses.replace(config, real_limits=())
+        elif value is not None:
             config = dataclasses.replace(config, **{option: tuple(v.strip() for v in value.split(",") if v.strip())})
     check_real_config(config)
     return config
@@ -66,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     if args.suite == "real":
         from tfaccel.bench.real import format_real
 
-        config = _real(config, args)
+        config = real_config(config, args)
         report = run_bench(config, json_path=args.json_path)
         if args.png_path:
             from tfaccel.bench.real_report import plot_real

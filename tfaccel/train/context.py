@@ -33,6 +33,7 @@ from tfaccel.train.fit_context import FitContext
 from tfaccel.train.loops import choose
 from tfaccel.train.loops.multi_step import uneven_batch_warning
 from tfaccel.train.optim import adapt_optimizer, restore_optimizer_class, scale_learning_rate as scale_lr
+from tfaccel.train.phases import Phases
 from tfaccel.train.request import FitRequest
 from tfaccel.train.result import FitResult
 from tfaccel.train.scope import plan_for_model
@@ -58,26 +59,34 @@ def prepare(model: Any, request: FitRequest) -> Tuple[FitContext, "Loop"]:
     Raises:
         ConfigError: what the data, the loop, the backup or the model cannot honour, before training starts.
     """
-    plan, backend, requested_jit = plan_for_model(model)
-    data = prepare_data(request.x, request.y, sample_weight=request.sample_weight, class_weight=request.class_weight,
-                        validation_split=request.validation.split, validation_data=request.validation.data,
-                        batch_size=request.batch_size, shuffle=request.shuffle,
-                        steps_per_epoch=request.steps_per_epoch, seed=request.seed)
-    check_data_for_backend(data, num_workers=backend.num_workers, uses_keras_fit=backend.uses_keras_fit)
+    phases = Phases()
+    with phases("plan_s"):
+        plan, backend, requested_jit = plan_for_model(model)
+    with phases("data_s"):
+        data = prepare_data(request.x, request.y, sample_weight=request.sample_weight,
+                            class_weight=request.class_weight, validation_split=request.validation.split,
+                            validation_data=request.validation.data, batch_size=request.batch_size,
+                            shuffle=request.shuffle, steps_per_epoch=request.steps_per_epoch, seed=request.seed)
+        check_data_for_backend(data, num_workers=backend.num_workers, uses_keras_fit=backend.uses_keras_fit)
     ctx = FitContext(model, request, plan, backend, requested_jit, data, _verbose(request.verbose, backend.is_chief),
-                     user_callbacks=list(request.callbacks))
-    loop, loop_reason, rejected = choose(ctx)
-    _warn_slow_path(ctx, loop)
-    if loop.orders_examples(ctx):
-        ctx.data = dataclasses.replace(data, seed=agree_on_seed(data.seed, backend=backend,
-                                                                announce=request.verbose != 0))
-    changes = _adapt(ctx, loop.name)
-    if request.recompute is not None:
-        changes["recompute"] = "blocks " + ", ".join(enable_recompute(model, request.recompute))
-    state, restarts = resilience.resume(ctx)
-    ctx.user_callbacks = worker_callbacks(ctx.user_callbacks, backend=backend)  # the chief alone writes user paths
-    _add_callbacks(ctx, state)
-    spe = loop.steps_per_execution(ctx)
+                     user_callbacks=list(request.callbacks), phases=phases)
+    with phases("loop_choice_s"):
+        loop, loop_reason, rejected = choose(ctx)
+        _warn_slow_path(ctx, loop)
+    with phases("example_order_s"):
+        if loop.orders_examples(ctx):
+            ctx.data = dataclasses.replace(data, seed=agree_on_seed(data.seed, backend=backend,
+                                                                    announce=request.verbose != 0))
+    with phases("model_changes_s"):
+        changes = _adapt(ctx, loop.name)
+        if request.recompute is not None:
+            changes["recompute"] = "blocks " + ", ".join(enable_recompute(model, request.recompute))
+    with phases("resume_s"):
+        state, restarts = resilience.resume(ctx)
+    with phases("callbacks_s"):
+        ctx.user_callbacks = worker_callbacks(ctx.user_callbacks, backend=backend)  # the chief alone writes user paths
+        _add_callbacks(ctx, state)
+        spe = loop.steps_per_execution(ctx)
     if spe is not None:
         if spe[0] != model.steps_per_execution:
             model.steps_per_execution, model.train_function = spe[0], None
@@ -189,7 +198,8 @@ def _announce(ctx: FitContext, *, loop_reason: str, changes: Dict[str, Any]) -> 
 
 
 def train(ctx: FitContext, loop: "Loop") -> FitResult:
-    """Runs the loop from where the context starts; the ``FitResult``. A finished job's backup is removed."""
+    """Runs the loop from where the context starts; the ``FitResult`` (``details["phases"]``: each phase's seconds).
+    A finished job's backup is removed."""
     t0 = time.perf_counter()
     try:
         with ctx.preemption.watch:
@@ -197,11 +207,25 @@ def train(ctx: FitContext, loop: "Loop") -> FitResult:
     finally:
         restore_optimizer_class(ctx.model)
     seconds = time.perf_counter() - t0
-    resilience.finish(ctx)
-    result = _result(ctx, outcome, seconds)
+    _loop_phases(ctx.phases, outcome, seconds)
+    with ctx.phases("result_s"):
+        resilience.finish(ctx)
+        result = _result(ctx, outcome, seconds)
+    result.details["phases"] = ctx.phases.as_dict()
     if ctx.backend.is_chief and ctx.verbose:
         get_logger().info("%s", result.summary())
     return result
+
+
+def _loop_phases(phases: Phases, outcome: Optional["LoopResult"], seconds: float) -> None:
+    """The loop's seconds: what it measured itself (the compiled loop: ``to_device_s``, ``trace_s``,
+    ``first_call_s``), the epochs' training (``epochs_s``), and the rest (``loop_other_s``: callbacks, validation,
+    the epoch driver)."""
+    own = outcome.details.pop("phases", {}) if outcome is not None else {}
+    own.setdefault("epochs_s", sum(outcome.epoch_seconds) if outcome is not None else 0.0)
+    for name, value in own.items():
+        phases.add(name, value)
+    phases.add("loop_other_s", max(0.0, seconds - sum(own.values())))
 
 
 def _timed_epochs(start_epoch: int, epochs_run: int) -> str:

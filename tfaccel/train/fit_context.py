@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from tfaccel.train.callback_hooks import batch_hook_reasons
 from tfaccel.train.data import FitData, batches_per_epoch
+from tfaccel.train.phases import Phases
 from tfaccel.train.request import FitRequest
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ class FitContext:
         preemption: what stops the job at an agreed step on SIGTERM (``tfaccel.resilience.preemption``).
         xla_auto: ``jit_compile="auto"``'s per-job XLA decision on one CPU device (``tfaccel.train.xla_payback``),
             where the loop makes it; None elsewhere.
+        phases: the seconds of each phase of the call (``FitResult.details["phases"]``).
     """
 
     model: Any
@@ -52,6 +54,7 @@ class FitContext:
     details: Dict[str, Any] = dataclasses.field(default_factory=dict)
     preemption: Any = None
     xla_auto: Any = None
+    phases: Phases = dataclasses.field(default_factory=Phases)
 
     @property
     def per_batch(self) -> bool:

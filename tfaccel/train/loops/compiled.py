@@ -64,14 +64,17 @@ class _Pass:
         self.num_batches = -(-self.num_examples // batch_size)
         self._data, self._strategy = data, model.distribute_strategy
         self.build_s = 0.0  # what tracing it cost (set by cached_pass): a later fit that reuses it pays nothing
+        self.warm_s: Optional[float] = None  # what its first call (graph optimisation, XLA compile) cost: warm()
 
         def one_step(batch: Any) -> Any:
             out = self._strategy.run(step, args=(batch,))
             return tf.nest.map_structure(tf.convert_to_tensor, out)
 
         self._one_step = one_step
-        self._step = tf.function(one_step, jit_compile=jit_compile)
-        self._loop = tf.function(self._whole_batches, jit_compile=jit_compile)
+        # No AutoGraph, as Keras fit traces its step (do_not_convert on one_step_on_data, keras/src/backend/tensorflow/
+        # trainer.py): the loop needs none, and converting train_step made tracing a BERT 24% more Python calls.
+        self._step = tf.function(one_step, jit_compile=jit_compile, autograph=False)
+        self._loop = tf.function(self._whole_batches, jit_compile=jit_compile, autograph=False)
         # Tracing one step builds what the step creates lazily (optimizer slots, compiled metrics) outside the
         # while loop, as Keras' fit does on its first trace. With a partial last batch, that trace is the
         # partial step's own and the loop returns nothing; else the loop carries the last step's outputs.
@@ -98,9 +101,10 @@ class _Pass:
                                             model.get_metrics_result())
         try:
             self._loop.get_concrete_function(tf.TensorSpec([self.whole * self.batch_size], tf.int32),
-                                             tf.nest.map_structure(tf.TensorSpec.from_tensor, self._data))
+                                             tf.nest.map_structure(tf.TensorSpec.from_tensor, self._data),
+                                             tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32))
         except (TypeError, ValueError):  # the step's outputs are not shaped like the metrics: trace a step first
-            self._zeros, self._loop = None, tf.function(self._whole_batches, jit_compile=jit_compile)
+            self._zeros, self._loop = None, tf.function(self._whole_batches, jit_compile=jit_compile, autograph=False)
             return False
         return True
 
@@ -117,28 +121,50 @@ class _Pass:
     def _gather(self, idx: Any, data: Any = None) -> Any:
         return tf.nest.map_structure(lambda t: tf.gather(t, idx), self._data if data is None else data)
 
-    def _whole_batches(self, order: Any, data: Any) -> Any:
+    def _whole_batches(self, order: Any, data: Any, start: Any, stop: Any) -> Any:
         """The loop's function: the data is an argument (not captured), so a later ``fit`` on other arrays of the
-        same shapes runs the same traced loop (:func:`cached_pass`)."""
+        same shapes runs the same traced loop (:func:`cached_pass`); it runs batches ``start`` to ``stop`` of
+        ``order`` (tensors: the same trace for every value; none in :meth:`warm`)."""
         def body(i: Any, *last: Any) -> Any:
             # tf.slice, not order[i*b:(i+1)*b]: Python slicing inside the XLA loop ran 100x slower here.
             out = self._one_step(self._gather(tf.slice(order, [i * self.batch_size], [self.batch_size]), data))
             return (i + 1, out) if last else (i + 1,)
 
-        carried = (tf.constant(0),) + (() if self._zeros is None else (self._zeros,))
-        result = tf.while_loop(lambda i, *_: i < self.whole, body, carried, parallel_iterations=1)
+        carried = (start,) + (() if self._zeros is None else (self._zeros,))
+        result = tf.while_loop(lambda i, *_: i < stop, body, carried, parallel_iterations=1)
         return result[1] if self._zeros is not None else None
 
-    def run(self, order: np.ndarray) -> Any:
-        """Runs every batch in ``order`` (int32 example indices); returns the last step's outputs."""
+    def run(self, order: np.ndarray, *, start: int = 0, stop: Optional[int] = None, partial: bool = True) -> Any:
+        """Runs the whole batches ``start`` to ``stop`` (defaults to all) of ``order`` (int32 example indices), then
+        the partial last batch where ``partial``; returns the last step's outputs (None where none ran)."""
+        stop = self.whole if stop is None else stop
+        last = None
         with self._strategy.scope():
             split = self.whole * self.batch_size
-            last = self._loop(tf.constant(order[:split]), self._data) if self.whole else None
-            if self._partial:
+            if stop > start:
+                last = self._loop(tf.constant(order[:split]), self._data, tf.constant(start), tf.constant(stop))
+            if self._partial and partial:
                 last = self._step(self._gather(tf.constant(order[split:])))
         for value in tf.nest.flatten(last):
-            value.numpy()  # waits for the device, so the epoch's time is the work's time
+            if value is not None:
+                value.numpy()  # waits for the device, so the epoch's time is the work's time
         return last
+
+    def warm(self) -> float:
+        """The loop's first call with 0 batches: it pays the graph optimisation and, with XLA, the one real
+        compilation, and trains nothing (no step runs, no variable changes). Seconds it took, measured once: a
+        pass reused by a later ``fit`` returns what its first call cost."""
+        if self.warm_s is None:
+            start = time.perf_counter()
+            if self.whole:
+                with self._strategy.scope():
+                    zero = tf.constant(0)
+                    out = self._loop(tf.zeros([self.whole * self.batch_size], tf.int32), self._data, zero, zero)
+                for value in tf.nest.flatten(out):
+                    if value is not None:  # a loop traced after a step carries no outputs (a partial batch)
+                        value.numpy()
+            self.warm_s = time.perf_counter() - start
+        return self.warm_s
 
     def rebind(self, data: Any) -> "_Pass":
         """This pass over other arrays of the same shapes and dtypes (a later ``fit`` call); returns itself."""
@@ -194,9 +220,14 @@ class _Settings:
         self._model, self._data, self._val_data = model, data, val_data
         self._batch_size, self._val_batch_size = batch_size, validation_batch_size or batch_size
         self._built: Dict[bool, Tuple[_Pass, Optional[_Pass]]] = {}
+        self.spent = {"trace_s": 0.0, "first_call_s": 0.0}  # what this fit call paid (0 for passes reused)
+        self.num_examples = int(tf.nest.flatten(data)[0].shape[0])
+        self.whole, self.partial = divmod(self.num_examples, batch_size)
+        self.num_batches = self.whole + bool(self.partial)
 
     def get(self, jit: bool) -> Tuple[_Pass, Optional[_Pass], float]:
-        """(train pass, validation pass or None, seconds spent building them now: 0 where built before)."""
+        """(train pass, validation pass or None, seconds spent building them now: 0 where built before). A pass is
+        traced and then warmed (:meth:`_Pass.warm`), so no epoch pays a compilation."""
         if jit in self._built:
             return self._built[jit] + (0.0,)
         start = time.perf_counter()
@@ -204,13 +235,21 @@ class _Settings:
         train = cached_pass(model, "train_step", self._data, batch_size=self._batch_size, jit=jit)
         val = None if self._val_data is None else cached_pass(model, "test_step", self._val_data,
                                                               batch_size=self._val_batch_size, jit=jit)
+        traced = time.perf_counter()
+        for one in (train, val):
+            if one is not None:
+                one.warm()
         self._built[jit] = (train, val)
+        self.spent["trace_s"] += traced - start
+        self.spent["first_call_s"] += time.perf_counter() - traced
         return train, val, time.perf_counter() - start
 
-    def fresh_cost(self, jit: bool) -> float:
-        """What building this setting's passes costs a job that finds none traced (``jit_compile="auto"`` estimates
-        XLA's compilation from it, also when this call reused passes traced by an earlier one)."""
-        return sum(one.build_s for one in self._built.get(jit, ()) if one is not None)
+    def costs(self, jit: bool) -> Dict[str, float]:
+        """What building this setting's passes costs a job that finds none traced: ``trace_s`` (tracing) and
+        ``first_call_s`` (graph optimisation; with XLA, its compilation), also where this call reused passes an
+        earlier one built (``jit_compile="auto"`` counts them as the setting's overhead all the same)."""
+        passes = [one for one in self._built.get(jit, ()) if one is not None]
+        return {"trace_s": sum(one.build_s for one in passes), "first_call_s": sum(one.warm_s or 0.0 for one in passes)}
 
     def release(self) -> None:
         """Every pass lets go of this call's data (the traced passes stay cached on the model)."""
@@ -218,6 +257,29 @@ class _Settings:
             for one in passes:
                 if one is not None:
                     one.release()
+
+
+def _auto_epoch(settings: _Settings, auto: "XlaAuto", model: Any, epoch: int, order: np.ndarray,
+                pending: Dict[bool, float]) -> Any:
+    """One epoch under ``jit_compile="auto"``: chunks of whole batches, each run with the setting ``auto`` decides
+    before it (a setting built now pays its tracing and real compile, timed apart from the chunk's steps), then
+    the partial last batch. Returns the last step's outputs."""
+    done, out, train = 0, None, None
+    while True:
+        jit, stop = auto.next_chunk(epoch, done, settings.whole)
+        model.jit_compile = jit  # what Keras would compile with from this step on
+        train, _, built = settings.get(jit)
+        costs = settings.costs(jit)
+        setup = pending.pop(jit, 0.0) + (max(built, sum(costs.values())) if built else 0.0)
+        start = time.perf_counter()
+        last = train.run(order, start=done, stop=stop, partial=False)
+        auto.record(jit, time.perf_counter() - start, stop - done, setup, costs=costs)
+        out, done = (out if last is None else last), stop
+        if done >= settings.whole:
+            break
+    if settings.partial:
+        out = train.run(order, start=done, stop=done)
+    return out
 
 
 def run_compiled(model: Any, *, x: Any, y: Any, sample_weight: Any, batch_size: int, epochs: int,
@@ -233,8 +295,8 @@ def run_compiled(model: Any, *, x: Any, y: Any, sample_weight: Any, batch_size: 
             verbose: as in Keras ``fit``. shuffle: Keras' ``shuffle``; each epoch's order is ``example_order``'s.
         jit_compile: compile the steps and the epoch loop with XLA (the first epoch's setting under ``xla_auto``).
         callbacks: epoch-level callbacks (:func:`compiled_blockers` returned [] for them).
-        xla_auto: ``jit_compile="auto"``'s decision between epochs (``tfaccel.train.xla_payback``); None: the
-            setting stays ``jit_compile``. ``model.jit_compile`` follows the setting each epoch runs with.
+        xla_auto: ``jit_compile="auto"``'s decision before each chunk of steps (``tfaccel.train.xla_payback``);
+            None: the setting stays ``jit_compile``. ``model.jit_compile`` follows the setting the steps run with.
 
     Returns:
         Keras' history, the training seconds of each epoch (validation and callbacks excluded), the steps run.
@@ -245,32 +307,34 @@ def run_compiled(model: Any, *, x: Any, y: Any, sample_weight: Any, batch_size: 
     if not getattr(model, "compiled", False):
         raise ValueError("compiled loop: the model is not compiled; call model.compile(optimizer=..., loss=...) "
                          "before training it")
-    settings = _Settings(model, step_data(x, y, sample_weight, constants=True),
-                         None if validation is None else  # (x, y) or (x, y, sw)
-                         step_data(*(tuple(validation) + (None,))[:3], constants=True),
-                         batch_size=batch_size, validation_batch_size=validation_batch_size)
+    start = time.perf_counter()
+    data = step_data(x, y, sample_weight, constants=True)
+    val_data = None if validation is None else step_data(*(tuple(validation) + (None,))[:3], constants=True)
+    to_device = time.perf_counter() - start
+    settings = _Settings(model, data, val_data, batch_size=batch_size, validation_batch_size=validation_batch_size)
     train, _, setup = settings.get(bool(jit_compile))
     # Building a setting's passes counts as that setting's overhead: what a fresh job pays, also where an earlier fit
-    # call traced them (this call then pays nothing, but XLA's compile estimate scales with the tracing cost).
-    pending = {bool(jit_compile): max(setup, settings.fresh_cost(bool(jit_compile)))}
+    # call built them (this call then pays nothing, but the figures must describe the job, not this call).
+    pending = {bool(jit_compile): max(setup, sum(settings.costs(bool(jit_compile)).values()))}
+    before_epochs = dict(settings.spent)
 
     def train_epoch(epoch: int, _: Any) -> Tuple[Any, int]:
-        jit = xla_auto.setting_for(epoch) if xla_auto is not None else bool(jit_compile)
-        model.jit_compile = jit  # what Keras would compile with from this epoch on
-        start = time.perf_counter()
-        train, _, built = settings.get(jit)
-        out = train.run(example_order(train.num_examples, seed, epoch, shuffle))
-        if xla_auto is not None:
-            xla_auto.record(jit, time.perf_counter() - start - built, pending.pop(jit, 0.0) + built)
-        return out, train.num_batches
+        order = example_order(settings.num_examples, seed, epoch, shuffle)
+        if xla_auto is None:
+            return settings.get(bool(jit_compile))[0].run(order), settings.num_batches
+        return _auto_epoch(settings, xla_auto, model, epoch, order, pending), settings.num_batches
 
     def validate(cb_list: Any) -> Dict[str, Any]:
         return _evaluate(model, settings.get(bool(model.jit_compile))[1], cb_list)
 
     try:
-        return run_epochs(model, callbacks=callbacks, verbose=verbose, epochs=epochs, initial_epoch=initial_epoch,
-                          steps_per_epoch=train.num_batches, train_epoch=train_epoch,
-                          validate=None if validation is None else validate, validation_freq=validation_freq)
+        result = run_epochs(model, callbacks=callbacks, verbose=verbose, epochs=epochs, initial_epoch=initial_epoch,
+                            steps_per_epoch=train.num_batches, train_epoch=train_epoch,
+                            validate=None if validation is None else validate, validation_freq=validation_freq)
+        later = sum(settings.spent.values()) - sum(before_epochs.values())  # a switch built a setting mid-epoch
+        result.details["phases"] = {"to_device_s": to_device, **settings.spent,
+                                    "epochs_s": sum(result.epoch_seconds) - later}
+        return result
     finally:
         settings.release()
 

@@ -143,6 +143,9 @@ class _ReplicatedPass:
             self._data = self.strategy.experimental_distribute_values_from_function(
                 lambda ctx: tf.nest.map_structure(tf.constant, data))
 
+        # The loop needs AutoGraph (for over tf.range), the step does not: Keras fit traces it unconverted
+        # (do_not_convert on one_step_on_data, keras/src/backend/tensorflow/trainer.py), and so does this loop.
+        @tf.autograph.experimental.do_not_convert
         def replica_step(values: Any, indices: Any) -> Any:
             return step(tf.nest.map_structure(lambda t: tf.gather(t, indices), values))
 
