@@ -61,6 +61,31 @@ def test_the_step_after_a_due_backup_runs_while_the_backup_is_written(tmp_path, 
     assert not (tmp_path / "b").exists()  # the end waited for the last write before removing the backup
 
 
+class _Crash(Exception):
+    pass
+
+
+class _CrashAfter(keras.callbacks.Callback):
+    def __init__(self, step):
+        super().__init__()
+        self.step = step
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch + 1 == self.step:
+            raise _Crash()
+
+
+def test_an_error_in_the_loop_leaves_the_backup_in_flight_on_disk(tmp_path, slow_writes):
+    """The backup of step 4 is still being written when step 5 raises: the error goes on once it is durable, so a
+    restart resumes from step 4, not from the start."""
+    with pytest.raises(_Crash):
+        tfaccel.fit(_model(), X, Y, batch_size=8, epochs=1, verbose=0, seed=1, backup_dir=str(tmp_path / "b"),
+                    backup_freq=4, callbacks=[_CrashAfter(5)], steps_per_execution=1)
+    assert len(slow_writes) == 1
+    state = json.loads((tmp_path / "b" / "tfaccel_backup.json").read_text())
+    assert (state["epoch"], state["step"]) == (0, 4)
+
+
 def _ctx(backup):
     backend = SimpleNamespace(uses_keras_fit=True, worker_index=0, num_workers=1, is_chief=True,
                               sum_over_processes=None, strategy=None)

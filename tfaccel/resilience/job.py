@@ -23,7 +23,7 @@ from tfaccel.resilience.preemption import make_preemption, preemption_callback
 from tfaccel.resilience.restarts import Progress, restarts_details
 from tfaccel.train.fit_context import FitContext
 
-__all__ = ["resume", "backup_callbacks", "add_preemption", "finish", "job_history"]
+__all__ = ["resume", "backup_callbacks", "add_preemption", "settle", "finish", "job_history"]
 
 
 def resume(ctx: FitContext) -> Tuple[Optional[Dict[str, Any]], List[Dict[str, Any]]]:
@@ -57,6 +57,20 @@ def backup_callbacks(ctx: FitContext, state: Optional[Dict[str, Any]]) -> Dict[s
         named["checkpoint"] = ChiefCheckpoint(backups.checkpoint_dir, is_chief=backend.is_chief,
                                               every_worker_saves=backend.traits.every_worker_saves)
     return named
+
+
+def settle(ctx: FitContext) -> None:
+    """Waits for the backup in flight when the loop stopped with an error, so that the job's last backup is on disk
+    before the error goes on (a restart resumes from it). A write that failed is logged: the loop's error is the one
+    raised."""
+    backup = ctx.named.get("backup")
+    if backup is None:
+        return
+    try:
+        backup.writer.wait()
+    except Exception as exc:  # noqa: BLE001 - the error that stopped the loop is the one to raise
+        get_logger().warning("backup: the write in flight when the loop stopped failed: %s: %s", type(exc).__name__,
+                             exc)
 
 
 def finish(ctx: FitContext) -> None:

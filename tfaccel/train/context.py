@@ -204,6 +204,9 @@ def train(ctx: FitContext, loop: "Loop") -> FitResult:
     try:
         with ctx.preemption.watch:
             outcome = loop.run(ctx) if ctx.start_epoch < ctx.request.epochs else None
+    except BaseException:
+        resilience.settle(ctx)  # the last backup durable before the error goes on
+        raise
     finally:
         restore_optimizer_class(ctx.model)
     seconds = time.perf_counter() - t0
