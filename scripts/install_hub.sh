@@ -16,21 +16,9 @@ set -euo pipefail
 
 KERAS_HUB="keras-hub==0.32.*"
 TF_TEXT="tensorflow-text==2.21.*"
-venv=""
-for arg in "$@"; do
-    case "$arg" in
-        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
-        -*) echo "install_hub: unknown option '$arg'; valid: [VENV]" >&2; exit 2 ;;
-        *) if [ -n "$venv" ]; then echo "install_hub: got two venvs ('$venv', '$arg'); pass one" >&2; exit 2; fi
-           venv="$arg" ;;
-    esac
-done
-venv="${venv:-${VIRTUAL_ENV:-.venv}}"
-py="$venv/bin/python"
-if [ ! -x "$py" ]; then
-    echo "install_hub: no python at '$py'; pass the venv that holds TensorFlow, e.g. 'bash scripts/install_hub.sh .venv'" >&2
-    exit 2
-fi
+# shellcheck source=scripts/venv_arg.sh
+source "$(dirname "$0")/venv_arg.sh"
+venv_arg install_hub 2,15 "$@"
 log() { echo "install_hub: $*"; }
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"  # TensorFlow's C++ start-up lines are noise here
 

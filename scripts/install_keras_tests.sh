@@ -14,22 +14,9 @@
 set -euo pipefail
 
 JAX=(jax==0.10.2 jaxlib==0.10.2 "scipy>=1.13,<1.18")
-venv=""
-for arg in "$@"; do
-    case "$arg" in
-        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
-        -*) echo "install_keras_tests: unknown option '$arg'; valid: [VENV]" >&2; exit 2 ;;
-        *) if [ -n "$venv" ]; then echo "install_keras_tests: got two venvs ('$venv', '$arg'); pass one" >&2; exit 2; fi
-           venv="$arg" ;;
-    esac
-done
-venv="${venv:-${VIRTUAL_ENV:-.venv}}"
-py="$venv/bin/python"
-if [ ! -x "$py" ]; then
-    echo "install_keras_tests: no python at '$py'; pass the venv the tests run in, e.g." \
-         "'bash scripts/install_keras_tests.sh .venv'" >&2
-    exit 2
-fi
+# shellcheck source=scripts/venv_arg.sh
+source "$(dirname "$0")/venv_arg.sh"
+venv_arg install_keras_tests 2,13 "$@"
 site="$venv/keras-tests-site"
 tmp="$site.partial"
 rm -rf "$tmp"
