@@ -10,7 +10,7 @@ import numpy as np
 
 from tfaccel.errors import ConfigError, invalid_choice
 
-__all__ = ["write_tfrecords", "tfrecord_dataset"]
+__all__ = ["write_tfrecords", "tfrecord_dataset", "reads_in_parallel"]
 
 
 def _list_feature(values: np.ndarray, tf: Any) -> Any:
@@ -173,8 +173,23 @@ def _interleaved_records(pattern: str, num_files: int, *, input_context: Any, sh
         files = files.shard(pipelines, input_context.input_pipeline_id)
     if shuffle_files:
         files = files.shuffle(num_files, seed=seed, reshuffle_each_iteration=True)
-    return files.interleave(tf.data.TFRecordDataset, cycle_length=cycle, block_length=1,
-                            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if reads_in_parallel(pattern):
+        return files.interleave(tf.data.TFRecordDataset, cycle_length=cycle, block_length=1,
+                                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return files.interleave(tf.data.TFRecordDataset, cycle_length=cycle, block_length=1)
+
+
+def reads_in_parallel(pattern: str) -> bool:
+    """Whether :func:`tfrecord_dataset` reads the files of ``pattern`` in parallel threads: not on local disk.
+
+    A file system other than the local one (a ``scheme://`` other than ``file://``: ``gs://``, ``s3://``,
+    ``hdfs://``) may have latency that parallel reads hide. Local files come from the page cache at memory speed, where the parallel
+    interleave's threads only add CPU: on the bench's MLP (6144 examples in blocks of 256, 8 files) one epoch of
+    the input pipeline cost 51-55 ms of CPU read sequentially against 67-73 ms read in parallel, for the same
+    records in the same order (parsing stays parallel and the batches prefetched).
+    """
+    scheme, sep, _ = pattern.partition("://")
+    return bool(sep) and scheme.lower() != "file"
 
 
 def _matched_files(pattern: str, k: int, input_context: Any) -> List[str]:
@@ -261,7 +276,17 @@ def _parse_blocks(records: Any, feature_shape: Tuple[int, ...], dtype: str, k: i
         x = tf.boolean_mask(tf.reshape(tf.cast(parsed["x"], dtype), (-1,) + feature_shape), real)
         return x, tf.boolean_mask(tf.cast(tf.reshape(parsed["y"], [-1]), tf.int32), real)
 
+    def parse_block(block: Any) -> Tuple[Any, Any]:
+        # One record per call: its padding is a tail, cut by a slice along the first axis (no copy of the block),
+        # where boolean_mask copies every example once more.
+        parsed = tf.io.parse_example(block, spec)
+        n = parsed["n"][0, 0]
+        x = tf.reshape(tf.cast(parsed["x"], dtype), (-1,) + feature_shape)[:n]
+        return x, tf.cast(tf.reshape(parsed["y"], [-1]), tf.int32)[:n]
+
     per_call = max(1, (batch_size or k) // k)
+    if per_call == 1:
+        parse_blocks = parse_block
     examples = records.batch(per_call).map(parse_blocks, num_parallel_calls=tf.data.AUTOTUNE)
     if batch_size is None:
         return examples.unbatch()
