@@ -107,9 +107,11 @@ def tfrecord_dataset(pattern: str, *, feature_shape: Sequence[int], dtype: str =
     """Reads TFRecord files written by :func:`write_tfrecords` as a ``tf.data.Dataset`` of (x, y).
 
     The dataset starts from ``tf.data.Dataset.list_files`` and interleaves one ``TFRecordDataset`` per file, so
-    ``tf.data`` auto-sharding with ``AutoShardPolicy.FILE`` (or ``AUTO``) gives each worker whole files. Records
-    are parsed in parallel (``AUTOTUNE``); with ``batch_size``, a whole batch at a time (``tf.io.parse_example``,
-    several times cheaper per example than parsing records one by one) and the batches are prefetched.
+    ``tf.data`` auto-sharding with ``AutoShardPolicy.FILE`` (or ``AUTO``) gives each worker whole files; files on
+    another file system than the local one (``gs://``, ...) are read by parallel threads, local files without
+    them (:func:`reads_in_parallel`: they cost CPU and hide no latency there). Records are parsed in parallel
+    (``AUTOTUNE``); with ``batch_size``, a whole batch at a time (``tf.io.parse_example``, several times cheaper
+    per example than parsing records one by one) and the batches are prefetched.
 
     Args:
         pattern: a glob matching the files, e.g. ``"/data/digits/data-*.tfrecord"``.
@@ -183,10 +185,16 @@ def reads_in_parallel(pattern: str) -> bool:
     """Whether :func:`tfrecord_dataset` reads the files of ``pattern`` in parallel threads: not on local disk.
 
     A file system other than the local one (a ``scheme://`` other than ``file://``: ``gs://``, ``s3://``,
-    ``hdfs://``) may have latency that parallel reads hide. Local files come from the page cache at memory speed, where the parallel
-    interleave's threads only add CPU: on the bench's MLP (6144 examples in blocks of 256, 8 files) one epoch of
-    the input pipeline cost 51-55 ms of CPU read sequentially against 67-73 ms read in parallel, for the same
-    records in the same order (parsing stays parallel and the batches prefetched).
+    ``hdfs://``) may have latency that parallel reads hide. Local files come from the page cache at memory speed,
+    where the parallel interleave's threads only add CPU: on the bench's MLP (6144 examples in blocks of 256, 8
+    files) one epoch of the input pipeline cost 51-55 ms of CPU read sequentially against 67-73 ms read in
+    parallel, for the same records in the same order (parsing stays parallel and the batches prefetched).
+
+    Args:
+        pattern: the glob given to :func:`tfrecord_dataset`.
+
+    Returns:
+        True for a ``scheme://`` path other than ``file://``, False for a local path.
     """
     scheme, sep, _ = pattern.partition("://")
     return bool(sep) and scheme.lower() != "file"
