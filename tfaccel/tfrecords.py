@@ -293,9 +293,8 @@ def _parse_blocks(records: Any, feature_shape: Tuple[int, ...], dtype: str, k: i
         return x, tf.cast(tf.reshape(parsed["y"], [-1]), tf.int32)[:n]
 
     per_call = max(1, (batch_size or k) // k)
-    if per_call == 1:
-        parse_blocks = parse_block
-    examples = records.batch(per_call).map(parse_blocks, num_parallel_calls=tf.data.AUTOTUNE)
+    parse = parse_block if per_call == 1 else parse_blocks
+    examples = records.batch(per_call).map(parse, num_parallel_calls=tf.data.AUTOTUNE)
     if batch_size is None:
         return examples.unbatch()
     return examples.rebatch(batch_size).prefetch(tf.data.AUTOTUNE)
