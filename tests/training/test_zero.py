@@ -50,19 +50,20 @@ def runs(tmp_path_factory):
 @pytest.mark.parametrize("replicas", [2, 4])
 @pytest.mark.parametrize("case", SHARDED)
 def test_sharded_training_equals_plain_fit(runs, replicas, case):
-    run = runs[replicas][case]
+    run, plain = runs[replicas][case], runs[2][case]  # the plain reference fit: in the N=2 process alone
+    assert run["initial"] == plain["initial"]  # the same start in both processes
     assert run["note"].endswith(f"state sharded over {replicas} replicas (ZeRO-1: each variable's slots on one "
                                 "owner, gradients reduced to it, its update copied to every replica); asked for "
                                 "(shard_optimizer_state=True)")
     assert run["note"] in run["plan_notes"]  # the plan says it, and why
-    assert run["history"].keys() == run["plain_history"].keys()
-    for key, values in run["plain_history"].items():
+    assert run["history"].keys() == plain["plain_history"].keys()
+    for key, values in plain["plain_history"].items():
         np.testing.assert_allclose(run["history"][key], values, rtol=1e-5, atol=1e-5, err_msg=key)
-    for got, want in zip(run["weights"], run["plain_weights"]):
+    for got, want in zip(run["weights"], plain["plain_weights"], strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     for copies in run["copies"]:  # every replica's copy of every variable is the same
         assert all(np.array_equal(copies[0], c) for c in copies[1:])
-    assert run["iterations"] == run["plain_iterations"] == 16
+    assert run["iterations"] == plain["plain_iterations"] == 16
     assert run["loop"] == ("keras_fit" if case == "adam_keras_loop" else "multi_step")  # both loops shard
 
 
