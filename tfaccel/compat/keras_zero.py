@@ -24,8 +24,8 @@ the whole state under the user's optimizer class; loading assigns each held slot
 :func:`slots_apart` (tfaccel's backups, whose shard files carry the slots) every sharded slot is written as an empty
 array and left alone on load.
 
-It reads the private ``_distribution_strategy``, ``_var_key``, ``_get_variable_index``, ``_clip_gradients`` and the
-collective strategy's ``_id_in_cluster`` (which replicas are this worker's), overrides ``_backend_update_step``,
+It reads the private ``_distribution_strategy``, ``_var_key``, ``_clip_gradients`` and the collective strategy's
+``_id_in_cluster`` (which replicas are this worker's), overrides ``_backend_update_step``,
 ``add_variable_from_reference`` (past Keras' ``TFOptimizer``'s), ``save_own_variables`` and ``load_own_variables``,
 and uses TensorFlow's internal ``numpy_dataset.SingleDevice`` and ``maybe_merge_call``. tests/training/test_zero.py
 fails when one of them moves.
@@ -161,10 +161,10 @@ class _ShardOptimizerState:
                                 learning_rate: Any) -> None:
         """Several workers, one replica each: reduce-scatter, update, all-gather (``keras_zero_collective``)."""
         one = distribution.experimental_local_results
-        owners = self._tfaccel_layout["owners"]
+        owner_of = dict(zip(self._tfaccel_owner, self._tfaccel_layout["owners"]))  # both in build's order
         keras_zero_collective.update_across_workers(
             keras_zero_collective.collectives_for(distribution), grads=[one(g)[0] for g in grads],
-            variables=[one(v)[0] for v in tvars], owners=[owners[self._get_variable_index(v)] for v in tvars],
+            variables=[one(v)[0] for v in tvars], owners=[owner_of[self._var_key(v)] for v in tvars],
             me=self._tfaccel_layout["index"], rate=one(learning_rate)[0], update=self.update_step,
             clip=super()._clip_gradients, global_clipnorm=self.global_clipnorm)  # type: ignore[misc]
 
