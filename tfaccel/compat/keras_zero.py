@@ -13,6 +13,9 @@ variable (seen on Keras 3.15.1 / TensorFlow 2.21.0):
   iteration counter every replica computed;
 * copies the updated value to every other replica's copy.
 
+Under multi_worker (one device per worker) the gradients are reduce-scattered to their owners and the updated values
+all-gathered instead, the bytes of one all-reduce (``tfaccel.compat.keras_zero_collective``).
+
 Saving (``save_own_variables`` / ``load_own_variables``, what ``save_weights`` and ``model.save`` call): under one
 host's MirroredStrategy every slot is readable in the process, so the optimizer saves as its base class does. Under
 multi_worker a worker holds only its own slots (the others are empty stand-ins): ``model.save`` then gathers each
@@ -36,7 +39,7 @@ import tensorflow as tf
 from keras.src.backend.tensorflow.optimizer import TFOptimizer
 from tensorflow.python.distribute import numpy_dataset
 
-from tfaccel.compat import keras_internals
+from tfaccel.compat import keras_internals, keras_zero_collective
 
 __all__ = ["sharded_class", "is_sharded", "slot_bytes_per_device", "shard_layout", "held_slots", "load_held_slots",
            "slots_apart"]
@@ -156,21 +159,14 @@ class _ShardOptimizerState:
 
     def _tfaccel_update_workers(self, distribution: Any, grads: List[Any], tvars: List[Any],
                                 learning_rate: Any) -> None:
-        """Several workers, one replica each: every gradient is all-reduced (the owner alone updates with it), the
-        owner's new value reaches the others as a sum with zeros (exact)."""
+        """Several workers, one replica each: reduce-scatter, update, all-gather (``keras_zero_collective``)."""
         one = distribution.experimental_local_results
-        sums = [one(distribution.extended.reduce_to(tf.distribute.ReduceOp.SUM, g, destinations=v))[0]
-                for g, v in zip(grads, tvars)]
-        sums = super()._clip_gradients(sums)  # type: ignore[misc]
-        rate = one(learning_rate)[0]
-        for grad, var in zip(sums, tvars):
-            mine, copy = self._tfaccel_owner[self._var_key(var)] is not None, one(var)[0]
-            if mine:
-                self.update_step(grad, copy, rate)
-            value = copy.read_value() if mine else tf.zeros_like(copy)
-            value = one(distribution.extended.reduce_to(tf.distribute.ReduceOp.SUM, value, destinations=var))[0]
-            if not mine:
-                copy.assign(value)
+        owner_of = dict(zip(self._tfaccel_owner, self._tfaccel_layout["owners"]))  # both in build's order
+        keras_zero_collective.update_across_workers(
+            keras_zero_collective.collectives_for(distribution), grads=[one(g)[0] for g in grads],
+            variables=[one(v)[0] for v in tvars], owners=[owner_of[self._var_key(v)] for v in tvars],
+            me=self._tfaccel_layout["index"], rate=one(learning_rate)[0], update=self.update_step,
+            clip=super()._clip_gradients, global_clipnorm=self.global_clipnorm)  # type: ignore[misc]
 
 
 _SUMS: Dict[int, Any] = {}

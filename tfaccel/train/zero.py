@@ -3,8 +3,9 @@
 Each replica of one host's MirroredStrategy (or of MultiWorkerMirroredStrategy, one device per worker) owns a
 subset of the trainable variables (greedy balance by bytes, deterministic): their optimizer slots exist on the owner's device only, their gradients are reduced to the owner,
 the owner runs the user's own optimizer update (same object, class, hyper-parameters, schedule and iteration
-counter) and the new value is copied to every replica (across workers: the gradient is all-reduced, the owner's
-new value summed with the others' zeros). The mechanism is in ``tfaccel.compat.keras_zero``.
+counter) and the new value is copied to every replica (across workers: the gradients are reduce-scattered to their
+owners and the updated values all-gathered, the bytes of one all-reduce). The mechanism is in
+``tfaccel.compat.keras_zero`` and ``tfaccel.compat.keras_zero_collective``.
 
 What would not train exactly as ``model.fit`` is refused before training, with the reason: other strategies (one
 device, multi_worker with several devices per worker, parameter_server, TPU, Horovod), mixed precision, gradient
