@@ -7,6 +7,7 @@ Horovod's collectives faked: the refusals come before any collective)."""
 import json
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import keras
@@ -29,26 +30,30 @@ CASES = ("adam_schedule", "adamw", "sgd_nesterov_clipnorm", "rmsprop_global_clip
 SLOTS = {"adam_schedule": 2, "adamw": 2, "sgd_nesterov_clipnorm": 1, "rmsprop_global_clipnorm": 1}
 
 
+def _launch(size, out):
+    """``size`` ranks of the program, every optimizer case inside; each rank's JSON."""
+    launch = run_horovod(size, [sys.executable, str(PROGRAM), str(out)], timeout=300, echo=False,
+                         capture_lines=200, gloo_timeout=120,
+                         env=dict(harness.CHILD_ENV, PYTHONPATH=str(harness.REPO_ROOT)))
+    harness.STARTED_PIDS.extend(launch.pids)
+    task = launch.tasks[0]
+    assert launch.ok, f"{launch.message}\n{task.stdout[-3000:]}\n{task.stderr[-3000:]}"
+    infos = [json.loads((out / f"rank{r}.json").read_text()) for r in range(size)]
+    for info in infos:  # no rank outlives the launch
+        deadline = time.monotonic() + 10
+        while pid_alive(info["pid"]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not pid_alive(info["pid"]), f"a rank (pid {info['pid']}) outlived horovodrun"
+    return infos
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """One launch per rank count (2, then 4), every optimizer case inside it."""
+    """One launch per rank count (2 and 4, both at once), every optimizer case inside it."""
     require_horovod()
-    results = {}
-    for size in (2, 4):
-        out = tmp_path_factory.mktemp(f"hvdzero{size}")
-        launch = run_horovod(size, [sys.executable, str(PROGRAM), str(out)], timeout=240, echo=False,
-                             capture_lines=200, gloo_timeout=120,
-                             env=dict(harness.CHILD_ENV, PYTHONPATH=str(harness.REPO_ROOT)))
-        harness.STARTED_PIDS.extend(launch.pids)
-        task = launch.tasks[0]
-        assert launch.ok, f"{launch.message}\n{task.stdout[-3000:]}\n{task.stderr[-3000:]}"
-        results[size] = [json.loads((out / f"rank{r}.json").read_text()) for r in range(size)]
-        for info in results[size]:  # no rank outlives the launch
-            deadline = time.monotonic() + 10
-            while pid_alive(info["pid"]) and time.monotonic() < deadline:
-                time.sleep(0.2)
-            assert not pid_alive(info["pid"]), f"a rank (pid {info['pid']}) outlived horovodrun"
-    return results
+    with ThreadPoolExecutor(2) as pool:
+        futures = {size: pool.submit(_launch, size, tmp_path_factory.mktemp(f"hvdzero{size}")) for size in (2, 4)}
+        return {size: future.result() for size, future in futures.items()}
 
 
 @pytest.mark.horovod
