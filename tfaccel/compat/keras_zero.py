@@ -41,10 +41,10 @@ from tensorflow.python.distribute import numpy_dataset
 
 from tfaccel.compat import keras_internals, keras_zero_collective
 
-__all__ = ["sharded_class", "is_sharded", "slot_bytes_per_device", "shard_layout", "held_slots", "load_held_slots",
+__all__ = ["ShardOptimizerState", "sharded_class", "is_sharded", "slot_bytes_per_device", "shard_layout", "held_slots", "load_held_slots",
            "slots_apart"]
 
-_SHARDED: Dict[type, type] = {}
+_SHARDED: Dict[Tuple[type, type], type] = {}
 
 
 def _num_bytes(variable: Any) -> int:
@@ -57,14 +57,33 @@ class _ShardOptimizerState:
 
     tfaccel_partition: Callable[[Sequence[int], int], List[int]]
 
-    def build(self, variables: Any) -> None:
+    def _tfaccel_placement(self) -> Tuple[List[str], int, int]:
+        """(this process's replicas' devices, replicas over all processes, index of this process's first replica)."""
         strategy = self._distribution_strategy
         devices = list(strategy.extended.worker_devices)  # this worker's replicas
         replicas = strategy.num_replicas_in_sync
+        return devices, replicas, (strategy.extended._id_in_cluster * len(devices) if replicas > len(devices) else 0)
+
+    def _tfaccel_slot_scope(self, device: str) -> Any:
+        """The scope that creates a slot on ``device`` alone (past TFOptimizer's colocation with the mirrored
+        variable, which puts it on every device)."""
+        where = numpy_dataset.SingleDevice(device)
+
+        def on_owner(next_creator: Any, **kwargs: Any) -> Any:
+            kwargs["colocate_with"] = where  # MirroredStrategy creates a plain variable on that one device
+            return next_creator(**kwargs)
+
+        return tf.variable_creator_scope(on_owner)
+
+    def _tfaccel_sum(self, value: np.ndarray) -> np.ndarray:
+        """``value`` summed over the processes (every process calls it, in the same order)."""
+        return _sum_over_workers(self._distribution_strategy, value)
+
+    def build(self, variables: Any) -> None:
+        devices, replicas, first = self._tfaccel_placement()  # first: the index of this process's replica 0
         owners = type(self).tfaccel_partition([_num_bytes(v) for v in variables], replicas)
         self._tfaccel_devices = devices
         self._tfaccel_workers = replicas // len(devices)
-        first = strategy.extended._id_in_cluster * len(devices) if self._tfaccel_workers > 1 else 0  # local replica 0
         self._tfaccel_layout = {"count": replicas, "processes": self._tfaccel_workers, "owners": list(owners),
                                 "index": first // len(devices)}
         self._tfaccel_slots: Dict[int, Tuple[Tuple[int, ...], bool]] = {}  # id(slot) -> (its full shape, held here)
@@ -81,14 +100,7 @@ class _ShardOptimizerState:
             return super().add_variable_from_reference(reference_variable, name=name,  # type: ignore[misc]
                                                        initializer=initializer)
         owner = self._tfaccel_owner[key]
-        device = numpy_dataset.SingleDevice(self._tfaccel_devices[0 if owner is None else owner])
-
-        def on_owner(next_creator: Any, **kwargs: Any) -> Any:
-            kwargs["colocate_with"] = device  # MirroredStrategy creates a plain variable on that one device
-            return next_creator(**kwargs)
-
-        # Past TFOptimizer's override, which colocates the slot with the (mirrored) variable: on every device.
-        with tf.variable_creator_scope(on_owner):
+        with self._tfaccel_slot_scope(self._tfaccel_devices[0 if owner is None else owner]):
             if owner is None:  # another worker owns it: an empty stand-in, never read
                 slot = self.add_variable((0,), initializer="zeros", dtype=reference_variable.dtype, name=name)
             else:
@@ -110,7 +122,7 @@ class _ShardOptimizerState:
                 store[str(i)] = np.zeros((0,), variable.dtype)
             else:  # the owner's value, summed with the other workers' zeros: every worker calls this
                 value = variable.numpy() if info[1] else np.zeros(info[0], variable.dtype)
-                store[str(i)] = _sum_over_workers(self._distribution_strategy, value)
+                store[str(i)] = self._tfaccel_sum(value)
 
     def load_own_variables(self, store: Any) -> None:
         slots = getattr(self, "_tfaccel_slots", {})
@@ -169,6 +181,8 @@ class _ShardOptimizerState:
             clip=super()._clip_gradients, global_clipnorm=self.global_clipnorm)  # type: ignore[misc]
 
 
+ShardOptimizerState = _ShardOptimizerState  # the mixin, for sharded_class's ``mixin`` (tfaccel.compat.keras_zero_ranks)
+
 _SUMS: Dict[int, Any] = {}
 
 
@@ -184,16 +198,19 @@ def _sum_over_workers(strategy: Any, value: np.ndarray) -> np.ndarray:
     return _SUMS[id(strategy)](tf.constant(value)).numpy()
 
 
-def sharded_class(base: type, partition: Callable[[Sequence[int], int], List[int]]) -> type:
-    """A subclass of ``base`` whose slots are sharded over the replicas by ``partition`` (see the module doc).
+def sharded_class(base: type, partition: Callable[[Sequence[int], int], List[int]],
+                  mixin: Optional[type] = None) -> type:
+    """A subclass of ``base`` whose slots are sharded over the replicas by ``partition`` (see the module doc);
+    ``mixin`` (a subclass of :class:`ShardOptimizerState`, e.g. one process per replica over Horovod) instead of it.
 
     Same name and module as ``base``: a saved .keras file names the plain Keras optimizer.
     """
-    if base not in _SHARDED:
-        _SHARDED[base] = type(base.__name__, (_ShardOptimizerState, base),
-                              {"__module__": base.__module__, "__qualname__": base.__qualname__,
-                               "tfaccel_partition": staticmethod(partition)})
-    return _SHARDED[base]
+    mixin = mixin or _ShardOptimizerState
+    if (base, mixin) not in _SHARDED:
+        _SHARDED[(base, mixin)] = type(base.__name__, (mixin, base),
+                                       {"__module__": base.__module__, "__qualname__": base.__qualname__,
+                                        "tfaccel_partition": staticmethod(partition)})
+    return _SHARDED[(base, mixin)]
 
 
 def is_sharded(optimizer: Any) -> bool:
