@@ -23,6 +23,9 @@ NUM_VIRTUAL_CPUS = 2
 # The files that take longest (seconds of test time in a clean-clone run of the README's command, 2026-11-28,
 # 2-core VM), started first: with `-n 2 --dist loadfile` a file is one unit of work, handed out in collection order,
 # so a long file collected last leaves the other worker idle at the end (longest-first is the classic remedy).
+# pytest-xdist (3.x) reorders the files by their number of tests unless told not to (`--loadscope-reorder`, on by
+# default): pytest_configure below turns that off, or a long file of few tests (Keras' conformance: 6) would be
+# handed out in the middle of the run and a short one of many tests (726) first.
 HEAVY_FIRST = (
     "tests/corpus/test_corpus.py",  # 533
     "tests/ray/test_ray_cluster.py",  # 468
@@ -38,12 +41,17 @@ HEAVY_FIRST = (
     "tests/training/test_training_fit.py",  # 135
     "tests/doctor/test_doctor_cli.py",  # 123 (then about as long after issue 37's second part: estimated)
     "tests/doctor/test_doctor_workers.py",
-    "tests/training/test_zero.py",  # about 200 under load (issue 35's parity processes, estimated from a local run)  # about 110 (estimated from a local run against test_doctor_cli.py's)
+    "tests/training/test_zero.py",  # about 200 under load (issue 35's parity processes, estimated from a local run)
+    "tests/horovod/test_horovod_zero.py",  # about 95 (2 and 4 Gloo ranks, a loaded local run)
+    "tests/training/test_zero_workers.py",  # about 56 (2 and 4 worker processes, a loaded local run)
 )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     import tfaccel
+
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: keep HEAVY_FIRST's order (see above)
+        config.option.loadscopereorder = False
 
     tfaccel.configure_devices(virtual_cpus=NUM_VIRTUAL_CPUS)
 

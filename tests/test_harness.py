@@ -1,6 +1,7 @@
 """The multi-process harness itself: real MultiWorkerMirroredStrategy start-up in 2 processes."""
 
 import textwrap
+from types import SimpleNamespace
 
 import harness
 from tfaccel.launch.procs import pid_alive
@@ -37,3 +38,18 @@ def test_failure_is_collected_and_peers_ended():
     assert results[1].returncode == 3
     assert results[0].returncode is None and not results[0].timed_out
     assert not any(pid_alive(r.pid) for r in results)
+
+
+
+def test_the_heavy_files_are_handed_out_first_in_their_order(pytestconfig):
+    """tests/conftest.py orders the files longest first (HEAVY_FIRST); pytest-xdist would reorder them by their
+    number of tests unless its ``loadscopereorder`` is off."""
+    import conftest
+
+    assert pytestconfig.option.loadscopereorder is False
+    assert all((harness.REPO_ROOT / name).is_file() for name in conftest.HEAVY_FIRST)
+    items = [SimpleNamespace(path=harness.REPO_ROOT / name) for name in
+             ("tests/test_log.py", conftest.HEAVY_FIRST[1], "tests/test_devices.py", conftest.HEAVY_FIRST[0])]
+    conftest.pytest_collection_modifyitems(pytestconfig, items)
+    assert [str(item.path.relative_to(harness.REPO_ROOT)) for item in items] == [
+        conftest.HEAVY_FIRST[0], conftest.HEAVY_FIRST[1], "tests/test_log.py", "tests/test_devices.py"]
