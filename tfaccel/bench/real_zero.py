@@ -71,18 +71,22 @@ def zero_run(name: str, size: str, *, sharded: bool, strategy: str) -> Dict[str,
 
 
 def _predicted(name: str, size: str, replicas: int, strategy: str) -> Dict[str, Any]:
+    """``tfaccel memory``'s optimizer bytes per replica (or why it could not estimate) and the bytes per step."""
     spec, job = get_real_model(name), get_real_model(name).job(size)
     with tf.distribute.get_strategy().scope():  # outside the job's strategy: the estimate builds its own copy
         model = spec.build(size)
-    estimate = estimate_memory(model, batch_size=job.batch_size, strategy=strategy, replicas=replicas,
-                               optimizer=model.optimizer, recompute=False, shard_optimizer_state=True)
-    unsharded = estimate_memory(model, batch_size=job.batch_size, strategy=strategy, replicas=replicas,
-                                optimizer=model.optimizer, recompute=False)
-    return {"sharded_optimizer_bytes": list(estimate.optimizer_shard_bytes),
-            "unsharded_optimizer_bytes": unsharded.optimizer_bytes,
-            "bytes_per_step": {mode: bytes_per_step(model, replicas, sharded=mode == "sharded",
-                                                    workers=strategy == "multi_worker")
-                               for mode in ("unsharded", "sharded")}}
+    out: Dict[str, Any] = {"bytes_per_step": {mode: bytes_per_step(model, replicas, sharded=mode == "sharded",
+                                                                   workers=strategy == "multi_worker")
+                                              for mode in ("unsharded", "sharded")}}
+    try:
+        estimate = estimate_memory(model, batch_size=job.batch_size, strategy=strategy, replicas=replicas,
+                                   optimizer=model.optimizer, recompute=False, shard_optimizer_state=True)
+    except Exception as error:  # noqa: BLE001 - the estimate's own limits (its traced step) are reported, not fatal
+        out["estimate_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+        return out
+    out.update(sharded_optimizer_bytes=list(estimate.optimizer_shard_bytes),
+               unsharded_optimizer_bytes=estimate.optimizer_bytes)
+    return out
 
 
 def zero_rows(names: List[str], size: str, rounds: int, strategy: str) -> Dict[str, Any]:
@@ -90,6 +94,7 @@ def zero_rows(names: List[str], size: str, rounds: int, strategy: str) -> Dict[s
     replicas = tfaccel.get_strategy(strategy).num_replicas_in_sync
     rows: Dict[str, Any] = {}
     for name in names:
+        predicted = _predicted(name, size, replicas, strategy)  # before the runs: its model's memory is not in theirs
         runs: Dict[str, List[Dict[str, Any]]] = {"unsharded": [], "sharded": []}
         load = [os.getloadavg()[0]]
         for _ in range(rounds):
@@ -99,7 +104,7 @@ def zero_rows(names: List[str], size: str, rounds: int, strategy: str) -> Dict[s
         ratios = [s["step_seconds"] / u["step_seconds"] for u, s in zip(runs["unsharded"], runs["sharded"])]
         rows[name] = {"runs": runs, "ratio": float(np.median(ratios)), "ratios": [round(r, 3) for r in ratios],
                       "load_average": [round(min(load), 2), round(max(load), 2)],
-                      "predicted": _predicted(name, size, replicas, strategy)}
+                      "predicted": predicted}
     return {"replicas": replicas, "strategy": strategy, "size": size, "rows": rows,
             "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 

@@ -80,8 +80,8 @@ def format_real_zero(zero: Dict[str, Any]) -> List[str]:
             pred, sent = row["predicted"], row["predicted"]["bytes_per_step"]
             lines.append(
                 f"  {model} {where}: ratio {row['ratio']:.2f} {row['ratios']}; optimizer MiB per replica unsharded "
-                f"{held['unsharded']} | {_mib(pred['unsharded_optimizer_bytes'])}, sharded {held['sharded']} | "
-                f"{sorted(_mib(v) for v in pred['sharded_optimizer_bytes'])}; allocator peak unsharded "
+                f"{held['unsharded']} | {_mib(pred.get('unsharded_optimizer_bytes'))}, sharded {held['sharded']} | "
+                f"{sorted(_mib(v) for v in pred.get('sharded_optimizer_bytes', []))}; allocator peak unsharded "
                 f"{peaks['unsharded']}, sharded {peaks['sharded']}; sent per step {sent['unsharded']['total']:,} B "
                 f"unsharded, {sent['sharded']['total']:,} B sharded; load {row['load_average']}")
     return lines
