@@ -10,7 +10,7 @@ import numpy as np
 
 from tfaccel.errors import ConfigError, invalid_choice
 
-__all__ = ["write_tfrecords", "tfrecord_dataset"]
+__all__ = ["write_tfrecords", "tfrecord_dataset", "reads_in_parallel"]
 
 
 def _list_feature(values: np.ndarray, tf: Any) -> Any:
@@ -107,9 +107,11 @@ def tfrecord_dataset(pattern: str, *, feature_shape: Sequence[int], dtype: str =
     """Reads TFRecord files written by :func:`write_tfrecords` as a ``tf.data.Dataset`` of (x, y).
 
     The dataset starts from ``tf.data.Dataset.list_files`` and interleaves one ``TFRecordDataset`` per file, so
-    ``tf.data`` auto-sharding with ``AutoShardPolicy.FILE`` (or ``AUTO``) gives each worker whole files. Records
-    are parsed in parallel (``AUTOTUNE``); with ``batch_size``, a whole batch at a time (``tf.io.parse_example``,
-    several times cheaper per example than parsing records one by one) and the batches are prefetched.
+    ``tf.data`` auto-sharding with ``AutoShardPolicy.FILE`` (or ``AUTO``) gives each worker whole files; files on
+    another file system than the local one (``gs://``, ...) are read by parallel threads, local files without
+    them (:func:`reads_in_parallel`: they cost CPU and hide no latency there). Records are parsed in parallel
+    (``AUTOTUNE``); with ``batch_size``, a whole batch at a time (``tf.io.parse_example``, several times cheaper
+    per example than parsing records one by one) and the batches are prefetched.
 
     Args:
         pattern: a glob matching the files, e.g. ``"/data/digits/data-*.tfrecord"``.
@@ -173,8 +175,29 @@ def _interleaved_records(pattern: str, num_files: int, *, input_context: Any, sh
         files = files.shard(pipelines, input_context.input_pipeline_id)
     if shuffle_files:
         files = files.shuffle(num_files, seed=seed, reshuffle_each_iteration=True)
-    return files.interleave(tf.data.TFRecordDataset, cycle_length=cycle, block_length=1,
-                            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if reads_in_parallel(pattern):
+        return files.interleave(tf.data.TFRecordDataset, cycle_length=cycle, block_length=1,
+                                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return files.interleave(tf.data.TFRecordDataset, cycle_length=cycle, block_length=1)
+
+
+def reads_in_parallel(pattern: str) -> bool:
+    """Whether :func:`tfrecord_dataset` reads the files of ``pattern`` in parallel threads: not on local disk.
+
+    A file system other than the local one (a ``scheme://`` other than ``file://``: ``gs://``, ``s3://``,
+    ``hdfs://``) may have latency that parallel reads hide. Local files come from the page cache at memory speed,
+    where the parallel interleave's threads only add CPU: on the bench's MLP (6144 examples in blocks of 256, 8
+    files) one epoch of the input pipeline cost 51-55 ms of CPU read sequentially against 67-73 ms read in
+    parallel, for the same records in the same order (parsing stays parallel and the batches prefetched).
+
+    Args:
+        pattern: the glob given to :func:`tfrecord_dataset`.
+
+    Returns:
+        True for a ``scheme://`` path other than ``file://``, False for a local path.
+    """
+    scheme, sep, _ = pattern.partition("://")
+    return bool(sep) and scheme.lower() != "file"
 
 
 def _matched_files(pattern: str, k: int, input_context: Any) -> List[str]:
@@ -261,8 +284,17 @@ def _parse_blocks(records: Any, feature_shape: Tuple[int, ...], dtype: str, k: i
         x = tf.boolean_mask(tf.reshape(tf.cast(parsed["x"], dtype), (-1,) + feature_shape), real)
         return x, tf.boolean_mask(tf.cast(tf.reshape(parsed["y"], [-1]), tf.int32), real)
 
+    def parse_block(block: Any) -> Tuple[Any, Any]:
+        # One record per call: its padding is a tail, cut by a slice along the first axis (no copy of the block),
+        # where boolean_mask copies every example once more.
+        parsed = tf.io.parse_example(block, spec)
+        n = parsed["n"][0, 0]
+        x = tf.reshape(tf.cast(parsed["x"], dtype), (-1,) + feature_shape)[:n]
+        return x, tf.cast(tf.reshape(parsed["y"], [-1]), tf.int32)[:n]
+
     per_call = max(1, (batch_size or k) // k)
-    examples = records.batch(per_call).map(parse_blocks, num_parallel_calls=tf.data.AUTOTUNE)
+    parse = parse_block if per_call == 1 else parse_blocks
+    examples = records.batch(per_call).map(parse, num_parallel_calls=tf.data.AUTOTUNE)
     if batch_size is None:
         return examples.unbatch()
     return examples.rebatch(batch_size).prefetch(tf.data.AUTOTUNE)

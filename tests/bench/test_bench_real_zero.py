@@ -38,14 +38,14 @@ def test_bad_zero_options_are_refused(kwargs, message):
 def test_bytes_per_step_unsharded_sharded_and_across_workers():
     model = keras.Sequential([keras.Input((3,), dtype="int32"), keras.layers.Embedding(10, 4),
                               keras.layers.Flatten(), keras.layers.Dense(2)])
-    dense, table = (12 * 2 + 2) * 4, 10 * 4 * 4
+    dense, table = (12 * 2 + 2) * 4, 10 * 4 * 4  # the Dense kernel (96 bytes) and bias (8 bytes)
     for n in (2, 4):
         plain = bytes_per_step(model, n, sharded=False, workers=False)
         assert plain == {"dense": int(dense * 2 * (n - 1) / n), "embedding": int(table * 2 * (n - 1) / n),
                          "total": plain["dense"] + plain["embedding"]}
         assert bytes_per_step(model, n, sharded=True, workers=False) == plain  # reduce to the owner + copy out
-        across = bytes_per_step(model, n, sharded=True, workers=True)  # two all-reduces of the dense part today
-        assert across["dense"] == int(dense * 4 * (n - 1) / n) and across["embedding"] == plain["embedding"]
+        across = bytes_per_step(model, n, sharded=True, workers=True)  # rows padded to the largest owner: the kernel
+        assert across["dense"] == 2 * (n - 1) * 96 and across["embedding"] == plain["embedding"]
 
 
 def test_report_line_of_a_zero_row():

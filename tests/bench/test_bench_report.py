@@ -23,7 +23,7 @@ def _is_figure(fig: dict) -> bool:
 
 def test_report_keys_one_timer_random_order_and_files(tmp_path):
     config = BenchConfig(repeats=2, examples=256, epochs=2, models=("mlp",), scaling=False, stream_examples=256,
-                         stream_shards=2, p5="off")
+                         stream_shards=2, stream_examples_per_record=64, p5="off")
     report = run_bench(config, json_path=str(tmp_path / "b.json"), png_path=str(tmp_path / "b.png"))
     on_disk = json.loads((tmp_path / "b.json").read_text())
     mlp = on_disk["per_model"]["mlp"]

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from tfaccel.datasets import load_dataset, tfrecord_dataset, write_tfrecords
 from tfaccel.errors import ConfigError
+from tfaccel.tfrecords import reads_in_parallel
 
 
 def test_round_trip_float_images(tmp_path: Path) -> None:
@@ -170,3 +171,17 @@ def test_the_reader_can_be_built_while_tensorflow_traces(tmp_path: Path, per_rec
         return ds.reduce(tf.constant(0), lambda total, batch: total + tf.shape(batch[0])[0])
 
     assert int(count()) == 10
+
+
+def test_local_files_are_read_sequentially_and_others_in_parallel_with_the_same_order(tmp_path: Path) -> None:
+    assert not reads_in_parallel(str(tmp_path / "*.tfrecord"))
+    assert not reads_in_parallel("file:///data/*.tfrecord") and not reads_in_parallel("FILE:///data/*")
+    assert reads_in_parallel("gs://bucket/data-*.tfrecord") and reads_in_parallel("s3://b/*")
+    x, y = load_dataset("digits", num_examples=50)
+    paths = write_tfrecords(x, y, str(tmp_path), num_shards=4, examples_per_record=3)
+    for path in paths:  # TensorFlow's in-memory file system: not local, so read in parallel
+        tf.io.gfile.copy(path, f"ram://{tmp_path.name}/{Path(path).name}", overwrite=True)
+    # local files (read sequentially) give back the written order in the other tests; so do parallel reads:
+    got_x, got_y, _ = _read(f"ram://{tmp_path.name}/*.tfrecord", (8, 8, 1), examples_per_record=3, batch_size=8)
+    np.testing.assert_array_equal(got_x, x)
+    np.testing.assert_array_equal(got_y, y)

@@ -1,12 +1,12 @@
 """Optimizer-state sharding (ZeRO-1, tfaccel.train.zero): on 2 and 4 mirrored virtual CPUs, tfaccel.fit with
 shard_optimizer_state=True trains what plain model.fit trains on one device (Adam with a schedule, AdamW, SGD with
 Nesterov momentum and clipnorm, RMSprop with global_clipnorm), each device holds ~1/N of the optimizer state, and
-what it cannot train exactly is refused before training, with the reason and the fix."""
+what it cannot train exactly is refused before training, with the reason and the fix. The same across worker
+processes, and sharded backups: tests/training/test_zero_workers.py."""
 
 import inspect
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -50,19 +50,20 @@ def runs(tmp_path_factory):
 @pytest.mark.parametrize("replicas", [2, 4])
 @pytest.mark.parametrize("case", SHARDED)
 def test_sharded_training_equals_plain_fit(runs, replicas, case):
-    run = runs[replicas][case]
+    run, plain = runs[replicas][case], runs[2][case]  # the plain reference fit: in the N=2 process alone
+    assert run["initial"] == plain["initial"]  # the same start in both processes
     assert run["note"].endswith(f"state sharded over {replicas} replicas (ZeRO-1: each variable's slots on one "
                                 "owner, gradients reduced to it, its update copied to every replica); asked for "
                                 "(shard_optimizer_state=True)")
     assert run["note"] in run["plan_notes"]  # the plan says it, and why
-    assert run["history"].keys() == run["plain_history"].keys()
-    for key, values in run["plain_history"].items():
+    assert run["history"].keys() == plain["plain_history"].keys()
+    for key, values in plain["plain_history"].items():
         np.testing.assert_allclose(run["history"][key], values, rtol=1e-5, atol=1e-5, err_msg=key)
-    for got, want in zip(run["weights"], run["plain_weights"]):
+    for got, want in zip(run["weights"], plain["plain_weights"], strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     for copies in run["copies"]:  # every replica's copy of every variable is the same
         assert all(np.array_equal(copies[0], c) for c in copies[1:])
-    assert run["iterations"] == run["plain_iterations"] == 16
+    assert run["iterations"] == plain["plain_iterations"] == 16
     assert run["loop"] == ("keras_fit" if case == "adam_keras_loop" else "multi_step")  # both loops shard
 
 
@@ -282,157 +283,3 @@ def test_cli_auto_trains_unsharded_on_one_device_and_says_why(clean_tf_config, c
         main(["fit", "--model", "mnist_cnn", "--shard-optimizer-state", "yes"])
     assert exit_.value.code == 2
     assert "argument --shard-optimizer-state: invalid choice: 'yes' (choose from 'auto')" in capsys.readouterr().err
-
-
-@pytest.fixture(scope="module")
-def worker_runs(tmp_path_factory):
-    """Two multi_worker processes (one CPU each, loopback), every optimizer case sharded over them, then a sharded
-    job stopped, its backup kept (``kept``) and resumed, and the resumed model saved (``model.keras``)."""
-    work = tmp_path_factory.mktemp("zero-workers")
-    results = harness.run_tasks(Path(__file__).resolve().parent / "zero_workers_program.py", workers=2, timeout=240,
-                                args=[str(work)], env={"TFACCEL_JOB_ID": "zero-workers"})
-    harness.assert_all_ok(results)
-    return [{**harness.last_json_line(r.stdout), "work": work} for r in results]
-
-
-@pytest.mark.parametrize("case", SHARDED[:4])
-def test_sharded_over_two_workers_equals_plain_fit(worker_runs, case):
-    for run in (w[case] for w in worker_runs):
-        for key, values in run["plain_history"].items():
-            np.testing.assert_allclose(run["history"][key], values, rtol=1e-5, atol=1e-5, err_msg=key)
-        for got, want in zip(run["weights"], run["plain_weights"]):
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    held = [w[case]["bytes"] for w in worker_runs]
-    full = worker_runs[0][case]["full_bytes"]
-    assert sum(held) <= full + 2 * 16 and max(held) < 0.7 * full, (held, full)  # each worker holds its share only
-
-
-def test_checkpoint_dir_under_sharded_multi_worker_is_refused(worker_runs):
-    for w in worker_runs:
-        assert "checkpoint_dir" in w["checkpoint_dir_refusal"] and "only the writing worker's" in \
-            w["checkpoint_dir_refusal"] and "keep backup_dir" in w["checkpoint_dir_refusal"], w["checkpoint_dir_refusal"]
-
-
-def _close(got, want, atol=1e-5):
-    for a, b in zip(got, want, strict=True):
-        np.testing.assert_allclose(np.asarray(a, "float64"), np.asarray(b, "float64"), rtol=0, atol=atol)
-
-
-def test_each_worker_backs_up_its_shard_and_the_resumed_job_trains_on_exactly(worker_runs):
-    """The sharded Adam-with-schedule fit, stopped at epoch 1 step 5 (8 steps an epoch) with a backup every 3 steps:
-    the backup at step 11 has one shard file per worker, named by the pointer with the owners; the resumed run (its
-    weights and history checked against plain fit by test_sharded_over_two_workers_equals_plain_fit) ends within
-    1e-5 of the uninterrupted run's weights (with the shards left unread, measured: 0.027 apart)."""
-    for w in worker_runs:
-        run = w["resume"]
-        shards = run["pointer"]["optimizer_shards"]
-        assert (run["pointer"]["epoch"], run["pointer"]["step"], run["pointer"]["global_step"]) == (1, 3, 11)
-        assert shards["count"] == shards["processes"] == 2 and sorted(set(shards["owners"])) == [0, 1]
-        assert shards["files"] == ["backup-11.shard-0-of-2.npz", "backup-11.shard-1-of-2.npz"]
-        assert set(shards["files"]) | {"backup-11.weights.h5"} <= set(run["left"])
-        assert run["resumed_from"] == [1, 3]
-        _close(w["adam_schedule"]["weights"], w["adam_schedule"]["plain_weights"])
-    assert not (worker_runs[0]["work"] / "backup").exists()  # the finished job removed it, shards included
-
-
-def test_a_keras_file_of_sharded_state_loads_in_plain_keras_with_every_slot(worker_runs):
-    """model.save on every worker: the chief's .keras file names plain Keras' Adam and holds every slot, each equal
-    to the uninterrupted plain fit's."""
-    run = worker_runs[0]["resume"]
-    assert run["loaded_class"] == "keras.src.optimizers.adam.Adam"
-    assert [np.shape(v) for v in run["loaded_state"]] == [np.shape(v) for v in run["plain_state"]]
-    _close(run["loaded_state"], run["plain_state"])
-    _close(run["loaded_weights"], worker_runs[0]["adam_schedule"]["weights"], atol=0)
-
-
-def _resume_model():
-    """zero_workers_program.py's model, data and Adam with a schedule, under this process's mirrored strategy."""
-    import keras
-
-    rng = np.random.RandomState(0)
-    x = rng.randn(256, 8).astype("float32")
-    y = (x @ rng.randn(8, 3)).astype("float32")
-    keras.utils.set_random_seed(1)
-    with tfaccel.scope(strategy="mirrored"):
-        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="relu"),
-                                  keras.layers.Dense(16, activation="relu"), keras.layers.Dense(3)])
-        model.compile(keras.optimizers.Adam(keras.optimizers.schedules.ExponentialDecay(0.01, 3, 0.9)), "mse")
-    return model, x, y
-
-
-def test_a_backup_of_two_workers_shards_resumes_on_one_process(worker_runs, clean_tf_config, cpu_replicas, tmp_path):
-    """Another layout: the 2-worker backup (two shard files) resumed on this process's 2 mirrored replicas, which
-    hold every slot between them: it ends with the uninterrupted run's weights; a mirrored backup keeps every slot
-    in its weights file (no shard files) and records the layout."""
-    import keras
-
-    backup = tmp_path / "backup"
-    shutil.copytree(worker_runs[0]["work"] / "kept", backup)
-    model, x, y = _resume_model()
-    seen = []
-
-    class Pointer(keras.callbacks.Callback):
-        def on_epoch_end(self, epoch, logs=None):
-            seen.append({**json.loads((backup / "tfaccel_backup.json").read_text()),
-                         "left": sorted(p.name for p in backup.iterdir())})
-
-    result = tfaccel.fit(model, x, y, batch_size=32, epochs=2, shuffle=False, verbose=0, loop="keras", seed=0,
-                         shard_optimizer_state=True, backup_dir=str(backup), backup_freq=3, callbacks=[Pointer()])
-    assert result.resumed_from == (1, 3)
-    _close(model.get_weights(), worker_runs[0]["adam_schedule"]["plain_weights"])
-    shards = seen[-1]["optimizer_shards"]
-    assert shards["count"] == 2 and shards["processes"] == 1 and shards["files"] == []
-    assert shards["owners"] == worker_runs[0]["resume"]["pointer"]["optimizer_shards"]["owners"]  # same rule
-    assert [n for n in seen[-1]["left"] if n.endswith(".npz")] == []  # the 2 workers' shards removed, none written
-
-
-def test_what_does_not_fit_a_sharded_backup_is_refused_with_the_fix(clean_tf_config, cpu_replicas, tmp_path, caplog):
-    """Each message of tfaccel.resilience.shard_backup and of the sharded optimizer's loading, on a sharded
-    mirrored model: a shard the pointer names but the directory lacks, a shard backup for an unsharded optimizer, an
-    unreadable shard, a slot in no shard, a worker that could not write its shard, and a weights file written with
-    its slots apart loaded outside tfaccel's backups."""
-    import keras
-
-    from tfaccel.compat.keras_zero import slots_apart
-    from tfaccel.resilience.backups import StepBackup, read_backup
-    from tfaccel.resilience.shard_backup import agree_written, load_shards, loading_context
-
-    model, _, _ = _resume_model()
-    shard_optimizer_state(model, True, accumulation_steps=1)
-    with model.distribute_strategy.scope():
-        model.optimizer.build(model.trainable_variables)
-    (tmp_path / "backup-3.weights.h5").write_bytes(b"")
-    pointer = {"epoch": 0, "step": 3, "weights": "backup-3.weights.h5",
-               "optimizer_shards": {"count": 2, "processes": 2, "owners": [0], "files": ["backup-3.shard-0-of-2.npz"]}}
-    (tmp_path / "tfaccel_backup.json").write_text(json.dumps(pointer))
-    with pytest.raises(ConfigError, match=r"names the optimizer shard\(s\) backup-3.shard-0-of-2.npz, which are "
-                                          r"missing; restore them, or remove the directory"):
-        read_backup(str(tmp_path))
-    (tmp_path / "backup-3.shard-0-of-2.npz").write_bytes(b"not a shard")
-    state = read_backup(str(tmp_path))
-    plain = keras.Sequential([keras.Input((8,)), keras.layers.Dense(3)])
-    plain.compile("adam", "mse")
-    with pytest.raises(ConfigError, match=r"holds optimizer state sharded over 2 workers \(one shard file each\); "
-                                          r"this job's optimizer Adam is not sharded. Resume with shard_optimizer_st"):
-        loading_context(plain, state, backup_dir=str(tmp_path))
-    with pytest.raises(ConfigError, match=r"the optimizer shard backup-3.shard-0-of-2.npz is unreadable"):
-        load_shards(model, state, backup_dir=str(tmp_path))
-    first = next(i for i, v in enumerate(model.optimizer.variables) if tuple(v.shape) == (8, 32))  # a kernel's slot
-    np.savez(tmp_path / "backup-3.shard-0-of-2.npz", **{str(first): np.zeros((5,), "float32")})
-    with pytest.raises(ConfigError, match=r"do not fit this optimizer: adam\w*/\w*dense\w*_kernel_momentum: shape "
-                                          r"\(5,\) in its shard, \(8, 32\) here; adam\w*/.*: in no shard"):
-        load_shards(model, state, backup_dir=str(tmp_path))
-    with pytest.raises(OSError, match=r"1 of 2 workers could not write their shard of backup-3.weights.h5"):
-        agree_written(lambda mine: mine + 0.0, written=True, processes=2, backup_dir="b", name="backup-3.weights.h5")
-    backup = StepBackup(str(tmp_path / "tfaccel_backup.json"), save_freq=3, is_chief=True, steps_per_epoch=8)
-    backup.set_model(model)
-    backup._total = float  # one process: the sum over the workers is its own
-    with pytest.raises(OSError, match=r"1 of 1 workers could not write their shard"):
-        backup._save_apart("backup-3.weights.h5", 3)  # its backup_dir is a file
-    assert "this worker's part of backup-3.weights.h5 was not written" in caplog.text
-    apart = str(tmp_path / "apart.weights.h5")
-    with slots_apart(model.optimizer):
-        model.save_weights(apart)
-    with pytest.raises(ValueError, match=r"is saved with shape \(0,\), not \(8, 32\): a file written with its "
-                                         r"slots apart \(a tfaccel backup of sharded state\) loads through tfaccel"):
-        model.load_weights(apart)

@@ -1,11 +1,12 @@
 """Differential check of shard_optimizer_state=True under multi_worker (one CPU per worker process, started by the
-test's harness with TF_CONFIG on loopback): for each optimizer case, plain ``model.fit`` on one device in this
-process against tfaccel.fit sharded over the workers, same initial weights. The sharded fit of "adam_schedule" is
-also the check of backups of sharded state: a backup every 3 steps, stopped by an exception at epoch 1 step 5 on
+test's harness with TF_CONFIG on loopback): for each optimizer case, tfaccel.fit sharded over the workers against
+plain ``model.fit`` on one device (in the chief's process alone), same initial weights. The sharded fit of
+"adam_schedule" is also the check of backups of sharded state: a backup every 3 steps, stopped by an exception at epoch 1 step 5 on
 every worker (the backup at step 3 left behind, each worker's shard in it; the chief copies it to
 ``argv[1]/kept``), resumed by a fresh model (whose weights and history are compared), saved with ``model.save`` by
-every worker (the chief's file: ``argv[1]/model.keras``) and that file loaded in plain Keras. Prints one JSON
-line."""
+every worker (the chief's file: ``argv[1]/model.keras``) and that file loaded in plain Keras. With ``argv[2] ==
+"parity"`` (the 4-worker launch) every case is a plain sharded fit, nothing else. Each case also reports the bytes
+given to the collectives of one sharded step (``keras_zero_collective.exchange_bytes``). Prints one JSON line."""
 
 import json
 import os
@@ -22,6 +23,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tfaccel  # noqa: E402
+from tfaccel.compat.keras_zero_collective import exchange_bytes  # noqa: E402
 
 
 def _model(scope, optimizer, weights=None):
@@ -47,25 +49,34 @@ def main() -> None:
     rng = np.random.RandomState(0)
     x = rng.randn(256, 8).astype("float32")
     y = (x @ rng.randn(8, 3)).astype("float32")
-    out = {}
+    out, parity_only = {}, sys.argv[2:] == ["parity"]
+    chief = json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0
     for name, optimizer in CASES.items():
         plain = _model(tf.distribute.get_strategy().scope(), optimizer)
         initial = plain.get_weights()
-        ref = plain.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0).history
-        if name == "adam_schedule":  # stopped, backed up and resumed: it must still end as plain fit does
+        # the reference, plain fit on one device: the same on every worker, so the chief's alone
+        reference = _plain_fit(plain, x, y) if chief else {}
+        if name == "adam_schedule" and not parity_only:  # stopped, backed up, resumed: it must still end as plain fit
             model, result, out["resume"] = _stopped_and_resumed(x, y, optimizer, initial)
-            out["resume"]["plain_state"] = [v.numpy().tolist() for v in plain.optimizer.variables]
         else:
             model = _model(tfaccel.scope(strategy="multi_worker"), optimizer, initial)
             result = tfaccel.fit(model, x, y, batch_size=32, epochs=2, shuffle=False, verbose=0, seed=0,
                                  shard_optimizer_state=True)
-        out[name] = {"plain_history": ref, "history": result.history,
-                     "plain_weights": [w.tolist() for w in plain.get_weights()],
-                     "weights": [w.tolist() for w in model.get_weights()],
+        out[name] = {"history": result.history, "weights": [w.tolist() for w in model.get_weights()],
                      "bytes": sum(result.details["optimizer_state_bytes"].values()),
-                     "full_bytes": sum(int(np.prod(v.shape)) * 4 for v in plain.optimizer.variables)}
-    out["checkpoint_dir_refusal"] = _checkpoint_dir_refusal(x, y, initial)
+                     "variable_bytes": [int(np.prod(v.shape)) * 4 for v in plain.trainable_variables],
+                     "exchange": exchange_bytes(model.distribute_strategy), **reference}
+        if chief and name == "adam_schedule" and not parity_only:
+            out["resume"]["plain_state"] = [v.numpy().tolist() for v in plain.optimizer.variables]
+    if not parity_only:
+        out["checkpoint_dir_refusal"] = _checkpoint_dir_refusal(x, y, initial)
     print(json.dumps(out))
+
+
+def _plain_fit(plain, x, y):
+    history = plain.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0).history
+    return {"plain_history": history, "plain_weights": [w.tolist() for w in plain.get_weights()],
+            "full_bytes": sum(int(np.prod(v.shape)) * 4 for v in plain.optimizer.variables)}
 
 
 def _checkpoint_dir_refusal(x, y, initial):

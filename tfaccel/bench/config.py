@@ -59,7 +59,7 @@ class BenchConfig:
     stream_model: str = "mlp"
     stream_examples: int = 6144
     stream_shards: int = 8
-    stream_examples_per_record: int = 64
+    stream_examples_per_record: int = 256
     p5: str = "auto"
     p5_model: str = "resnet50"
     p5_examples: int = 2048

@@ -7,8 +7,9 @@ in a random order each round:
 * ``in_memory``: the arrays as a cached, prefetched ``tf.data`` dataset (the fastest in-memory input Keras' fit
   takes);
 * ``streamed``: ``tfaccel.datasets.tfrecord_dataset`` over files of ``config.stream_examples_per_record``
-  examples per record (files listed and shuffled, read interleaved in parallel, whole blocks parsed in
-  parallel and regrouped into batches, prefetched, all AUTOTUNE; whole files per worker under FILE sharding);
+  examples per record (files listed and shuffled, read interleaved, by one thread as the files are local, whole
+  blocks parsed in parallel and regrouped into batches, prefetched, all AUTOTUNE; whole files per worker under FILE
+  sharding);
 * ``naive_stream``: files of one example per record read one after another, one record parsed at a time, no
   prefetch;
 * ``in_memory_compiled``: the arrays themselves, which tfaccel trains with its compiled whole-epoch loop.

@@ -65,8 +65,8 @@ def _add_rate_and_job_options(parser: argparse.ArgumentParser, d: JobOptions) ->
                         help="batches whose gradients are summed into one update (default: 1)")
     parser.add_argument("--shard-optimizer-state", nargs="?", const=True, default=False, choices=["auto"],
                         metavar="auto",
-                        help="shard the optimizer's slots over the replicas (ZeRO-1; mirrored, or multi_worker with "
-                             "one device per worker), as tfaccel.fit(shard_optimizer_state=True); with 'auto', only "
+                        help="shard the optimizer's slots over the replicas (ZeRO-1; mirrored, multi_worker with "
+                             "one device per worker, or Horovod ranks), as tfaccel.fit(shard_optimizer_state=True); with 'auto', only "
                              "when tfaccel memory's estimate of a replica exceeds its GPU's memory; refused where it "
                              "cannot train exactly (default: off)")
     parser.add_argument("--steps-per-epoch", type=int, default=None,

@@ -13,6 +13,9 @@ variable (seen on Keras 3.15.1 / TensorFlow 2.21.0):
   iteration counter every replica computed;
 * copies the updated value to every other replica's copy.
 
+Under multi_worker (one device per worker) the gradients are reduce-scattered to their owners and the updated values
+all-gathered instead, the bytes of one all-reduce (``tfaccel.compat.keras_zero_collective``).
+
 Saving (``save_own_variables`` / ``load_own_variables``, what ``save_weights`` and ``model.save`` call): under one
 host's MirroredStrategy every slot is readable in the process, so the optimizer saves as its base class does. Under
 multi_worker a worker holds only its own slots (the others are empty stand-ins): ``model.save`` then gathers each
@@ -37,12 +40,12 @@ import tensorflow as tf
 from keras.src.backend.tensorflow.optimizer import TFOptimizer
 from tensorflow.python.distribute import numpy_dataset
 
-from tfaccel.compat import keras_internals
+from tfaccel.compat import keras_internals, keras_zero_collective
 
-__all__ = ["sharded_class", "is_sharded", "sparse_gradient_variables", "leave_unsharded", "slot_bytes_per_device",
-           "shard_layout", "held_slots", "load_held_slots", "slots_apart"]
+__all__ = ["ShardOptimizerState", "sharded_class", "is_sharded", "sparse_gradient_variables", "leave_unsharded",
+           "slot_bytes_per_device", "shard_layout", "held_slots", "load_held_slots", "slots_apart"]
 
-_SHARDED: Dict[type, type] = {}
+_SHARDED: Dict[Tuple[type, type], type] = {}
 
 
 def _num_bytes(variable: Any) -> int:
@@ -55,17 +58,36 @@ class _ShardOptimizerState:
 
     tfaccel_partition: Callable[[Sequence[int], int], List[int]]
 
-    def build(self, variables: Any) -> None:
+    def _tfaccel_placement(self) -> Tuple[List[str], int, int]:
+        """(this process's replicas' devices, replicas over all processes, index of this process's first replica)."""
         strategy = self._distribution_strategy
         devices = list(strategy.extended.worker_devices)  # this worker's replicas
         replicas = strategy.num_replicas_in_sync
+        return devices, replicas, (strategy.extended._id_in_cluster * len(devices) if replicas > len(devices) else 0)
+
+    def _tfaccel_slot_scope(self, device: str) -> Any:
+        """The scope that creates a slot on ``device`` alone (past TFOptimizer's colocation with the mirrored
+        variable, which puts it on every device)."""
+        where = numpy_dataset.SingleDevice(device)
+
+        def on_owner(next_creator: Any, **kwargs: Any) -> Any:
+            kwargs["colocate_with"] = where  # MirroredStrategy creates a plain variable on that one device
+            return next_creator(**kwargs)
+
+        return tf.variable_creator_scope(on_owner)
+
+    def _tfaccel_sum(self, value: np.ndarray) -> np.ndarray:
+        """``value`` summed over the processes (every process calls it, in the same order)."""
+        return _sum_over_workers(self._distribution_strategy, value)
+
+    def build(self, variables: Any) -> None:
+        devices, replicas, first = self._tfaccel_placement()  # first: the index of this process's replica 0
         plain = getattr(self, "_tfaccel_unsharded", set())
         variables = list(variables)
         sharded = [v for v in variables if self._var_key(v) not in plain]  # the others keep Keras' own update
         owners = type(self).tfaccel_partition([_num_bytes(v) for v in sharded], replicas)
         self._tfaccel_devices = devices
         self._tfaccel_workers = replicas // len(devices)
-        first = strategy.extended._id_in_cluster * len(devices) if self._tfaccel_workers > 1 else 0  # local replica 0
         self._tfaccel_layout = {"count": replicas, "processes": self._tfaccel_workers, "owners": list(owners),
                                 "index": first // len(devices)}
         self._tfaccel_slots: Dict[int, Tuple[Tuple[int, ...], bool]] = {}  # id(slot) -> (its full shape, held here)
@@ -82,14 +104,7 @@ class _ShardOptimizerState:
             return super().add_variable_from_reference(reference_variable, name=name,  # type: ignore[misc]
                                                        initializer=initializer)
         owner = self._tfaccel_owner[key]
-        device = numpy_dataset.SingleDevice(self._tfaccel_devices[0 if owner is None else owner])
-
-        def on_owner(next_creator: Any, **kwargs: Any) -> Any:
-            kwargs["colocate_with"] = device  # MirroredStrategy creates a plain variable on that one device
-            return next_creator(**kwargs)
-
-        # Past TFOptimizer's override, which colocates the slot with the (mirrored) variable: on every device.
-        with tf.variable_creator_scope(on_owner):
+        with self._tfaccel_slot_scope(self._tfaccel_devices[0 if owner is None else owner]):
             if owner is None:  # another worker owns it: an empty stand-in, never read
                 slot = self.add_variable((0,), initializer="zeros", dtype=reference_variable.dtype, name=name)
             else:
@@ -111,7 +126,7 @@ class _ShardOptimizerState:
                 store[str(i)] = np.zeros((0,), variable.dtype)
             else:  # the owner's value, summed with the other workers' zeros: every worker calls this
                 value = variable.numpy() if info[1] else np.zeros(info[0], variable.dtype)
-                store[str(i)] = _sum_over_workers(self._distribution_strategy, value)
+                store[str(i)] = self._tfaccel_sum(value)
 
     def load_own_variables(self, store: Any) -> None:
         slots = getattr(self, "_tfaccel_slots", {})
@@ -178,22 +193,17 @@ class _ShardOptimizerState:
 
     def _tfaccel_update_workers(self, distribution: Any, grads: List[Any], tvars: List[Any],
                                 learning_rate: Any) -> None:
-        """Several workers, one replica each: every gradient is all-reduced (the owner alone updates with it), the
-        owner's new value reaches the others as a sum with zeros (exact)."""
+        """Several workers, one replica each: reduce-scatter, update, all-gather (``keras_zero_collective``)."""
         one = distribution.experimental_local_results
-        sums = [one(distribution.extended.reduce_to(tf.distribute.ReduceOp.SUM, g, destinations=v))[0]
-                for g, v in zip(grads, tvars)]
-        sums = super()._clip_gradients(sums)  # type: ignore[misc]
-        rate = one(learning_rate)[0]
-        for grad, var in zip(sums, tvars):
-            mine, copy = self._tfaccel_owner[self._var_key(var)] is not None, one(var)[0]
-            if mine:
-                self.update_step(grad, copy, rate)
-            value = copy.read_value() if mine else tf.zeros_like(copy)
-            value = one(distribution.extended.reduce_to(tf.distribute.ReduceOp.SUM, value, destinations=var))[0]
-            if not mine:
-                copy.assign(value)
+        owner_of = dict(zip(self._tfaccel_owner, self._tfaccel_layout["owners"]))  # both in build's order
+        keras_zero_collective.update_across_workers(
+            keras_zero_collective.collectives_for(distribution), grads=[one(g)[0] for g in grads],
+            variables=[one(v)[0] for v in tvars], owners=[owner_of[self._var_key(v)] for v in tvars],
+            me=self._tfaccel_layout["index"], rate=one(learning_rate)[0], update=self.update_step,
+            clip=super()._clip_gradients, global_clipnorm=self.global_clipnorm)  # type: ignore[misc]
 
+
+ShardOptimizerState = _ShardOptimizerState  # the mixin, for sharded_class's ``mixin`` (tfaccel.compat.keras_zero_ranks)
 
 _SUMS: Dict[int, Any] = {}
 
@@ -210,16 +220,19 @@ def _sum_over_workers(strategy: Any, value: np.ndarray) -> np.ndarray:
     return _SUMS[id(strategy)](tf.constant(value)).numpy()
 
 
-def sharded_class(base: type, partition: Callable[[Sequence[int], int], List[int]]) -> type:
-    """A subclass of ``base`` whose slots are sharded over the replicas by ``partition`` (see the module doc).
+def sharded_class(base: type, partition: Callable[[Sequence[int], int], List[int]],
+                  mixin: Optional[type] = None) -> type:
+    """A subclass of ``base`` whose slots are sharded over the replicas by ``partition`` (see the module doc);
+    ``mixin`` (a subclass of :class:`ShardOptimizerState`, e.g. one process per replica over Horovod) instead of it.
 
     Same name and module as ``base``: a saved .keras file names the plain Keras optimizer.
     """
-    if base not in _SHARDED:
-        _SHARDED[base] = type(base.__name__, (_ShardOptimizerState, base),
-                              {"__module__": base.__module__, "__qualname__": base.__qualname__,
-                               "tfaccel_partition": staticmethod(partition)})
-    return _SHARDED[base]
+    mixin = mixin or _ShardOptimizerState
+    if (base, mixin) not in _SHARDED:
+        _SHARDED[(base, mixin)] = type(base.__name__, (mixin, base),
+                                       {"__module__": base.__module__, "__qualname__": base.__qualname__,
+                                        "tfaccel_partition": staticmethod(partition)})
+    return _SHARDED[(base, mixin)]
 
 
 def sparse_gradient_variables(model: Any) -> Dict[str, str]:

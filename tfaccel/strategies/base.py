@@ -113,6 +113,9 @@ class Backend:
     agree_on_backup: Callable[[Any], Any] = lambda state: state
     # value -> its sum over the processes (one scalar all-reduce; Horovod). None: tf.distribute's all-reduce.
     sum_over_processes: Optional[Callable[[float], float]] = None
+    # The backend's own optimizer-state sharding (Horovod): (model, backup_dir=, checkpoint_dir=) -> the plan's line,
+    # swapping the optimizer's class in place. None: tf.distribute's (tfaccel.train.zero).
+    shard_optimizer: Optional[Callable[..., str]] = None
     # (details key, line) for what wrap_optimizer and extra_callbacks change on the user's model.
     optimizer_change: Tuple[str, ...] = ()
 

@@ -3,15 +3,19 @@
 Each replica of one host's MirroredStrategy (or of MultiWorkerMirroredStrategy, one device per worker) owns a
 subset of the trainable variables (greedy balance by bytes, deterministic): their optimizer slots exist on the owner's device only, their gradients are reduced to the owner,
 the owner runs the user's own optimizer update (same object, class, hyper-parameters, schedule and iteration
-counter) and the new value is copied to every replica (across workers: the gradient is all-reduced, the owner's
-new value summed with the others' zeros). The mechanism is in ``tfaccel.compat.keras_zero``.
+counter) and the new value is copied to every replica (across workers: the gradients are reduce-scattered to their
+owners and the updated values all-gathered, the bytes of one all-reduce). The mechanism is in
+``tfaccel.compat.keras_zero`` and ``tfaccel.compat.keras_zero_collective``.
+
+Under the ``horovod`` backend the ranks are the replicas and the backend shards itself (its ``shard_optimizer``:
+``tfaccel.strategies.horovod.zero``), after the checks here on the model.
 
 What would not train exactly as ``model.fit`` is refused before training, with the reason: other strategies (one
-device, multi_worker with several devices per worker, parameter_server, TPU, Horovod), mixed precision, gradient
-accumulation, ``global_clipnorm`` beside an Embedding table, a model's own ``train_step``, an optimizer's moving average
-(``use_ema``), an optimizer built unsharded. The tables of Embedding layers (sparse ``IndexedSlices`` gradients)
-stay unsharded: Keras' own all-reduce and update on every replica, with replicated slots (exact by construction);
-the plan names them.
+device, multi_worker with several devices per worker, parameter_server, TPU), mixed precision, gradient
+accumulation, ``global_clipnorm`` beside an Embedding table, a model's own ``train_step``, an optimizer's moving
+average (``use_ema``), an optimizer built unsharded. Under mirrored and multi_worker the tables of Embedding layers
+(sparse ``IndexedSlices`` gradients) stay unsharded: Keras' own all-reduce and update on every replica, with
+replicated slots (exact by construction); the plan names them (Horovod refuses them in its own checks).
 
 Backups (``backup_dir``) hold the whole sharded state: under multi_worker each worker writes its own shard and a
 resumed job, on any number of workers, re-partitions it (``tfaccel.resilience.shard_backup``); ``model.save``
@@ -81,11 +85,13 @@ def _check_model(model: Any, optimizer: Any, accumulation_steps: int) -> None:
                       "replica", "compile a fresh optimizer (tfaccel.fit builds it), or " + _FIX)
 
 
-def _auto(model: Any, *, batch_size: Optional[int], device_memory_bytes: Optional[int]) -> Tuple[bool, str]:
-    """``"auto"``: on when ``tfaccel memory``'s estimate of one replica exceeds its device's memory."""
+def _auto(model: Any, *, batch_size: Optional[int], device_memory_bytes: Optional[int],
+          ranks: Optional[int] = None) -> Tuple[bool, str]:
+    """``"auto"``: on when ``tfaccel memory``'s estimate of one replica exceeds its device's memory. ``ranks``: the
+    processes of a backend that shards itself (Horovod), each one replica holding what a multi_worker worker holds."""
     strategy = model.distribute_strategy
-    replicas = strategy.num_replicas_in_sync
-    multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+    replicas = ranks or strategy.num_replicas_in_sync
+    multi_worker = bool(ranks) or isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
     if not (multi_worker or isinstance(strategy, tf.distribute.MirroredStrategy)) or replicas < 2:
         return False, (f"auto: off, sharding needs a mirrored or multi_worker strategy over several replicas (this "
                        f"job: {type(strategy).__name__}, {replicas} replica(s))")
@@ -102,7 +108,8 @@ def _auto(model: Any, *, batch_size: Optional[int], device_memory_bytes: Optiona
 
 def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, batch_size: Optional[int] = None,
                           device_memory_bytes: Optional[int] = None,
-                          checkpoint_dir: Optional[str] = None) -> Optional[str]:
+                          checkpoint_dir: Optional[str] = None, backend: Any = None,
+                          backup_dir: Optional[str] = None) -> Optional[str]:
     """Swaps the class of the model's optimizer for its sharded subclass (in place) when ``setting`` is True, or
     ``"auto"`` and the replica does not fit its device.
 
@@ -117,6 +124,8 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
             ``"auto"`` then stays off.
         checkpoint_dir: the job's ``checkpoint_dir`` (refused under multi_worker: its ``tf.train.Checkpoint`` files
             would hold only the slots the writing worker owns).
+        backend: the job's backend; one with its own ``shard_optimizer`` (Horovod) shards the optimizer itself.
+        backup_dir: the job's ``backup_dir``, for such a backend's checks.
 
     Returns:
         What was decided and why (for the plan), or None for ``setting=False``.
@@ -127,13 +136,18 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
     if setting is False:
         return None
     why = "asked for (shard_optimizer_state=True)"
+    own = getattr(backend, "shard_optimizer", None)  # Horovod: the backend shards over its ranks itself
     if setting == "auto":
-        on, why = _auto(model, batch_size=batch_size, device_memory_bytes=device_memory_bytes)
+        on, why = _auto(model, batch_size=batch_size, device_memory_bytes=device_memory_bytes,
+                        ranks=backend.num_replicas_in_sync if own else None)
         if not on:
             return f"optimizer state not sharded: {why}"
     strategy, optimizer = model.distribute_strategy, model.optimizer
-    _check_strategy(strategy)
+    if own is None:
+        _check_strategy(strategy)
     _check_model(model, optimizer, accumulation_steps)
+    if own is not None:
+        return f"{own(model, backup_dir=backup_dir, checkpoint_dir=checkpoint_dir)}; {why}"
     if checkpoint_dir and isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         raise _refuse(f"checkpoint_dir={checkpoint_dir!r}: under multi_worker each worker holds only its shard of the "
                       "optimizer state, and a checkpoint_dir file would hold only the writing worker's",

@@ -11,6 +11,7 @@ from tfaccel.strategies.horovod.callbacks import (BroadcastVariablesCallback, Gl
                                                   StopTogetherCallback, agree_on_backup)
 from tfaccel.strategies.horovod.optimizer import check_compression, distribute_in_place
 from tfaccel.strategies.horovod.runtime import import_horovod, launched_by_horovod, pin_gpu_to_local_rank
+from tfaccel.strategies.horovod.zero import shard_optimizer
 
 __all__ = ["OPTION_NAMES", "make_backend"]
 
@@ -63,6 +64,7 @@ def make_backend(*, devices: Any = None, task: Any = None, compression: str = "n
         agree_on_backup=lambda state: agree_on_backup(state, _hvd=hvd),
         sum_over_processes=lambda value: float(hvd.allreduce(tf.constant(float(value)), op=hvd.Sum,
                                                              name="tfaccel_preemption")),
+        shard_optimizer=lambda model, **where: shard_optimizer(model, hvd=hvd, compression=compression, **where),
         optimizer_change=("horovod", "optimizer averages gradients over ranks; weights broadcast from rank 0; "
                                      "metrics averaged"),
     )

@@ -7,6 +7,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfaccel.compat.keras_zero_ranks import unsharded_variables
 from tfaccel.errors import TfaccelError
 from tfaccel.log import get_logger
 from tfaccel.resilience.backups import BackupState
@@ -51,7 +52,8 @@ class BroadcastVariablesCallback(keras.callbacks.Callback):
         optimizer = getattr(model, "optimizer", None)
         if optimizer is not None and not optimizer.built:
             optimizer.build(model.trainable_variables)
-        variables = list(model.variables) + (list(optimizer.variables) if optimizer is not None else [])
+        # A sharded optimizer's slots are held by their owners alone (shapes differ per rank): not broadcast.
+        variables = list(model.variables) + (unsharded_variables(optimizer) if optimizer is not None else [])
         hvd.broadcast_variables([_tf_variable(v) for v in variables], root_rank=self.root_rank)
         self.broadcasts += 1
         get_logger().debug("horovod: broadcast %d variables from rank %d", len(variables), self.root_rank)

@@ -1,0 +1,192 @@
+"""Optimizer-state sharding (ZeRO-1) under Horovod (tfaccel.strategies.horovod.zero): on 2 and 4 real Gloo ranks,
+tfaccel.fit(shard_optimizer_state=True) trains what plain model.fit trains in one process (Adam with a schedule, AdamW,
+SGD with Nesterov momentum and clipnorm, RMSprop with global_clipnorm), every rank ends with the same weights and holds
+~1/N of the slots; what it cannot train exactly, or back up whole, is refused before training (in one process, with
+Horovod's collectives faked: the refusals come before any collective)."""
+
+import json
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+import harness
+from hvd_testing import FakeHvd, require_horovod
+from tfaccel.compat.keras_zero import is_sharded
+from tfaccel.compat.keras_zero_ranks import unsharded_variables
+from tfaccel.errors import ConfigError
+from tfaccel.launch.horovod import run_horovod
+from tfaccel.launch.procs import pid_alive
+from tfaccel.strategies.horovod import distribute_in_place, make_backend
+from tfaccel.strategies.horovod.zero import shard_optimizer
+from tfaccel.train.zero import shard_optimizer_state
+
+PROGRAM = Path(__file__).resolve().parent / "hvd_zero_program.py"
+CASES = ("adam_schedule", "adamw", "sgd_nesterov_clipnorm", "rmsprop_global_clipnorm")
+SLOTS = {"adam_schedule": 2, "adamw": 2, "sgd_nesterov_clipnorm": 1, "rmsprop_global_clipnorm": 1}
+
+
+def _launch(size, out):
+    """``size`` ranks of the program, every optimizer case inside; each rank's JSON."""
+    launch = run_horovod(size, [sys.executable, str(PROGRAM), str(out)], timeout=300, echo=False,
+                         capture_lines=200, gloo_timeout=120,
+                         env=dict(harness.CHILD_ENV, PYTHONPATH=str(harness.REPO_ROOT)))
+    harness.STARTED_PIDS.extend(launch.pids)
+    task = launch.tasks[0]
+    assert launch.ok, f"{launch.message}\n{task.stdout[-3000:]}\n{task.stderr[-3000:]}"
+    infos = [json.loads((out / f"rank{r}.json").read_text()) for r in range(size)]
+    for info in infos:  # no rank outlives the launch
+        deadline = time.monotonic() + 10
+        while pid_alive(info["pid"]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not pid_alive(info["pid"]), f"a rank (pid {info['pid']}) outlived horovodrun"
+    return infos
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One launch per rank count (2 and 4, both at once), every optimizer case inside it."""
+    require_horovod()
+    with ThreadPoolExecutor(2) as pool:
+        futures = {size: pool.submit(_launch, size, tmp_path_factory.mktemp(f"hvdzero{size}")) for size in (2, 4)}
+        return {size: future.result() for size, future in futures.items()}
+
+
+@pytest.mark.horovod
+@pytest.mark.slow
+@pytest.mark.parametrize("size", [2, 4])
+def test_sharded_ranks_train_what_plain_fit_trains(runs, size):
+    for case in CASES:
+        ranks = [info[case] for info in runs[size]]
+        run = ranks[0]
+        assert run["note"] == (f"optimizer {run['note'].split()[1]} state sharded over {size} Horovod ranks (ZeRO-1: "
+                               "each variable's slots on one rank, gradients averaged by one grouped all-reduce, the "
+                               "owners' updates all-gathered); asked for (shard_optimizer_state=True)"), run["note"]
+        assert run["note"] in run["plan_notes"] and run["strategy"] == "horovod"
+        assert run["history"].keys() == run["plain_history"].keys()
+        for key, values in run["plain_history"].items():
+            np.testing.assert_allclose(run["history"][key], values, rtol=1e-5, atol=1e-5, err_msg=f"{case} {key}")
+        for got, want in zip(run["weights"], run["plain_weights"]):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=case)
+        for other in ranks[1:]:  # every rank ends with the same model and history
+            assert other["history"] == run["history"]
+            for a, b in zip(other["weights"], run["weights"]):
+                np.testing.assert_array_equal(a, b)
+        assert [r["iterations"] for r in ranks] == [16] * size
+
+
+@pytest.mark.horovod
+@pytest.mark.slow
+@pytest.mark.parametrize("size", [2, 4])
+def test_each_rank_holds_its_share_of_the_slots(runs, size):
+    for case in CASES:
+        ranks = [info[case] for info in runs[size]]
+        slot_bytes = [n * SLOTS[case] for n in ranks[0]["slot_sizes"]]
+        held = [r["held"] for r in ranks]
+        assert [list(r["details_bytes"].values()) for r in ranks] == [[h] for h in held]  # FitResult says it
+        scalars = 2 * 8  # the iteration counter and the rate, on every rank
+        for per_rank in held:  # 1/N of the whole, within one variable's slots (greedy by bytes)
+            assert abs(per_rank - sum(slot_bytes) / size) <= max(slot_bytes) + scalars, (case, held)
+        assert sum(held) <= sum(slot_bytes) + size * scalars  # no slot held twice
+        assert min(held) > scalars  # every rank owns some
+
+
+@pytest.mark.horovod
+@pytest.mark.slow
+def test_backup_dir_is_refused_by_a_real_sharded_horovod_fit(runs):
+    for size in (2, 4):
+        for info in runs[size]:
+            assert info["backup_refusal"].startswith("shard_optimizer_state=True under Horovod: backup_dir=")
+            assert "rank 0 alone writes it" in info["backup_refusal"]
+
+
+def _model(optimizer=None, layers=None):
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((8,)), *(layers or [keras.layers.Dense(16), keras.layers.Dense(3)])])
+    model.compile(optimizer or keras.optimizers.Adam(0.01), "mse")
+    return model
+
+
+def _backend(size=2, rank=0, **options):
+    return make_backend(_hvd=FakeHvd(size=size, rank=rank, local_rank=rank), pin_gpu=False, **options)
+
+
+class _OwnStep(keras.Sequential):
+    def train_step(self, data):
+        return super().train_step(data)
+
+
+@pytest.mark.parametrize("make, where, message", [
+    (lambda: (_model(), _backend(size=1)), {}, "under Horovod: there is one rank, so nothing to shard; launch"),
+    (lambda: (_model(), _backend(compression="fp16")), {}, "compression='fp16' sends float16 gradients"),
+    (lambda: (_model(), _backend()), {"backup_dir": "/tmp/b"}, "backup_dir='/tmp/b': rank 0 alone writes it"),
+    (lambda: (_model(), _backend()), {"checkpoint_dir": "/tmp/c"}, "checkpoint_dir='/tmp/c': rank 0 alone writes"),
+    (lambda: (_model(layers=[keras.layers.Embedding(10, 3, name="emb")]), _backend()), {},
+     "Embedding layer\\(s\\) emb give sparse gradients, which are not sharded"),
+    (lambda: (_model(keras.optimizers.Adam(use_ema=True)), _backend()), {}, "use_ema=True"),
+    (lambda: (_model(keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam())), _backend()), {},
+     "LossScaleOptimizer"),
+])
+def test_what_is_not_exact_under_horovod_is_refused(make, where, message):
+    model, backend = make()
+    with pytest.raises(ConfigError, match=message):
+        shard_optimizer_state(model, True, accumulation_steps=1, backend=backend, **where)
+    assert not is_sharded(model.optimizer)
+
+
+def test_the_horovod_check_refuses_sparse_gradients_itself():
+    """Its own check (tfaccel.train.zero's model checks may come to let Embedding layers through, unsharded)."""
+    model = _model(layers=[keras.layers.Embedding(10, 3, name="emb")])
+    with pytest.raises(ConfigError, match="under Horovod: Embedding layer\\(s\\) emb give sparse gradients, which are "
+                                          "not sharded over Horovod ranks; train with shard_optimizer_state=False"):
+        shard_optimizer(model, hvd=FakeHvd(), compression="none")
+
+
+def test_accumulation_custom_train_step_and_built_optimizers_are_refused_under_horovod():
+    with pytest.raises(ConfigError, match="gradient accumulation \\(2 micro-batches\\)"):
+        shard_optimizer_state(_model(), True, accumulation_steps=2, backend=_backend())
+    keras.utils.set_random_seed(1)
+    own = _OwnStep([keras.Input((8,)), keras.layers.Dense(3)])
+    own.compile("adam", "mse")
+    with pytest.raises(ConfigError, match="_OwnStep has its own train_step"):
+        shard_optimizer_state(own, True, accumulation_steps=1, backend=_backend())
+    built = _model()
+    built.optimizer.build(built.trainable_variables)
+    with pytest.raises(ConfigError, match="already built with a full copy of its slots"):
+        shard_optimizer_state(built, True, accumulation_steps=1, backend=_backend())
+
+
+def test_auto_under_horovod_follows_the_memory_estimate():
+    model, backend = _model(), _backend()
+    note = shard_optimizer_state(model, "auto", accumulation_steps=1, backend=backend, batch_size=32)
+    assert note == ("optimizer state not sharded: auto: off, the replicas' devices report no memory size (CPU "
+                    "replicas share the host's memory)") and not is_sharded(model.optimizer)
+    note = shard_optimizer_state(model, "auto", accumulation_steps=1, backend=backend, batch_size=32,
+                                 device_memory_bytes=10**12)
+    assert note.startswith("optimizer state not sharded: auto: off, one replica needs ") and not is_sharded(
+        model.optimizer)
+    note = shard_optimizer_state(model, "auto", accumulation_steps=1, backend=backend, batch_size=32,
+                                 device_memory_bytes=1000)
+    assert note.startswith("optimizer Adam: state sharded over 2 Horovod ranks") and is_sharded(model.optimizer)
+    assert "; auto: on, one replica needs " in note and note.endswith("more than its device's 1,000 bytes")
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_rank_builds_only_its_own_slots_and_the_wrapper_and_broadcast_leave_them(rank):
+    model = _model(keras.optimizers.Adam(0.01), [keras.layers.Dense(16), keras.layers.Dense(3)])
+    backend = _backend(rank=rank)
+    shard_optimizer_state(model, True, accumulation_steps=1, backend=backend)
+    optimizer = model.optimizer
+    assert distribute_in_place(optimizer, _hvd=FakeHvd()) is optimizer and is_sharded(optimizer)  # not averaged twice
+    optimizer.build(model.trainable_variables)
+    # kernel 8x16 (512 B) -> rank 0, kernel 16x3 (192 B) and both biases -> rank 1 (greedy by bytes)
+    owned = {0: {0}, 1: {1, 2, 3}}[rank]  # kernel, bias, kernel, bias
+    for i, (var, m, v) in enumerate(zip(model.trainable_variables, optimizer._momentums, optimizer._velocities)):
+        full = i in owned
+        assert tuple(m.shape) == tuple(v.shape) == (tuple(var.shape) if full else (0,)), var.path
+    shared = unsharded_variables(optimizer)
+    assert sorted(v.name for v in shared) == ["iteration", "learning_rate"]

@@ -1,0 +1,230 @@
+"""ZeRO-1's exchange between workers: ``tfaccel.compat.keras_zero``'s sharded optimizer under
+MultiWorkerMirroredStrategy with one device per worker (seen on TensorFlow 2.21.0 / Keras 3.15.1).
+
+One optimizer step on every worker, for the trainable variables of each dtype (a *bucket*):
+
+1. its gradients laid out flat, grouped by owner (the worker holding the variable's slots), each owner's group
+   padded to the bucket's *chunk* (the largest owner's share): one row per worker;
+2. row k sent to the worker of rank k, the rows meant for this worker received from every worker and summed
+   (``CollectiveAllToAllV2`` + a local sum): a reduce-scatter, which leaves each owner its variables' summed gradients;
+3. ``global_clipnorm``: the global norm from the owners' squared norms (one scalar ``CollectiveReduceV2``);
+   ``clipnorm`` / ``clipvalue`` are the optimizer's own, per variable, on the owner;
+4. the owner's variables updated by the user's optimizer (``update_step``);
+5. the owners' updated chunks all-gathered (``CollectiveGatherV2``), the other workers' variables assigned from them.
+
+Steps 2 and 5 move the bytes of one all-reduce of the gradients (a ring all-reduce is a reduce-scatter followed by
+an all-gather); :func:`exchange_bytes` counts them from the tensors given to the collectives.
+
+Why an all-to-all: TensorFlow 2.21 has no reduce-scatter on CPUs. Its collective registry holds RingReduce,
+RingGather, AllToAll, HierarchicalTreeBroadcast and Permute for CPUs (NcclReduceScatter for GPUs only), and
+``CollectiveReduceScatterV2`` on a CPU fails with "CollectiveRegistry::Lookup did not find collective implementation
+undef", which aborts every collective of the process. An all-to-all followed by a local sum is a reduce-scatter with
+its bytes (each worker sends (N-1)/N of its buffer and receives (N-1) chunks).
+
+Keys: the collectives run on a ``CollectiveReplicaLauncher`` of their own (TensorFlow's class behind the strategy's
+own collectives: instance keys fed when the function is called, one ordering token) in group ``GROUP_KEY``; the
+strategy numbers its groups from 1 up, one per set of devices.
+
+Ranks: TensorFlow ranks a group's members by the lexicographic order of their task names, not by the strategy's
+replica ids (measured with 11 workers: task 10 has rank 2; ``EstablishGlobalRank`` in TensorFlow's
+collective_param_resolver_local.cc). Rows are laid out in that order, and each row carries the replica id it is for,
+which its receiver checks: a different order is an error before any update, never a wrong one.
+
+It uses TensorFlow's ``cross_device_utils.CollectiveKeys`` and ``CollectiveReplicaLauncher`` (its private
+``_next_instance_key`` and ``_get_ordering_token``), the collective strategy's ``_communication_options`` (its
+timeout) and ``multi_worker_util.id_in_cluster``; tests/training/test_zero_workers.py fails when one of them moves.
+"""
+
+import dataclasses
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import tensorflow as tf
+from tensorflow.python.distribute import cross_device_utils, multi_worker_util
+
+__all__ = ["GROUP_KEY", "Bucket", "plan_buckets", "rank_order", "WorkerCollectives", "collectives_for",
+           "update_across_workers", "exchange_bytes", "check_rows"]
+
+GROUP_KEY = 1 << 24  # far above the strategy's own group keys (1, 2, ...)
+
+
+@dataclasses.dataclass(frozen=True)
+class Bucket:
+    """The step's trainable variables of one dtype: ``members[r]`` are the positions (in the step's variable list)
+    of those replica ``r`` owns, in order; ``sizes`` the element count at each position of the whole list;
+    ``chunk`` the elements of the largest owner's share (every row is padded to it)."""
+
+    dtype: tf.DType
+    members: Tuple[Tuple[int, ...], ...]
+    sizes: Tuple[int, ...]
+    chunk: int
+
+
+def plan_buckets(shapes: Sequence[Sequence[int]], dtypes: Sequence[Any], owners: Sequence[int],
+                 replicas: int) -> List[Bucket]:
+    """One :class:`Bucket` per dtype (in order of first appearance) of the variables with these shapes, dtypes and
+    owner replicas."""
+    sizes = tuple(int(tf.TensorShape(s).num_elements() or 0) for s in shapes)
+    buckets = []
+    for dtype in dict.fromkeys(tf.as_dtype(d) for d in dtypes):
+        members = tuple(tuple(i for i, (d, o) in enumerate(zip(dtypes, owners)) if tf.as_dtype(d) == dtype and o == r)
+                        for r in range(replicas))
+        chunk = max(sum(sizes[i] for i in group) for group in members)
+        buckets.append(Bucket(dtype, members, sizes, chunk))
+    return buckets
+
+
+def rank_order(cluster: Dict[str, Sequence[str]]) -> List[int]:
+    """The replica id of each collective rank in a cluster of one device per worker (``cluster``: job name ->
+    addresses): TensorFlow ranks the tasks by their names' lexicographic order."""
+    tasks = [(f"/job:{job}/replica:0/task:{index}", job, index)
+             for job in ("chief", "worker") for index in range(len(cluster.get(job, ())))]
+    return [multi_worker_util.id_in_cluster(dict(cluster), job, index) for _, job, index in sorted(tasks)]
+
+
+class WorkerCollectives:
+    """The collectives of one MultiWorkerMirroredStrategy (one device per worker) in group ``GROUP_KEY``.
+
+    ``traced`` lists ``(op, bytes in, bytes out)`` of each collective in the last traced step, from the tensors given.
+    """
+
+    def __init__(self, strategy: Any) -> None:
+        self.replicas = strategy.num_replicas_in_sync
+        self.ranks = rank_order(strategy.cluster_resolver.cluster_spec().as_dict())
+        self.device = strategy.extended.worker_devices[0]
+        self.options = strategy.extended._communication_options
+        keys = cross_device_utils.CollectiveKeys(group_key_start=GROUP_KEY)
+        self._launcher = cross_device_utils.CollectiveReplicaLauncher(
+            keys.get_group_key([self.device]), self.replicas, keys, self.device, self.options)
+        self.traced: List[Tuple[str, int, int]] = []
+
+    def _run(self, name: str, op: Callable[..., Any], value: Any) -> Any:
+        with tf.device(self.device):
+            out = op(input=value, group_size=self.replicas, group_key=GROUP_KEY,
+                     instance_key=self._launcher._next_instance_key(),
+                     ordering_token=[self._launcher._get_ordering_token()],
+                     communication_hint=self.options.implementation.value.lower(),
+                     timeout_seconds=self.options.timeout_seconds or 0.0)
+        self.traced.append((name, _nbytes(value), _nbytes(out)))
+        return out
+
+    def all_to_all(self, rows: Any) -> Any:
+        """``rows[k]`` to rank k; row k of the result came from rank k."""
+        return self._run("all_to_all", tf.raw_ops.CollectiveAllToAllV2, rows)
+
+    def all_gather(self, chunk: Any) -> Any:
+        """Every rank's ``chunk``, concatenated in rank order."""
+        size = self.replicas * int(chunk.shape[0])  # the op's own output shape is unknown
+        return self._run("all_gather", lambda **kw: tf.ensure_shape(tf.raw_ops.CollectiveGatherV2(**kw), [size]), chunk)
+
+    def all_reduce_sum(self, value: Any) -> Any:
+        return self._run("all_reduce", lambda **kw: tf.raw_ops.CollectiveReduceV2(merge_op="Add", final_op="Id", **kw),
+                         value)
+
+
+def _nbytes(tensor: Any) -> int:
+    return int(tensor.shape.num_elements()) * tensor.dtype.size
+
+
+_COLLECTIVES: Dict[int, WorkerCollectives] = {}
+
+
+def collectives_for(strategy: Any) -> WorkerCollectives:
+    """The :class:`WorkerCollectives` of ``strategy`` (one per process: its instance keys count on across fits)."""
+    if id(strategy) not in _COLLECTIVES:
+        _COLLECTIVES.clear()  # one strategy per process at a time
+        _COLLECTIVES[id(strategy)] = WorkerCollectives(strategy)
+    return _COLLECTIVES[id(strategy)]
+
+
+def exchange_bytes(strategy: Any) -> Dict[str, Dict[str, int]]:
+    """``{op: {"calls", "bytes_in", "bytes_out"}}`` of the collectives of one sharded step (the last traced), counted
+    from the tensors given to them; empty before any."""
+    totals: Dict[str, Dict[str, int]] = {}
+    collectives = _COLLECTIVES.get(id(strategy))
+    for name, given, got in collectives.traced if collectives else ():
+        row = totals.setdefault(name, {"calls": 0, "bytes_in": 0, "bytes_out": 0})
+        row["calls"] += 1
+        row["bytes_in"] += given
+        row["bytes_out"] += got
+    return totals
+
+
+def check_rows(tags: Any, me: int, ranks: Sequence[int]) -> Any:
+    """An op that fails unless every received row was meant for replica ``me`` (``tags``: the ids they carry)."""
+    return tf.debugging.assert_equal(
+        tags, tf.fill(tf.shape(tags), tf.cast(me, tags.dtype)),
+        message=f"tfaccel ZeRO-1: the worker of replica {me} received gradient rows meant for other replicas: "
+                f"TensorFlow ranked the collective group in another order than tfaccel expects (replica id by rank: "
+                f"{list(ranks)}); train with shard_optimizer_state=False, and report it with your TensorFlow version")
+
+
+def _flat(tensors: Sequence[Any], chunk: int, dtype: tf.DType) -> Any:
+    parts = [tf.reshape(t, [-1]) for t in tensors]
+    flat = tf.concat(parts, 0) if parts else tf.zeros([0], dtype)
+    return tf.pad(flat, [[0, chunk - sum(int(p.shape[0]) for p in parts)]])
+
+
+def _reduce_scatter(col: WorkerCollectives, bucket: Bucket, grads: Sequence[Any], me: int) -> Dict[int, Any]:
+    """The summed gradients of the bucket's variables this replica owns, by position."""
+    rows = [tf.concat([_flat([grads[i] for i in bucket.members[r]], bucket.chunk, bucket.dtype),
+                       tf.constant([r], bucket.dtype)], 0) for r in col.ranks]
+    received = col.all_to_all(tf.stack(rows))
+    with tf.control_dependencies([check_rows(received[:, -1], me, col.ranks)]):
+        summed = tf.reduce_sum(received[:, :-1], axis=0)
+    mine = bucket.members[me]
+    parts = tf.split(summed, [bucket.sizes[i] for i in mine] + [bucket.chunk - sum(bucket.sizes[i] for i in mine)])
+    return {i: tf.reshape(p, grads[i].shape) for i, p in zip(mine, parts)}
+
+
+def _gather_values(col: WorkerCollectives, bucket: Bucket, variables: Sequence[Any], me: int) -> None:
+    """Assigns the other replicas' variables of the bucket from their owners' updated values."""
+    local = _flat([variables[i].read_value() for i in bucket.members[me]], bucket.chunk, bucket.dtype)
+    rows = tf.reshape(col.all_gather(local), [col.replicas, bucket.chunk])
+    for rank, replica in enumerate(col.ranks):
+        offset = 0
+        for i in bucket.members[replica]:
+            if replica != me:
+                values = rows[rank, offset:offset + bucket.sizes[i]]
+                variables[i].assign(tf.reshape(values, variables[i].shape))
+            offset += bucket.sizes[i]
+
+
+def _clip_by_global_norm(col: WorkerCollectives, grads: List[Any], clip_norm: float) -> List[Any]:
+    """Keras' ``clip_by_global_norm`` (keras/src/optimizers/base_optimizer.py) over every owner's gradients: the
+    squared norm of this owner's, summed over the workers."""
+    squares = [tf.cast(tf.reduce_sum(tf.square(g)), tf.float32) for g in grads]
+    mine = tf.add_n(squares) if squares else tf.constant(0.0)
+    norm = tf.sqrt(col.all_reduce_sum(tf.reshape(mine, [1]))[0])
+    scale = clip_norm * tf.minimum(1.0 / norm, 1.0 / clip_norm) + (norm - norm)
+    return [g * tf.cast(scale, g.dtype) for g in grads]
+
+
+def update_across_workers(col: WorkerCollectives, *, grads: Sequence[Any], variables: Sequence[Any],
+                          owners: Sequence[int], me: int, rate: Any, update: Callable[[Any, Any, Any], Any],
+                          clip: Callable[[List[Any]], List[Any]], global_clipnorm: Optional[float]) -> None:
+    """One sharded optimizer step (the module doc's 1-5).
+
+    Args:
+        col: the strategy's collectives.
+        grads: this worker's gradients (its local values), one per variable.
+        variables: this worker's copies of the trainable variables.
+        owners: the owner replica of each variable.
+        me: this worker's replica id.
+        rate: the learning rate of this step.
+        update: the optimizer's ``update_step(gradient, variable, rate)``.
+        clip: the optimizer's own per-variable clipping (``clipnorm`` / ``clipvalue``), used without
+            ``global_clipnorm``.
+        global_clipnorm: the optimizer's ``global_clipnorm`` (None or 0: off).
+    """
+    col.traced = []
+    buckets = plan_buckets([v.shape for v in variables], [v.dtype for v in variables], owners, col.replicas)
+    reduced: Dict[int, Any] = {}
+    for bucket in buckets:
+        reduced.update(_reduce_scatter(col, bucket, grads, me))
+    mine = sorted(reduced)
+    owned = [reduced[i] for i in mine]
+    owned = _clip_by_global_norm(col, owned, global_clipnorm) if global_clipnorm else clip(owned)
+    for i, grad in zip(mine, owned):
+        update(grad, variables[i], rate)
+    for bucket in buckets:
+        _gather_values(col, bucket, variables, me)

@@ -1,0 +1,113 @@
+"""Optimizer-state sharding (ZeRO-1) where every process is one replica and the collectives are given (Horovod).
+
+The sharded optimizer of :mod:`tfaccel.compat.keras_zero` with three parts replaced (Keras 3.15.1 / TensorFlow
+2.21.0): the owners are the ranks (``partition`` over ``size`` ranks, the same on every rank); the slots of a
+variable this rank does not own are empty stand-ins, made without a ``tf.distribute`` placement (the process runs
+TensorFlow's default strategy); and the update, for the gradients of one step:
+
+* every gradient is averaged over the ranks with one grouped all-reduce (``collectives.average``; measured cheaper
+  here than Horovod's reduce-scatter of a flat buffer laid out by owner, see docs/guides/horovod.md), so the
+  optimizer's own ``_clip_gradients`` sees every averaged gradient: ``clipnorm`` per variable and ``global_clipnorm``
+  over the global norm, as ``model.fit`` clips;
+* the owner runs the optimizer's own ``update_step`` on its variables (learning rate and iteration counter computed
+  the same on every rank);
+* each rank's updated variables, flattened into one buffer per dtype, are all-gathered (``collectives.gather``,
+  rank order) and every rank assigns the others' values.
+
+Every collective is named, so that ranks whose graphs differ (each updates its own variables) still match them.
+``model.save`` of such an optimizer is a collective (every rank calls it: the file holds every slot, summed from
+the owners by ``collectives.sum``), as under multi_worker. It overrides tfaccel's own hooks of
+``ShardOptimizerState`` and reads Keras' private ``_var_key`` and ``_clip_gradients`` (through the base class);
+tests/horovod/test_horovod_zero.py fails when one of them moves.
+"""
+
+import contextlib
+from typing import Any, Callable, List, Protocol, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from tfaccel.compat.keras_zero import ShardOptimizerState, is_sharded, sharded_class
+
+__all__ = ["RankCollectives", "shard_over_ranks", "unsharded_variables"]
+
+
+class RankCollectives(Protocol):
+    """The collectives of a job whose processes are its replicas (every rank calls each one, in the same order)."""
+
+    rank: int
+    size: int
+
+    def average(self, tensors: List[Any]) -> List[Any]:
+        """Each tensor averaged over the ranks (inside the train function)."""
+
+    def gather(self, tensor: Any) -> Any:
+        """Every rank's 1-D ``tensor`` concatenated in rank order (inside the train function)."""
+
+    def sum(self, value: np.ndarray) -> np.ndarray:
+        """``value`` summed over the ranks (eagerly: saving)."""
+
+
+class _RankShardState(ShardOptimizerState):
+    """Mixed in before the user's optimizer class by :func:`shard_over_ranks` (see the module doc)."""
+
+    tfaccel_collectives: RankCollectives
+
+    def _tfaccel_placement(self) -> Tuple[List[str], int, int]:
+        # One replica per process, on TensorFlow's default device (the default strategy has no worker_devices).
+        return [""], self.tfaccel_collectives.size, self.tfaccel_collectives.rank
+
+    def _tfaccel_slot_scope(self, device: str) -> Any:
+        return contextlib.nullcontext()  # one device in this process: every slot made here is held here
+
+    def _tfaccel_sum(self, value: np.ndarray) -> np.ndarray:
+        return self.tfaccel_collectives.sum(value)
+
+    def build(self, variables: Any) -> None:
+        super().build(variables)
+        self._tfaccel_rank_owner = {self._var_key(v): o for v, o in zip(variables, self._tfaccel_layout["owners"])}
+
+    def _tfaccel_update(self, distribution: Any, grads: List[Any], tvars: List[Any], learning_rate: Any) -> None:
+        coll = self.tfaccel_collectives
+        if any(isinstance(g, tf.IndexedSlices) for g in grads):
+            raise TypeError(f"optimizer {self.name}: a sparse (IndexedSlices) gradient reached the sharded update "
+                            "under Horovod; tfaccel refuses sparse gradients with shard_optimizer_state=True")
+        owners = [self._tfaccel_rank_owner[self._var_key(v)] for v in tvars]
+        grads = super(ShardOptimizerState, self)._clip_gradients(coll.average(list(grads)))  # Keras' own clipping
+        for grad, var, owner in zip(grads, tvars, owners):
+            if owner == coll.rank:
+                self.update_step(grad, var, learning_rate)
+        for dtype in sorted({v.dtype for v in tvars}, key=lambda d: d.name):  # one buffer per dtype
+            chosen = [(v, o) for v, o in zip(tvars, owners) if v.dtype == dtype]
+            _share(coll, chosen, dtype)
+
+
+def _share(coll: RankCollectives, chosen: Sequence[Tuple[Any, int]], dtype: Any) -> None:
+    """All-gathers each owner's updated variables (one flat buffer per rank) and assigns the others' values."""
+    mine = [tf.reshape(v.read_value(), [-1]) for v, o in chosen if o == coll.rank]
+    flat = coll.gather(tf.concat(mine, 0) if mine else tf.zeros([0], dtype))
+    offset = 0
+    for rank in range(coll.size):  # the buffer: rank 0's variables in order, then rank 1's, ...
+        for var, owner in chosen:
+            if owner != rank:
+                continue
+            count = int(tf.TensorShape(var.shape).num_elements())
+            if owner != coll.rank:
+                var.assign(tf.reshape(flat[offset:offset + count], var.shape))
+            offset += count
+
+
+def shard_over_ranks(optimizer: Any, partition: Callable[[Sequence[int], int], List[int]],
+                     collectives: RankCollectives) -> Any:
+    """Swaps the class of ``optimizer`` (not built) for its rank-sharded subclass, in place; returns it."""
+    if not is_sharded(optimizer):
+        optimizer.__class__ = sharded_class(type(optimizer), partition, _RankShardState)
+    optimizer.tfaccel_collectives = collectives
+    return optimizer
+
+
+def unsharded_variables(optimizer: Any) -> List[Any]:
+    """The optimizer's variables whose shape is the same on every rank (all but its sharded slots): what a
+    broadcast from rank 0 may carry."""
+    slots = getattr(optimizer, "_tfaccel_slots", {}) if is_sharded(optimizer) else {}
+    return [v for v in optimizer.variables if id(v) not in slots]
