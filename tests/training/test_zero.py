@@ -100,7 +100,8 @@ def test_an_embedding_table_stays_unsharded_and_trains_as_plain_fit(runs, replic
     """The table's gradient is sparse (IndexedSlices): Keras' own update on every replica, the Dense layers sharded."""
     run = runs[replicas]["embedding"]
     assert re.search(r"\(ZeRO-1: .*\); left unsharded \(Embedding tables, whose gradients are sparse: Keras' own "
-                     r"all-reduce and update on every replica, replicated slots\): \S*/embedding\w*/embeddings; asked for",
+                     r"all-reduce and update on every replica, replicated slots\): \S*/embedding\w*/embeddings; "
+                     r"asked for",
                      run["note"]), run["note"]
     for key, values in run["plain_history"].items():
         np.testing.assert_allclose(run["history"][key], values, rtol=1e-5, atol=1e-5, err_msg=key)

@@ -44,7 +44,9 @@ def _machine() -> Dict[str, Any]:
 
 def _measure(config: BenchConfig, stopwatch: Stopwatch) -> Dict[str, Any]:
     if config.suite == "real":
-        return {"real_zero": measure_real_zero(config)} if config.real_zero else {"real": measure_real(config, stopwatch)}
+        if config.real_zero:
+            return {"real_zero": measure_real_zero(config)}
+        return {"real": measure_real(config, stopwatch)}
 
     check_p5_mode(config.p5)  # before the long parts, not after them
     report: Dict[str, Any] = {"per_model": measure_speedups(config, stopwatch)}

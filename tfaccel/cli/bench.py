@@ -31,8 +31,9 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     parser.add_argument("--real-limits", default=None, metavar="A,B",
                         help="limit contenders on the default path: xla, noxla (default: both; 'none': neither)")
     parser.add_argument("--real-zero", default=None, metavar="2,4",
-                        help="with --suite real: the ZeRO rows instead (optimizer-state sharding against the unsharded "
-                             "state at these replica counts, on --real-paths mirrored,multi_worker), JSON key real_zero")
+                        help="with --suite real: the ZeRO rows instead (optimizer-state sharding against the "
+                             "unsharded state at these replica counts, on --real-paths mirrored,multi_worker), JSON "
+                             "key real_zero")
     parser.set_defaults(func=run)
 
 
