@@ -61,7 +61,8 @@ def test_cli_real_limits_option():
     """``--real-limits``: a list of the limit contenders, ``none`` for neither, an unknown one refused (in-process:
     the CLI's own parsing, without starting another Python)."""
     def parse(value):
-        args = argparse.Namespace(real_size="test", real_models=None, real_paths=None, real_limits=value)
+        args = argparse.Namespace(real_size="test", real_models=None, real_paths=None, real_limits=value,
+                                  real_zero=None)
         return cli_bench.real_config(BenchConfig(), args).real_limits
 
     assert parse(None) == ("xla", "noxla") and parse("none") == () and parse("noxla") == ("noxla",)

@@ -28,6 +28,7 @@ class Case:
     learning_rate_factor: float = 1.0
     one_batch: bool = False  # one fit over one batch (its first epoch is the first step): one trace, not two
     every_path: bool = True  # False: the one-device path only
+    shard: bool = False  # tfaccel.fit(shard_optimizer_state=True)
 
     @property
     def batch_size(self) -> int:
@@ -68,7 +69,14 @@ MUTANTS: Dict[str, Case] = {c.name: c for c in [
 ]}
 
 
+# The suite's model trained by tfaccel with its optimizer state sharded (ZeRO-1); its name is "<model>:zero". The
+# Embedding tables (token, position, user) stay unsharded; the dense rest is sharded.
+ZERO: Dict[str, Case] = {c.name: c for c in [
+    Case(f"{model}:zero", model, 1e-4, shard=True) for model in ("bert_classifier", "gpt2_causal_lm", "recommender")
+]}
+
+
 def case(name: str) -> Case:
-    return CASES.get(name) or MUTANTS[name]
+    return CASES.get(name) or MUTANTS.get(name) or ZERO[name]
 
 

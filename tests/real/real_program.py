@@ -74,15 +74,16 @@ def _FirstEpochWeights(model: object) -> object:  # noqa: N802 - Keras is import
 
 
 def _fit(path: str, model: object, x: object, y: object, *, batch_size: int, epochs: int,
-         callbacks: tuple = ()) -> tuple:
+         callbacks: tuple = (), shard: bool = False) -> tuple:
     """One fit call: (history, what tfaccel did)."""
     kwargs = dict(x=x, y=y, batch_size=batch_size, epochs=epochs, shuffle=False, verbose=0, callbacks=list(callbacks))
     if path.startswith("keras_"):
         return model.fit(**kwargs).history, {"loop": "keras model.fit"}
     import tfaccel
 
-    result = tfaccel.fit(model, seed=real_cases.SEED, **kwargs)
-    return result.history, {"loop": result.details.get("loop"), "steps": result.steps}
+    result = tfaccel.fit(model, seed=real_cases.SEED, shard_optimizer_state=shard, **kwargs)
+    return result.history, {"loop": result.details.get("loop"), "steps": result.steps,
+                            "optimizer_state": result.details.get("optimizer_state")}
 
 
 def run(path: str, name: str, strategy: object, out: str) -> dict:
@@ -103,9 +104,10 @@ def run(path: str, name: str, strategy: object, out: str) -> dict:
                             callbacks=[keep])
         one_step = keep.weights
     else:  # one step (the first batch), then the whole job
-        _fit(path, model, *case.first_batch(), batch_size=case.batch_size, epochs=1)
+        _fit(path, model, *case.first_batch(), batch_size=case.batch_size, epochs=1, shard=case.shard)
         one_step = model.get_weights()
-        history, did = _fit(path, model, *case.data(), batch_size=case.batch_size, epochs=case.epochs)
+        history, did = _fit(path, model, *case.data(), batch_size=case.batch_size, epochs=case.epochs,
+                            shard=case.shard)
     final = model.get_weights()
     np.savez(out + ".npz", *one_step, *final)
     return {"status": "ok", "jit": bool(model.jit_compile), "initial": initial, **did,

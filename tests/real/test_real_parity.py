@@ -29,6 +29,7 @@ PROGRAM = Path(__file__).resolve().parent / "real_program.py"
 MODELS = list(real_cases.CASES)
 EVERY_PATH = [name for name, case in real_cases.CASES.items() if case.every_path]
 MUTANTS = list(real_cases.MUTANTS)
+ZERO = list(real_cases.ZERO)
 OUTCOMES: dict = {}  # {parity-table column: {"real: <model>": outcome}} (TFACCEL_PARITY_JSON)
 
 
@@ -63,7 +64,8 @@ def phase_one(real_dir: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def phase_two(phase_one: Path) -> Path:
-    _side_by_side(phase_one, {"keras_one": ",".join(MODELS), "tfaccel:mirrored": ",".join(EVERY_PATH)}, timeout=900)
+    _side_by_side(phase_one, {"keras_one": ",".join(MODELS), "tfaccel:mirrored": ",".join(EVERY_PATH + ZERO)},
+                  timeout=900)
     return phase_one
 
 
@@ -92,10 +94,10 @@ def _column(got_dir: Path, got: dict) -> str:
 
 def _check(got_dir: Path, task: str, ref_dir: Path, name: str) -> dict:
     got = rc.load(str(got_dir), task, name)
-    ref = rc.load(str(ref_dir), "main", name)
+    ref = rc.load(str(ref_dir), "main", real_cases.case(name).model)
     assert got["status"] == "ok", got.get("message")
     assert got["jit"] == ref["jit"], f"{name}: XLA {got['jit']} in tfaccel, {ref['jit']} in the reference"
-    problems = rc.differences(ref, got, last_epoch_rel=real_cases.CASES[name].last_epoch_rel)
+    problems = rc.differences(ref, got, last_epoch_rel=real_cases.case(name).last_epoch_rel)
     OUTCOMES.setdefault(_column(got_dir, got), {})[f"real: {name}"] = (
         "equal" if not problems else "DIFFERENT: " + "; ".join(problems))
     assert not problems, f"{name} ({got.get('loop')}):\n" + "\n".join(problems)
@@ -112,6 +114,16 @@ def test_one_device_matches_keras(name: str, phase_two: Path) -> None:
 @pytest.mark.parametrize("name", EVERY_PATH)
 def test_mirrored_matches_keras_mirrored(name: str, phase_two: Path) -> None:
     _check(phase_two / "tfaccel_mirrored", "main", phase_two / "keras_mirrored", name)
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("name", ZERO)
+def test_mirrored_sharded_matches_keras_mirrored(name: str, phase_two: Path) -> None:
+    """ZeRO-1 (shard_optimizer_state=True) on 2 mirrored replicas: the dense variables' slots sharded, the Embedding
+    tables left unsharded (the plan names them), the same history and weights as plain Keras under mirrored."""
+    got = _check(phase_two / "tfaccel_mirrored", "main", phase_two / "keras_mirrored", name)
+    assert "state sharded over 2 replicas" in got["optimizer_state"], got["optimizer_state"]
+    assert "left unsharded (Embedding tables" in got["optimizer_state"], got["optimizer_state"]
 
 
 @pytest.mark.timeout(1800)

@@ -95,6 +95,25 @@ def test_unsharded_run_holds_every_slot_on_every_device(runs):
     np.testing.assert_allclose(run["history"]["loss"], run["plain_history"]["loss"], rtol=1e-5)
 
 
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_an_embedding_table_stays_unsharded_and_trains_as_plain_fit(runs, replicas):
+    """The table's gradient is sparse (IndexedSlices): Keras' own update on every replica, the Dense layers sharded."""
+    run = runs[replicas]["embedding"]
+    assert re.search(r"\(ZeRO-1: .*\); left unsharded \(Embedding tables, whose gradients are sparse: Keras' own "
+                     r"all-reduce and update on every replica, replicated slots\): \S*/embedding\w*/embeddings; "
+                     r"asked for",
+                     run["note"]), run["note"]
+    for key, values in run["plain_history"].items():
+        np.testing.assert_allclose(run["history"][key], values, rtol=1e-5, atol=1e-5, err_msg=key)
+    for got, want in zip(run["weights"], run["plain_weights"]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    for copies in run["copies"]:
+        assert all(np.array_equal(copies[0], c) for c in copies[1:])
+    table = 2 * 50 * 8 * 4  # Adam's two slots of the 50 x 8 table, on every device
+    assert all(held >= table for held in run["held"].values())
+    assert sorted(run["estimate"]) == sorted(run["held"].values())  # the estimate counts the table on every device
+
+
 def test_cli_flag_trains_sharded(runs):
     assert runs[2]["cli_rc"] == 0
     summary = runs[2]["cli"]
@@ -159,7 +178,9 @@ def _custom_step_class():
                                r"gradient_accumulation_steps=1"),
     (lambda k: _compiled(k.optimizers.SGD(gradient_accumulation_steps=3)), 1, r"gradient accumulation \(3 micro"),
     (lambda k: _compiled(k.optimizers.Adam(use_ema=True)), 1, r"Adam\(use_ema=True\): the moving averages"),
-    (lambda k: _compiled(layers=k.layers.Embedding(10, 2)), 1, r"Embedding layer\(s\) .* sparse gradients"),
+    (lambda k: _compiled(k.optimizers.Adam(global_clipnorm=1.0), layers=k.layers.Embedding(10, 2)), 1,
+     r"global_clipnorm=1.0 with the Embedding table\(s\) of embedding.* left unsharded \(sparse gradients\).*; "
+     r"use clipnorm"),
     (lambda k: _compiled(model_class=_custom_step_class()), 1, r"OwnStep has its own train_step"),
 ])
 def test_what_is_not_exact_is_refused(make, accumulation, message, clean_tf_config, cpu_replicas):

@@ -49,6 +49,43 @@ def _model(scope, optimizer, weights=None):
     return model
 
 
+def _embedding_layers():
+    return keras.Sequential([keras.Input((6,), dtype="int32"), keras.layers.Embedding(50, 8),
+                             keras.layers.Flatten(), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+
+
+def _embedding_case(mirrored) -> dict:
+    """An Embedding table (IndexedSlices gradients) left unsharded beside sharded Dense layers: Adam with clipnorm."""
+    rng = np.random.RandomState(1)
+    x, y = rng.randint(0, 50, (256, 6)).astype("int32"), rng.randn(256, 1).astype("float32")
+
+    def build(scope):
+        keras.utils.set_random_seed(2)
+        with scope:
+            model = _embedding_layers()
+            model.compile(keras.optimizers.Adam(0.01, clipnorm=1.0), "mse", metrics=["mae"])
+        return model
+
+    plain = build(tf.distribute.get_strategy().scope())
+    model = build(tfaccel.scope(strategy="mirrored"))
+    model.set_weights(plain.get_weights())
+    ref = plain.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0).history
+    result = tfaccel.fit(model, x, y, batch_size=32, epochs=2, shuffle=False, verbose=0, shard_optimizer_state=True)
+    held = {}
+    for v in model.optimizer.variables:
+        for c in mirrored.experimental_local_results(v.value):
+            device = tf.DeviceSpec.from_string(c.device).to_string()
+            held[device] = held.get(device, 0) + int(np.prod(c.shape)) * c.dtype.size
+    estimate = estimate_memory(_embedding_layers(), batch_size=32, strategy="mirrored", replicas=N,
+                               optimizer=keras.optimizers.Adam(0.01), recompute=False, shard_optimizer_state=True)
+    return {"plain_history": ref, "history": result.history, "note": result.details.get("optimizer_state"),
+            "plain_weights": [w.tolist() for w in plain.get_weights()],
+            "weights": [w.tolist() for w in model.get_weights()], "held": held,
+            "estimate": list(estimate.optimizer_shard_bytes),
+            "copies": [[c.numpy().tolist() for c in mirrored.experimental_local_results(v.value)]
+                       for v in model.trainable_variables]}
+
+
 def main() -> None:
     rng = np.random.RandomState(0)
     x = rng.randn(256, 8).astype("float32")
@@ -84,6 +121,7 @@ def main() -> None:
             out[name]["estimate"] = list(estimate_memory(
                 _layers, input_shape=(8,), num_classes=3, batch_size=32, strategy="mirrored", replicas=N, optimizer=optimizer(), recompute=False,
                 shard_optimizer_state=True).optimizer_shard_bytes)
+    out["embedding"] = _embedding_case(mirrored)
     if N == 2:  # the CLI's flag, end to end, on this process's mirrored strategy
         from tfaccel.cli.main import main as cli
 

@@ -40,6 +40,8 @@ class BenchConfig:
             (``tfaccel.real_suite.SIZES``) and seconds allowed per contender.
         real_limits: the limit contenders of the real suite's ``default`` path (``tfaccel.bench.real.REAL_LIMITS``:
             the hand-written loop with XLA on, off); the row's ``limit`` is the faster of them each round.
+        real_zero: replica counts of the ZeRO rows (``tfaccel.bench.real_zero_run``: optimizer-state sharding
+            against the unsharded state on ``real_paths`` among mirrored and multi_worker); empty: the usual rows.
     """
 
     quick: bool = True
@@ -70,6 +72,7 @@ class BenchConfig:
     real_size: str = "bench"
     real_timeout: float = 900.0
     real_limits: Sequence[str] = ("xla", "noxla")
+    real_zero: Sequence[int] = ()
 
     @staticmethod
     def make(quick: bool) -> "BenchConfig":

@@ -15,6 +15,7 @@ from tfaccel._version import __version__
 from tfaccel.bench.config import TARGET_MODELS, TARGETS, BenchConfig
 from tfaccel.bench.precision import check_p5_mode, measure_precision, p5_skip_reason
 from tfaccel.bench.real import measure_real
+from tfaccel.bench.real_zero_run import measure_real_zero
 from tfaccel.bench.report import format_report, plot
 from tfaccel.bench.scaling import measure_scaling
 from tfaccel.bench.speed import measure_speedups
@@ -43,6 +44,8 @@ def _machine() -> Dict[str, Any]:
 
 def _measure(config: BenchConfig, stopwatch: Stopwatch) -> Dict[str, Any]:
     if config.suite == "real":
+        if config.real_zero:
+            return {"real_zero": measure_real_zero(config)}
         return {"real": measure_real(config, stopwatch)}
 
     check_p5_mode(config.p5)  # before the long parts, not after them

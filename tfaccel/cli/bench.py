@@ -30,6 +30,10 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     parser.add_argument("--real-size", default="bench", help="job size of the real models: bench (default) or test")
     parser.add_argument("--real-limits", default=None, metavar="A,B",
                         help="limit contenders on the default path: xla, noxla (default: both; 'none': neither)")
+    parser.add_argument("--real-zero", default=None, metavar="2,4",
+                        help="with --suite real: the ZeRO rows instead (optimizer-state sharding against the "
+                             "unsharded state at these replica counts, on --real-paths mirrored,multi_worker), JSON "
+                             "key real_zero")
     parser.set_defaults(func=run)
 
 
@@ -44,6 +48,8 @@ def real_config(config: Any, args: argparse.Namespace) -> Any:
     from tfaccel.bench.real import check_real_config
 
     config = dataclasses.replace(config, suite="real", real_size=args.real_size)
+    if args.real_zero is not None:
+        config = _zero_config(config, args)
     for option in ("real_models", "real_paths", "real_limits"):
         value = getattr(args, option)
         if option == "real_limits" and value == "none":
@@ -51,6 +57,23 @@ def real_config(config: Any, args: argparse.Namespace) -> Any:
         elif value is not None:
             config = dataclasses.replace(config, **{option: tuple(v.strip() for v in value.split(",") if v.strip())})
     check_real_config(config)
+    return config
+
+
+def _zero_config(config: Any, args: argparse.Namespace) -> Any:
+    """``--real-zero N,M``: the ZeRO rows' replica counts; their paths default to mirrored and multi_worker."""
+    import dataclasses
+
+    from tfaccel.bench.real_zero_run import ZERO_PATHS, check_zero_config
+    from tfaccel.errors import ConfigError
+
+    try:
+        counts = tuple(int(v) for v in args.real_zero.split(",") if v.strip())
+    except ValueError:
+        raise ConfigError(f"--real-zero takes replica counts such as 2,4; received {args.real_zero!r}") from None
+    paths = ZERO_PATHS if args.real_paths is None else tuple(v.strip() for v in args.real_paths.split(",") if v.strip())
+    config = dataclasses.replace(config, real_zero=counts, real_paths=paths)
+    check_zero_config(config)
     return config
 
 
@@ -77,6 +100,11 @@ def run(args: argparse.Namespace) -> int:
 
         config = real_config(config, args)
         report = run_bench(config, json_path=args.json_path)
+        if config.real_zero:
+            from tfaccel.bench.real_zero_run import format_real_zero
+
+            sys.stdout.write("\n".join(format_real_zero(report["real_zero"])) + "\n")
+            return 0
         if args.png_path:
             from tfaccel.bench.real_report import plot_real
 

@@ -34,6 +34,7 @@ fails when one of them moves.
 import contextlib
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
+import keras
 import numpy as np
 import tensorflow as tf
 from keras.src.backend.tensorflow.optimizer import TFOptimizer
@@ -41,8 +42,8 @@ from tensorflow.python.distribute import numpy_dataset
 
 from tfaccel.compat import keras_internals, keras_zero_collective
 
-__all__ = ["ShardOptimizerState", "sharded_class", "is_sharded", "slot_bytes_per_device", "shard_layout", "held_slots", "load_held_slots",
-           "slots_apart"]
+__all__ = ["ShardOptimizerState", "sharded_class", "is_sharded", "sparse_gradient_variables", "leave_unsharded",
+           "slot_bytes_per_device", "shard_layout", "held_slots", "load_held_slots", "slots_apart"]
 
 _SHARDED: Dict[Tuple[type, type], type] = {}
 
@@ -81,7 +82,10 @@ class _ShardOptimizerState:
 
     def build(self, variables: Any) -> None:
         devices, replicas, first = self._tfaccel_placement()  # first: the index of this process's replica 0
-        owners = type(self).tfaccel_partition([_num_bytes(v) for v in variables], replicas)
+        plain = getattr(self, "_tfaccel_unsharded", set())
+        variables = list(variables)
+        sharded = [v for v in variables if self._var_key(v) not in plain]  # the others keep Keras' own update
+        owners = type(self).tfaccel_partition([_num_bytes(v) for v in sharded], replicas)
         self._tfaccel_devices = devices
         self._tfaccel_workers = replicas // len(devices)
         self._tfaccel_layout = {"count": replicas, "processes": self._tfaccel_workers, "owners": list(owners),
@@ -90,7 +94,7 @@ class _ShardOptimizerState:
         self._tfaccel_apart = False
         # owner -> index among this worker's devices, or None where another worker owns the variable
         self._tfaccel_owner = {self._var_key(v): (o - first if first <= o < first + len(devices) else None)
-                               for v, o in zip(variables, owners)}
+                               for v, o in zip(sharded, owners)}
         super().build(variables)  # type: ignore[misc]
 
     def add_variable_from_reference(self, reference_variable: Any, name: Any = None,
@@ -150,6 +154,12 @@ class _ShardOptimizerState:
                                          list(grads), tvars, learning_rate)
 
     def _tfaccel_update(self, distribution: Any, grads: List[Any], tvars: List[Any], learning_rate: Any) -> None:
+        plain = [i for i, v in enumerate(tvars) if self._var_key(v) not in self._tfaccel_owner]
+        if plain:  # variables left unsharded (sparse gradients): Keras' own all-reduce, every replica updates
+            self._tfaccel_update_plain(distribution, [grads[i] for i in plain], [tvars[i] for i in plain],
+                                       learning_rate)
+            grads = [g for i, g in enumerate(grads) if i not in plain]
+            tvars = [v for i, v in enumerate(tvars) if i not in plain]
         if self._tfaccel_workers > 1:
             self._tfaccel_update_workers(distribution, grads, tvars, learning_rate)
             return
@@ -168,6 +178,18 @@ class _ShardOptimizerState:
                 if index != owner:
                     with tf.device(self._tfaccel_devices[index]):
                         copy.assign(value)
+
+    def _tfaccel_update_plain(self, distribution: Any, grads: List[Any], tvars: List[Any], learning_rate: Any) -> None:
+        """Keras' own path for the variables left unsharded: the gradient summed onto every replica (dense or
+        ``IndexedSlices``), each replica's copy updated by the optimizer's ``update_step`` on its replicated slots;
+        ``clipnorm`` / ``clipvalue`` clip each summed gradient (``global_clipnorm`` is refused beside them)."""
+        sums = distribution.extended.batch_reduce_to(tf.distribute.ReduceOp.SUM, list(zip(grads, tvars)))
+
+        def apply(var: Any, grad: Any, rate: Any) -> Any:
+            return self.update_step(super(_ShardOptimizerState, self)._clip_gradients([grad])[0], var, rate)
+
+        for grad, var in zip(sums, tvars):
+            distribution.extended.update(var, apply, args=(grad, learning_rate), group=False)
 
     def _tfaccel_update_workers(self, distribution: Any, grads: List[Any], tvars: List[Any],
                                 learning_rate: Any) -> None:
@@ -211,6 +233,19 @@ def sharded_class(base: type, partition: Callable[[Sequence[int], int], List[int
                                        {"__module__": base.__module__, "__qualname__": base.__qualname__,
                                         "tfaccel_partition": staticmethod(partition)})
     return _SHARDED[(base, mixin)]
+
+
+def sparse_gradient_variables(model: Any) -> Dict[str, str]:
+    """``{variable path: its layer's name}`` of the trainable variables whose gradient may be sparse
+    (``IndexedSlices``): those of ``keras.layers.Embedding`` layers and their subclasses (KerasHub's
+    ``ReversibleEmbedding`` too)."""
+    return {v.path: layer.name for layer in keras_internals.flatten_layers(model)
+            if isinstance(layer, keras.layers.Embedding) for v in layer.trainable_weights}
+
+
+def leave_unsharded(optimizer: Any, variables: Sequence[Any]) -> None:
+    """Before the sharded optimizer is built: ``variables`` keep Keras' own replicated slots and update."""
+    optimizer._tfaccel_unsharded = {optimizer._var_key(v) for v in variables}
 
 
 def is_sharded(optimizer: Any) -> bool:

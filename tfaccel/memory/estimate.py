@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import keras
 import tensorflow as tf
 
+from tfaccel.compat.keras_zero import sparse_gradient_variables
 from tfaccel.errors import ConfigError
 from tfaccel.memory.graph import graph_activation_peak
 from tfaccel.memory.options import check_options
@@ -146,10 +147,14 @@ def _ps_shards(model: Any, optimizer: Any, num_ps: int) -> Tuple[int, ...]:
 
 def _optimizer_shards(model: Any, optimizer: Any, replicas: int) -> Tuple[int, ...]:
     """Optimizer-state sharding: each replica's slots (each variable's on its owner, as ``tfaccel.train.zero``
-    places them) plus the scalars (iteration counter, rate) that stay on every replica."""
+    places them) plus what stays on every replica: the scalars (iteration counter, rate) and the slots of the
+    Embedding tables left unsharded."""
     scalars, slot_ratio = _slot_ratio(model, optimizer)
-    sizes = [int(round(_nbytes([v]) * slot_ratio)) for v in model.trainable_variables]
-    return tuple(load + _nbytes(scalars) for load in shard_loads(sizes, replicas))
+    sparse = sparse_gradient_variables(model)
+    sizes = {v.path: int(round(_nbytes([v]) * slot_ratio)) for v in model.trainable_variables}
+    everywhere = _nbytes(scalars) + sum(size for path, size in sizes.items() if path in sparse)
+    loads = shard_loads([size for path, size in sizes.items() if path not in sparse], replicas)
+    return tuple(load + everywhere for load in loads)
 
 
 def _build(model_or_name: Any, precision: Optional[str], input_shape: Optional[Sequence[int]],

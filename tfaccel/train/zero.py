@@ -12,8 +12,10 @@ Under the ``horovod`` backend the ranks are the replicas and the backend shards 
 
 What would not train exactly as ``model.fit`` is refused before training, with the reason: other strategies (one
 device, multi_worker with several devices per worker, parameter_server, TPU), mixed precision, gradient
-accumulation, sparse (embedding) gradients, a model's own ``train_step``, an optimizer's moving average
-(``use_ema``), an optimizer built unsharded.
+accumulation, ``global_clipnorm`` beside an Embedding table, a model's own ``train_step``, an optimizer's moving
+average (``use_ema``), an optimizer built unsharded. Under mirrored and multi_worker the tables of Embedding layers
+(sparse ``IndexedSlices`` gradients) stay unsharded: Keras' own all-reduce and update on every replica, with
+replicated slots (exact by construction); the plan names them (Horovod refuses them in its own checks).
 
 Backups (``backup_dir``) hold the whole sharded state: under multi_worker each worker writes its own shard and a
 resumed job, on any number of workers, re-partitions it (``tfaccel.resilience.shard_backup``); ``model.save``
@@ -29,8 +31,7 @@ from typing import Any, Optional, Tuple
 import keras
 import tensorflow as tf
 
-from tfaccel.compat import keras_internals
-from tfaccel.compat.keras_zero import is_sharded, sharded_class
+from tfaccel.compat.keras_zero import is_sharded, leave_unsharded, sharded_class, sparse_gradient_variables
 from tfaccel.errors import ConfigError
 from tfaccel.memory.estimate import estimate_memory
 from tfaccel.memory.shards import partition_by_bytes
@@ -71,10 +72,12 @@ def _check_model(model: Any, optimizer: Any, accumulation_steps: int) -> None:
                       "micro-batches) is not sharded yet", f"use gradient_accumulation_steps=1, or {_FIX}")
     if optimizer.use_ema:
         raise _refuse(f"optimizer {type(optimizer).__name__}(use_ema=True): the moving averages are not sharded yet")
-    sparse = [layer.name for layer in keras_internals.flatten_layers(model)
-              if isinstance(layer, keras.layers.Embedding)]
-    if sparse:
-        raise _refuse(f"Embedding layer(s) {', '.join(sparse)} give sparse gradients, which are not sharded yet")
+    sparse = sparse_gradient_variables(model)
+    if sparse and optimizer.global_clipnorm is not None:
+        raise _refuse(f"global_clipnorm={optimizer.global_clipnorm} with the Embedding table(s) of "
+                      f"{', '.join(sorted(set(sparse.values())))} left unsharded (sparse gradients): the global norm "
+                      "is not computed across sharded and unsharded gradients yet",
+                      f"use clipnorm (per variable), or {_FIX}")
     if type(model).train_step is not keras.Model.train_step:
         raise _refuse(f"{type(model).__name__} has its own train_step; tfaccel shards Keras' own train_step only")
     if optimizer.built and not is_sharded(optimizer):
@@ -152,6 +155,10 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
                       f"(.keras, called on every worker), or {_FIX}")
     if not is_sharded(optimizer):
         optimizer.__class__ = sharded_class(type(optimizer), partition_by_bytes)
+    sparse = sparse_gradient_variables(model)
+    leave_unsharded(optimizer, [v for v in model.trainable_variables if v.path in sparse])
     replicas = strategy.num_replicas_in_sync
+    unsharded = (f"; left unsharded (Embedding tables, whose gradients are sparse: Keras' own all-reduce and update "
+                 f"on every replica, replicated slots): {', '.join(sorted(sparse))}" if sparse else "")
     return (f"optimizer {type(optimizer).__name__}: state sharded over {replicas} replicas (ZeRO-1: each variable's "
-            f"slots on one owner, gradients reduced to it, its update copied to every replica); {why}")
+            f"slots on one owner, gradients reduced to it, its update copied to every replica){unsharded}; {why}")

@@ -1,0 +1,51 @@
+"""Bytes each replica sends per training step, unsharded against optimizer-state sharding (ZeRO-1), computed from the
+model's trainable variables and the collective pattern each path runs (not counted on the wire).
+
+For a gradient of ``b`` bytes over ``N`` replicas:
+
+* unsharded (Keras' all-reduce; a ring all-reduce's bus traffic, as nccl-tests count it): ``2 (N-1) / N * b``;
+* sharded on one host's mirrored devices (the gradient reduced to its owner, the updated value copied to the
+  ``N - 1`` others): ``2 (N-1) b`` in all, ``2 (N-1) / N * b`` per replica on average, as the all-reduce;
+* sharded under multi_worker (``tfaccel.compat.keras_zero_collective``: an all-to-all of the gradient rows, each
+  padded to the largest owner's share ``s``, then an all-gather of the updated shares): ``2 (N-1) s``, the bytes of
+  one all-reduce when the owners' shares are equal (owners are whole variables, partitioned as the optimizer does);
+* the Embedding tables left unsharded move as they do unsharded, counted as dense (an upper bound: an
+  ``IndexedSlices`` gradient all-gathers only the rows the batch touched).
+"""
+
+from typing import Any, Dict
+
+import tensorflow as tf
+
+from tfaccel.compat.keras_zero import sparse_gradient_variables
+from tfaccel.memory.shards import shard_loads
+
+__all__ = ["bytes_per_step"]
+
+
+def _nbytes(variable: Any) -> int:
+    count = 1
+    for dim in variable.shape:
+        count *= int(dim)
+    return count * tf.as_dtype(str(variable.dtype)).size
+
+
+def bytes_per_step(model: Any, replicas: int, *, sharded: bool, workers: bool) -> Dict[str, int]:
+    """``{"dense", "embedding", "total"}``: the bytes one replica sends per step (see the module doc).
+
+    Args:
+        model: a built Keras model.
+        replicas: N.
+        sharded: optimizer state sharded (ZeRO-1) or not.
+        workers: multi_worker (one replica per worker process) rather than one host's mirrored devices.
+    """
+    sparse = sparse_gradient_variables(model)
+    sizes = [_nbytes(v) for v in model.trainable_variables if v.path not in sparse]
+    tables = sum(_nbytes(v) for v in model.trainable_variables if v.path in sparse)
+    factor = 2 * (replicas - 1) / replicas
+    if sharded and workers:
+        dense_sent = 2 * (replicas - 1) * max(shard_loads(sizes, replicas))
+    else:
+        dense_sent = int(sum(sizes) * factor)
+    table_sent = int(tables * factor)
+    return {"dense": dense_sent, "embedding": table_sent, "total": dense_sent + table_sent}
