@@ -2,10 +2,13 @@
 speed-ups side by side."""
 
 import argparse
+import dataclasses
 import sys
 from typing import Any
 
 from tfaccel.bench.config import SUITES
+from tfaccel.bench.real_zero_run import ZERO_PATHS, check_zero_config, format_real_zero
+from tfaccel.errors import ConfigError
 
 
 def register(subparsers: "argparse._SubParsersAction") -> None:
@@ -43,8 +46,6 @@ def real_config(config: Any, args: argparse.Namespace) -> Any:
     Raises:
         ConfigError: an unknown model, path, size or limit contender.
     """
-    import dataclasses
-
     from tfaccel.bench.real import check_real_config
 
     config = dataclasses.replace(config, suite="real", real_size=args.real_size)
@@ -62,11 +63,6 @@ def real_config(config: Any, args: argparse.Namespace) -> Any:
 
 def _zero_config(config: Any, args: argparse.Namespace) -> Any:
     """``--real-zero N,M``: the ZeRO rows' replica counts; their paths default to mirrored and multi_worker."""
-    import dataclasses
-
-    from tfaccel.bench.real_zero_run import ZERO_PATHS, check_zero_config
-    from tfaccel.errors import ConfigError
-
     try:
         counts = tuple(int(v) for v in args.real_zero.split(",") if v.strip())
     except ValueError:
@@ -78,10 +74,7 @@ def _zero_config(config: Any, args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    import dataclasses
-
     from tfaccel.bench import BenchConfig, format_report, run_bench
-    from tfaccel.errors import ConfigError
 
     config = BenchConfig.make(args.quick)
     if args.repeats is not None:
@@ -101,8 +94,6 @@ def run(args: argparse.Namespace) -> int:
         config = real_config(config, args)
         report = run_bench(config, json_path=args.json_path)
         if config.real_zero:
-            from tfaccel.bench.real_zero_run import format_real_zero
-
             sys.stdout.write("\n".join(format_real_zero(report["real_zero"])) + "\n")
             return 0
         if args.png_path:
