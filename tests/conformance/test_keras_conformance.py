@@ -185,7 +185,7 @@ def test_the_comparison_names_each_difference() -> None:
         "c: failed: tfaccel.errors.ConfigError: why", "d: listed in OPEN_DIFFERENCES ('x') but passed"]
 
 
-def test_the_mirrored_rerun_is_one_graph_test_per_trainer_test_function(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_mirrored_rerun_is_one_graph_test_per_test_function_that_trains(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TFACCEL_CONFORMANCE_MODE", "tfaccel:default")
     monkeypatch.setenv("TFACCEL_CONFORMANCE_RERUN", "mirrored")
     monkeypatch.setattr(keras_mode_plugin, "RERUN_FUNCTIONS", set())
@@ -195,12 +195,16 @@ def test_the_mirrored_rerun_is_one_graph_test_per_trainer_test_function(monkeypa
         state.trained, state.in_graph = trained, in_graph
         return keras_mode_plugin.rerun_wanted(types.SimpleNamespace(nodeid=nodeid), ("T", function))
 
-    trainer = keras_mode_plugin.RERUN_MODULES[0]
+    trainer = "keras/src/trainers/trainer_test.py"
     assert not wanted(f"{trainer}::T::test_fit_eager", "test_fit", in_graph=False)
     assert wanted(f"{trainer}::T::test_fit_graph", "test_fit")
     assert not wanted(f"{trainer}::T::test_fit_other_graph", "test_fit"), "one parametrization per function"
     assert not wanted(f"{trainer}::T::test_no_fit", "test_no_fit", trained=False, in_graph=False)
-    assert not wanted("keras/src/callbacks/callback_test.py::T::test_fit", "test_fit_cb"), "trainer tests only"
+    for module in ("callbacks/early_stopping_test.py", "models/model_test.py",
+                   "trainers/data_adapters/py_dataset_adapter_test.py"):
+        assert wanted(f"keras/src/{module}::T::test_fit", f"test_fit_{module}"), module
+    for module in ("backend/tensorflow/distribute_test.py", "layers/core/dense_test.py"):
+        assert not wanted(f"keras/src/{module}::T::test_fit", f"test_fit_{module}"), module
 
 
 def test_a_rerun_path_other_than_mirrored_beside_default_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
