@@ -12,8 +12,8 @@ Loaded with ``-p keras_mode_plugin`` by tests/conformance/test_keras_conformance
 
 ``TFACCEL_CONFORMANCE_RERUN=mirrored`` beside a ``*:default`` mode runs the mirrored path in the same process (one
 TensorFlow start, one collection): right after its default run, a test runs again in the tool's mirrored mode (its
-report named ``<test id>@mirrored``) when ``rerun_wanted`` says so: a test of ``RERUN_MODULES`` (Keras' trainer tests)
-that called one of Keras' trainer entry points (``TRAINER_ENTRY_POINTS``) on a model in Keras' compiled-graph
+report named ``<test id>@mirrored``) when ``rerun_wanted`` says so: a test of ``RERUN_MODULES`` (the vendored modules
+that train: trainer and data-adapter tests, callbacks, models) that called one of Keras' trainer entry points (``TRAINER_ENTRY_POINTS``) on a model in Keras' compiled-graph
 execution (``run_eagerly`` and ``jit_compile`` off at the call, what Keras' own "auto" runs on CPUs and under a
 several-device MirroredStrategy), the first such parametrization of each test function.
 
