@@ -13,9 +13,10 @@ Loaded with ``-p keras_mode_plugin`` by tests/conformance/test_keras_conformance
 ``TFACCEL_CONFORMANCE_RERUN=mirrored`` beside a ``*:default`` mode runs the mirrored path in the same process (one
 TensorFlow start, one collection): right after its default run, a test runs again in the tool's mirrored mode (its
 report named ``<test id>@mirrored``) when ``rerun_wanted`` says so: a test of ``RERUN_MODULES`` (the vendored modules
-that train: trainer and data-adapter tests, callbacks, models) that called one of Keras' trainer entry points (``TRAINER_ENTRY_POINTS``) on a model in Keras' compiled-graph
-execution (``run_eagerly`` and ``jit_compile`` off at the call, what Keras' own "auto" runs on CPUs and under a
-several-device MirroredStrategy), the first such parametrization of each test function.
+that train: trainer and data-adapter tests, callbacks, models) that called one of Keras' trainer entry points
+(``TRAINER_ENTRY_POINTS``) on a model in Keras' compiled-graph execution (``run_eagerly`` and ``jit_compile`` off at
+the call, what Keras' own "auto" runs on CPUs and under a several-device MirroredStrategy), the first such
+parametrization of each test function.
 
 ``TFACCEL_CONFORMANCE_OUT`` names the JSON file the outcomes go to: ``{mode: {test id: outcome}}``, the outcome
 ``"passed"``, ``"skipped: <reason>"``, ``"failed: <exception type>: <message>"`` (a failure in setup or teardown:
