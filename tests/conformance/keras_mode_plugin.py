@@ -12,10 +12,11 @@ Loaded with ``-p keras_mode_plugin`` by tests/conformance/test_keras_conformance
 
 ``TFACCEL_CONFORMANCE_RERUN=mirrored`` beside a ``*:default`` mode runs the mirrored path in the same process (one
 TensorFlow start, one collection): right after its default run, a test runs again in the tool's mirrored mode (its
-report named ``<test id>@mirrored``) when ``rerun_wanted`` says so: a test of ``RERUN_MODULES`` (Keras' trainer tests)
-that called one of Keras' trainer entry points (``TRAINER_ENTRY_POINTS``) on a model in Keras' compiled-graph
-execution (``run_eagerly`` and ``jit_compile`` off at the call, what Keras' own "auto" runs on CPUs and under a
-several-device MirroredStrategy), the first such parametrization of each test function.
+report named ``<test id>@mirrored``) when ``rerun_wanted`` says so: a test of ``RERUN_MODULES`` (the vendored modules
+that train: trainer and data-adapter tests, callbacks, models) that called one of Keras' trainer entry points
+(``TRAINER_ENTRY_POINTS``) on a model in Keras' compiled-graph execution (``run_eagerly`` and ``jit_compile`` off at
+the call, what Keras' own "auto" runs on CPUs and under a several-device MirroredStrategy), the first such
+parametrization of each test function.
 
 ``TFACCEL_CONFORMANCE_OUT`` names the JSON file the outcomes go to: ``{mode: {test id: outcome}}``, the outcome
 ``"passed"``, ``"skipped: <reason>"``, ``"failed: <exception type>: <message>"`` (a failure in setup or teardown:
@@ -39,7 +40,13 @@ MODES = ("keras:default", "keras:mirrored", "tfaccel:default", "tfaccel:mirrored
 RERUN_PATHS = ("mirrored",)
 RERUN_MARK = "@"
 TRAINER_ENTRY_POINTS = ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch", "predict_on_batch")
-RERUN_MODULES = ("keras/src/trainers/trainer_test.py",)
+# The vendored test modules that train (the trainer's and data adapters' tests, the callbacks', the model's): path
+# prefixes of test ids. Not the TF backend's distribute tests: they already run under a MirroredStrategy over 2 CPUs
+# of their own on the default path (their setUp resets TensorFlow's context to make the devices); inside a second
+# strategy's scope they cannot run in plain Keras ("Mixing different tf.distribute.Strategy objects"), and the
+# collective ops of two strategies over the same devices left the next distribute test hanging (seen 2026-11-28 in
+# both tools: optimizer_distribute_test's test_weight_decay waited until pytest-timeout's 300 s).
+RERUN_MODULES = ("keras/src/trainers/", "keras/src/callbacks/", "keras/src/models/")
 VIRTUAL_CPUS = 2
 MESSAGE_CHARS = 300
 _OUTCOMES: Dict[str, Dict[str, str]] = collections.defaultdict(dict)
@@ -201,7 +208,7 @@ def rerun_wanted(item: pytest.Item, function: Tuple[str, str]) -> bool:
     One parametrization per test function keeps the mirrored path within CI's time: the parametrizations of Keras'
     trainer tests vary the execution mode (eager, graph, XLA) and the data's kind, which the default path covers.
     """
-    if item.nodeid.split("::")[0] not in RERUN_MODULES or not (RUN_STATE.trained and RUN_STATE.in_graph):
+    if not item.nodeid.startswith(RERUN_MODULES) or not (RUN_STATE.trained and RUN_STATE.in_graph):
         return False
     if function in RERUN_FUNCTIONS:
         return False

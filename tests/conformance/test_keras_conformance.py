@@ -9,19 +9,18 @@ Which tests run on which path:
 
 - ``default``: every test of TEST_PATHS (370 with Keras 3.15.1).
 - ``mirrored``: in the same process, right after its default run (one TensorFlow start, one collection, 2 virtual
-  CPUs from the start), each test of Keras' trainer tests (``keras/src/trainers/trainer_test.py``) that called
-  ``fit`` / ``evaluate`` / ``predict`` / ``train_on_batch`` / ``test_on_batch`` / ``predict_on_batch`` on a model in
-  Keras' compiled-graph execution (``run_eagerly`` and ``jit_compile`` off at the call), once per test function (its
-  first such parametrization; 47 tests with Keras 3.15.1); plain Keras runs it inside one
-  ``tf.distribute.MirroredStrategy`` scope, tfaccel inside ``tfaccel.scope(strategy="mirrored")``. Why that set:
-  what a strategy changes is the trainer's loops (data split over replicas, losses and metrics reduced across them,
-  steps per execution, predict's outputs gathered), which is what the trainer tests exercise; a test that never
-  calls a trainer entry point runs the same code on both paths; Keras' "auto" itself runs graph without XLA on CPUs
-  and under a several-device MirroredStrategy (XLA there fails in Keras), and the other parametrizations vary what
-  the default path already covers. Why not more: CI's time (a mirrored run costs about 1.4 CPU seconds, 65 s for the
-  47, against about 90 s for the path). The callback and TF distribute test modules were run on mirrored module by
-  module once (2026-11-28), with no test that plain Keras passes failing through tfaccel
-  (docs/guides/keras-parity.md).
+  CPUs from the start), each test of the vendored modules that train (keras_mode_plugin.RERUN_MODULES: the trainer
+  and data-adapter tests, the callbacks', the model's) that called ``fit`` / ``evaluate`` / ``predict`` /
+  ``train_on_batch`` / ``test_on_batch`` / ``predict_on_batch`` on a model in Keras' compiled-graph execution
+  (``run_eagerly`` and ``jit_compile`` off at the call), once per test function (its first such parametrization;
+  119 tests with Keras 3.15.1: 47 trainer tests, 48 callback tests, 24 model tests; the data-adapter tests call no
+  model's entry point); plain Keras runs it inside one ``tf.distribute.MirroredStrategy`` scope, tfaccel inside
+  ``tfaccel.scope(strategy="mirrored")``. Why that set: what a strategy changes is the trainer's loops (data split
+  over replicas, losses and metrics reduced across them, steps per execution, predict's outputs gathered, the
+  callbacks' view of the model's state), which those tests exercise; a test that never calls a trainer entry point
+  runs the same code on both paths; Keras' "auto" itself runs graph without XLA on CPUs and under a several-device
+  MirroredStrategy, and the other parametrizations vary what the default path already covers. The TF backend's
+  distribute tests are not rerun: they train under a MirroredStrategy of their own on the default path already.
 
 The plain-Keras outcomes are recorded in docs/data/keras_conformance.json (they depend only on the pinned Keras and
 TensorFlow, checked here); this test runs tfaccel and compares. A test plain Keras passes must pass through tfaccel
@@ -185,7 +184,7 @@ def test_the_comparison_names_each_difference() -> None:
         "c: failed: tfaccel.errors.ConfigError: why", "d: listed in OPEN_DIFFERENCES ('x') but passed"]
 
 
-def test_the_mirrored_rerun_is_one_graph_test_per_trainer_test_function(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_mirrored_rerun_is_one_graph_test_per_test_function_that_trains(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TFACCEL_CONFORMANCE_MODE", "tfaccel:default")
     monkeypatch.setenv("TFACCEL_CONFORMANCE_RERUN", "mirrored")
     monkeypatch.setattr(keras_mode_plugin, "RERUN_FUNCTIONS", set())
@@ -195,12 +194,16 @@ def test_the_mirrored_rerun_is_one_graph_test_per_trainer_test_function(monkeypa
         state.trained, state.in_graph = trained, in_graph
         return keras_mode_plugin.rerun_wanted(types.SimpleNamespace(nodeid=nodeid), ("T", function))
 
-    trainer = keras_mode_plugin.RERUN_MODULES[0]
+    trainer = "keras/src/trainers/trainer_test.py"
     assert not wanted(f"{trainer}::T::test_fit_eager", "test_fit", in_graph=False)
     assert wanted(f"{trainer}::T::test_fit_graph", "test_fit")
     assert not wanted(f"{trainer}::T::test_fit_other_graph", "test_fit"), "one parametrization per function"
     assert not wanted(f"{trainer}::T::test_no_fit", "test_no_fit", trained=False, in_graph=False)
-    assert not wanted("keras/src/callbacks/callback_test.py::T::test_fit", "test_fit_cb"), "trainer tests only"
+    for module in ("callbacks/early_stopping_test.py", "models/model_test.py",
+                   "trainers/data_adapters/py_dataset_adapter_test.py"):
+        assert wanted(f"keras/src/{module}::T::test_fit", f"test_fit_{module}"), module
+    for module in ("backend/tensorflow/distribute_test.py", "layers/core/dense_test.py"):
+        assert not wanted(f"keras/src/{module}::T::test_fit", f"test_fit_{module}"), module
 
 
 def test_a_rerun_path_other_than_mirrored_beside_default_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
