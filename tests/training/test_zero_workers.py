@@ -8,7 +8,9 @@ import json
 import shutil
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -16,10 +18,12 @@ import tensorflow as tf
 import harness
 import tfaccel
 from tfaccel.compat import keras_zero_collective
+from tfaccel.compat.keras_zero import sharded_class
 from tfaccel.compat.keras_zero_collective import check_rows, plan_buckets, rank_order
+from tfaccel.compat.keras_zero_ranks import shard_over_ranks
 from tfaccel.errors import ConfigError
-from tfaccel.memory.shards import shard_loads
-from tfaccel.train.zero import shard_optimizer_state
+from tfaccel.memory.shards import partition_by_bytes, shard_loads
+from tfaccel.train.zero import shard_optimizer_state, xla_fallback
 
 PROGRAM = Path(__file__).resolve().parent / "zero_workers_program.py"
 CASES = ("adam_schedule", "adamw", "sgd_nesterov_clipnorm", "rmsprop_global_clipnorm")
@@ -256,3 +260,19 @@ def test_what_does_not_fit_a_sharded_backup_is_refused_with_the_fix(clean_tf_con
     with pytest.raises(ValueError, match=r"is saved with shape \(0,\), not \(8, 32\): a file written with its "
                                          r"slots apart \(a tfaccel backup of sharded state\) loads through tfaccel"):
         model.load_weights(apart)
+
+
+def test_xla_falls_back_to_off_where_the_sharded_exchange_cannot_compile():
+    """On GPUs, jit_compile=True under multi_worker or Horovod would reach tfaccel's sharded exchange, whose
+    collectives XLA has no kernels for: the job trains without XLA and says why (on CPUs the strategy already turns
+    XLA off, so this is the decision alone)."""
+    workers = tf.distribute.MultiWorkerMirroredStrategy.__new__(tf.distribute.MultiWorkerMirroredStrategy)
+    mirrored = tf.distribute.MirroredStrategy.__new__(tf.distribute.MirroredStrategy)
+    sharded = sharded_class(keras.optimizers.Adam, partition_by_bytes)()
+    ranks = shard_over_ranks(keras.optimizers.Adam(), partition_by_bytes, collectives=None)
+    model = lambda optimizer, strategy: SimpleNamespace(optimizer=optimizer, distribute_strategy=strategy)  # noqa
+    assert "no XLA kernels" in xla_fallback(model(sharded, workers), True)
+    assert "Horovod ops" in xla_fallback(model(ranks, mirrored), True)
+    assert xla_fallback(model(sharded, workers), False) is None
+    assert xla_fallback(model(sharded, mirrored), True) is None  # one process: the strategy's own collectives
+    assert xla_fallback(model(keras.optimizers.Adam(), workers), True) is None

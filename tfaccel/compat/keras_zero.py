@@ -52,7 +52,7 @@ def _num_bytes(variable: Any) -> int:
     return int(tf.TensorShape(variable.shape).num_elements() or 0) * tf.as_dtype(variable.dtype).size
 
 
-class _ShardOptimizerState:
+class ShardOptimizerState:
     """Mixed in before the user's optimizer class (see the module doc). ``tfaccel_partition`` is set per class:
     ``(sizes in bytes, replicas) -> owner index of each``."""
 
@@ -186,7 +186,7 @@ class _ShardOptimizerState:
         sums = distribution.extended.batch_reduce_to(tf.distribute.ReduceOp.SUM, list(zip(grads, tvars)))
 
         def apply(var: Any, grad: Any, rate: Any) -> Any:
-            return self.update_step(super(_ShardOptimizerState, self)._clip_gradients([grad])[0], var, rate)
+            return self.update_step(super(ShardOptimizerState, self)._clip_gradients([grad])[0], var, rate)
 
         for grad, var in zip(sums, tvars):
             distribution.extended.update(var, apply, args=(grad, learning_rate), group=False)
@@ -202,8 +202,6 @@ class _ShardOptimizerState:
             me=self._tfaccel_layout["index"], rate=one(learning_rate)[0], update=self.update_step,
             clip=super()._clip_gradients, global_clipnorm=self.global_clipnorm)  # type: ignore[misc]
 
-
-ShardOptimizerState = _ShardOptimizerState  # the mixin, for sharded_class's ``mixin`` (tfaccel.compat.keras_zero_ranks)
 
 _SUMS: Dict[int, Any] = {}
 
@@ -227,7 +225,7 @@ def sharded_class(base: type, partition: Callable[[Sequence[int], int], List[int
 
     Same name and module as ``base``: a saved .keras file names the plain Keras optimizer.
     """
-    mixin = mixin or _ShardOptimizerState
+    mixin = mixin or ShardOptimizerState
     if (base, mixin) not in _SHARDED:
         _SHARDED[(base, mixin)] = type(base.__name__, (mixin, base),
                                        {"__module__": base.__module__, "__qualname__": base.__qualname__,
@@ -250,7 +248,7 @@ def leave_unsharded(optimizer: Any, variables: Sequence[Any]) -> None:
 
 def is_sharded(optimizer: Any) -> bool:
     """Whether ``optimizer``'s class is one ``sharded_class`` made."""
-    return isinstance(optimizer, _ShardOptimizerState)
+    return isinstance(optimizer, ShardOptimizerState)
 
 
 def slot_bytes_per_device(optimizer: Any, strategy: Any) -> Dict[str, int]:

@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from tfaccel.compat.keras_zero import ShardOptimizerState, is_sharded, sharded_class
 
-__all__ = ["RankCollectives", "shard_over_ranks", "unsharded_variables"]
+__all__ = ["RankCollectives", "shard_over_ranks", "unsharded_variables", "over_ranks"]
 
 
 class RankCollectives(Protocol):
@@ -111,3 +111,8 @@ def unsharded_variables(optimizer: Any) -> List[Any]:
     broadcast from rank 0 may carry."""
     slots = getattr(optimizer, "_tfaccel_slots", {}) if is_sharded(optimizer) else {}
     return [v for v in optimizer.variables if id(v) not in slots]
+
+
+def over_ranks(optimizer: Any) -> bool:
+    """Whether ``optimizer`` is sharded over Horovod ranks (by :func:`shard_over_ranks`)."""
+    return isinstance(optimizer, _RankShardState)

@@ -38,7 +38,7 @@ from tfaccel.train.request import FitRequest
 from tfaccel.train.result import FitResult
 from tfaccel.train.scope import plan_for_model
 from tfaccel.train.xla_payback import job_decision
-from tfaccel.train.zero import shard_optimizer_state
+from tfaccel.train.zero import shard_optimizer_state, xla_fallback
 from tfaccel.xla import decided_per_job, resolve_compile_jit
 
 if TYPE_CHECKING:
@@ -150,6 +150,10 @@ def _decide_jit(ctx: FitContext, loop_name: str, changes: Dict[str, Any]) -> Non
     elif decided_per_job(ctx.requested_jit, backend=backend, devices=devices):
         jit, jit_reason, ctx.xla_auto = job_decision(model, backend=backend, data=ctx.data, epochs=ctx.request.epochs,
                                                      loop_name=loop_name)
+    fallback = xla_fallback(model, jit)  # sharded optimizer state across processes: collectives XLA cannot compile
+    if fallback:
+        get_logger().warning("jit_compile=True cannot work here, falling back to jit_compile=False: %s", fallback)
+        jit, jit_reason = False, f"{jit_reason}; fell back to off: {fallback}"
     if bool(model.jit_compile) != jit or jit_reason != ctx.plan.jit_reason:  # decided on this model and job
         changes["jit_compile"] = f"{model.jit_compile} -> {jit} ({jit_reason})"
         ctx.plan = dataclasses.replace(ctx.plan, jit_compile=jit, jit_reason=jit_reason)  # what this job starts with

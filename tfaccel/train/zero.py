@@ -32,11 +32,12 @@ import keras
 import tensorflow as tf
 
 from tfaccel.compat.keras_zero import is_sharded, leave_unsharded, sharded_class, sparse_gradient_variables
+from tfaccel.compat.keras_zero_ranks import over_ranks
 from tfaccel.errors import ConfigError
 from tfaccel.memory.estimate import estimate_memory
 from tfaccel.memory.shards import partition_by_bytes
 
-__all__ = ["shard_optimizer_state"]
+__all__ = ["shard_optimizer_state", "xla_fallback"]
 
 _FIX = "train with shard_optimizer_state=False (the default)"
 
@@ -162,3 +163,22 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
                  f"on every replica, replicated slots): {', '.join(sorted(sparse))}" if sparse else "")
     return (f"optimizer {type(optimizer).__name__}: state sharded over {replicas} replicas (ZeRO-1: each variable's "
             f"slots on one owner, gradients reduced to it, its update copied to every replica){unsharded}; {why}")
+
+
+def xla_fallback(model: Any, jit: bool) -> Optional[str]:
+    """Why XLA cannot compile this job's step with its optimizer state sharded across processes (None where it
+    can, or where XLA is off): the exchange between workers uses collectives XLA has no kernels for.
+
+    Under multi_worker the gradients travel through ``CollectiveAllToAllV2`` and ``CollectiveGatherV2`` (measured on
+    TensorFlow 2.21: "No registered 'CollectiveAllToAllV2' OpKernel for XLA_CPU_JIT devices"); under Horovod
+    through Horovod's own ops, which XLA compiles only in a Horovod built with HOROVOD_ENABLE_XLA_OPS.
+    """
+    if not jit or not is_sharded(getattr(model, "optimizer", None)):
+        return None
+    strategy = model.distribute_strategy
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return ("the sharded optimizer state's exchange between workers (all-to-all, all-gather) has no XLA kernels "
+                "in TensorFlow 2.21")
+    if over_ranks(model.optimizer):
+        return "the sharded optimizer state's exchange between Horovod ranks runs Horovod ops, which XLA cannot compile"
+    return None
