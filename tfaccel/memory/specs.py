@@ -61,7 +61,7 @@ def step_specs(model: Any, batch: int, input_shape: Optional[Sequence[int]] = No
     """The ``(x, y)`` specs of one training step of ``model`` at ``batch`` examples.
 
     Args:
-        model: a built functional (or Sequential) ``keras.Model``.
+        model: a built functional or Sequential ``keras.Model``.
         batch: the per-replica batch.
         input_shape: one example's shape, for the inputs whose axes the model leaves open. Defaults to None.
 
@@ -76,8 +76,10 @@ def step_specs(model: Any, batch: int, input_shape: Optional[Sequence[int]] = No
         >>> x.shape, y.shape
         (TensorShape([8, 4]), TensorShape([8]))
     """
-    tensors = keras.tree.flatten(model.input)
+    # A Sequential model has one input and no ``input`` until it is called; a functional one keeps its structure.
+    structure = model.inputs[0] if isinstance(model, keras.Sequential) else model.input
+    tensors = keras.tree.flatten(structure)
     shapes = _example_shapes(model, tensors, input_shape)
     specs = [tf.TensorSpec((batch,) + shape, t.dtype) for t, shape in zip(tensors, shapes)]
-    x = keras.tree.pack_sequence_as(model.input, specs)
+    x = keras.tree.pack_sequence_as(structure, specs)
     return x, _label_spec(model, x, batch)
