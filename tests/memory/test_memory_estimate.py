@@ -138,17 +138,17 @@ def _two_inputs(nested: bool):
     return keras.Model([{"a": a, "b": b}] if nested else {"a": a, "b": b}, outputs, name="two")
 
 
-@pytest.mark.parametrize("nested", [False, True])
-def test_dict_and_nested_inputs_are_traced_in_the_models_structure(nested):
-    model = _two_inputs(nested)
+def test_dict_and_nested_inputs_are_traced_in_the_models_structure():
+    model = _two_inputs(nested=False)
     est = estimate_memory(model, batch_size=B, recompute=False, strategy="mirrored", replicas=2,
                           shard_optimizer_state=True)
     assert est.parameter_bytes == PARAM_BYTES and est.optimizer_bytes == 2 * PARAM_BYTES + 12
     assert sorted(est.optimizer_shard_bytes) == [2 * 4 * (H * C + C + H) + 12, 2 * 4 * D * H + 12]
-    assert est.activation_bytes == estimate_memory(model, batch_size=B // 2, recompute=False).activation_bytes
     half = estimate_memory(model, batch_size=B // 4, recompute=False)  # half the per-replica batch
     assert half.activation_bytes == pytest.approx(est.activation_bytes / 2, rel=0.01)
     assert est.activation_bytes > 2 * (B // 2) * D * 4  # both inputs' batches are in the traced step
+    nested = estimate_memory(_two_inputs(nested=True), batch_size=B // 2, recompute=False)
+    assert (nested.parameter_bytes, nested.activation_bytes) == (est.parameter_bytes, est.activation_bytes)
 
 
 def test_a_sequential_model_is_traced_at_its_one_input():

@@ -88,7 +88,8 @@ def _fit(path: str, model: object, x: object, y: object, *, batch_size: int, epo
 
 def _slots(path: str, case: object, model: object) -> dict:
     """Under tfaccel's mirrored path: the optimizer bytes each device holds after the job and, for a sharded case,
-    what ``tfaccel memory --shard-optimizer-state`` predicts for them (from a fresh copy on the default strategy)."""
+    what ``tfaccel memory --shard-optimizer-state`` predicts for them (the estimate traces a copy of the model, made
+    on the default strategy, with a fresh optimizer of the same name: the sharded class is the user's by name)."""
     if path != "tfaccel:mirrored":
         return {}
     from tfaccel.compat.keras_zero import slot_bytes_per_device
@@ -97,10 +98,10 @@ def _slots(path: str, case: object, model: object) -> dict:
     held = slot_bytes_per_device(model.optimizer, model.distribute_strategy)
     out = {"slot_bytes": [held[d] for d in sorted(held)]}
     if case.shard:
-        started, fresh = time.perf_counter(), case.build()
-        estimate = estimate_memory(fresh, batch_size=case.batch_size, strategy="mirrored", replicas=len(held),
-                                   optimizer=fresh.optimizer, recompute=False, shard_optimizer_state=True,
-                                   input_shape=case.input_shape)
+        started = time.perf_counter()
+        estimate = estimate_memory(model, batch_size=case.batch_size, strategy="mirrored", replicas=len(held),
+                                   optimizer=type(model.optimizer).__name__.lower(), recompute=False,
+                                   shard_optimizer_state=True, input_shape=case.input_shape)
         out.update(estimate_sharded=list(estimate.optimizer_shard_bytes), estimate_unsharded=estimate.optimizer_bytes,
                    estimate_seconds=time.perf_counter() - started)
     return out
