@@ -10,8 +10,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 __all__ = ["CHECKED_ON", "train_validation_split", "class_weight_to_sample_weights", "reduce_per_replica",
            "symbolic_build", "compile_objects", "loss_tracker", "flatten_layers", "per_worker_value", "maybe_merge_call",
-           "load_cifar_batch", "backup_and_restore_epoch", "optimizer_strategy", "learning_rate_or_schedule", "global_random_seed",
-           "copy_model"]
+           "load_cifar_batch", "backup_and_restore_epoch", "optimizer_strategy", "learning_rate_or_schedule", "global_random_seed"]
 
 CHECKED_ON = {"keras": "3.15.1", "tensorflow": "2.21.0"}
 
@@ -104,22 +103,3 @@ def global_random_seed() -> Optional[int]:
 
     return rng_utils.get_random_seed()
 
-
-def copy_model(model: Any) -> Any:
-    """A new model of the same class, config and structure (fresh weights, not compiled).
-
-    ``keras.models.clone_model`` (Keras 3.15.1) rebuilds every Functional model layer by layer as a plain
-    ``Functional``: a Functional *subclass* loses its class (keras-team/keras#21099 describes it), and a layer called
-    both inside a nested model and outside it is made twice, its weights untied (KerasHub's ``GPT2CausalLM`` calls its
-    backbone's token embedding again as the output layer: 37 trainable variables in the clone, 36 in the model).
-    Plain ``Functional`` and ``Sequential`` models are cloned by it; every other class is rebuilt from its own
-    ``get_config`` (what ``clone_model`` does for a subclassed model), without its compile config.
-    """
-    import keras
-    from keras.src.models.functional import Functional
-
-    if type(model) is Functional or isinstance(model, keras.Sequential):
-        return keras.models.clone_model(model)
-    config = keras.saving.serialize_keras_object(model)
-    config.pop("compile_config", None)
-    return keras.saving.deserialize_keras_object(config, custom_objects={type(model).__name__: type(model)})

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import keras
 import tensorflow as tf
 
-from tfaccel.compat.keras_internals import copy_model
+from tfaccel.compat.keras_copy import copy_model
 from tfaccel.compat.keras_zero import sparse_gradient_variables
 from tfaccel.errors import ConfigError
 from tfaccel.memory.graph import graph_activation_peak
@@ -264,9 +264,7 @@ def estimate_memory(model_or_name: Union[str, Callable[..., Any], Any], *, batch
             ``"auto"`` when the model can be split, else nothing.
         replicas: replicas in sync (workers under parameter_server). Defaults to 1.
         num_ps: parameter server tasks (parameter_server only). Defaults to 1.
-        input_shape: one example's shape; defaults to the built-in model's usual input (``DEFAULT_SHAPES``). A
-            builder gets it; the traced inputs take it where the model leaves an axis open (KerasHub's sequence
-            length), for every input of that rank (:func:`tfaccel.memory.specs.step_specs`).
+        input_shape: one example's shape (a builder's, and any axis a model leaves open); defaults to DEFAULT_SHAPES.
         num_classes: number of classes; defaults to the built-in model's usual head.
         process_peak: also estimate the CPU process's peak (``process_peak_bytes``): runs the model for one step
             at batch 1 in a fresh child process (seconds to a minute) and adds what the trace says the batch
@@ -274,9 +272,8 @@ def estimate_memory(model_or_name: Union[str, Callable[..., Any], Any], *, batch
         shard_optimizer_state: the optimizer state sharded as by ``tfaccel.fit`` (``optimizer_shard_bytes``: each
             replica's share; the totals count the largest). Defaults to False.
 
-    The step traced is the model's own ``train_step`` compiled with sparse categorical cross-entropy on integer
-    labels (the reference models' loss; a different loss changes the activations by a few output-sized tensors),
-    its inputs in the model's own structure (one tensor, a list, a dict of named inputs, nested).
+    The step traced is the model's own ``train_step`` (inputs in the model's structure, dicts too) with sparse
+    categorical cross-entropy on integer labels (another loss changes the activations by a few output-sized tensors).
 
     Returns:
         A :class:`MemoryEstimate`.
