@@ -122,4 +122,3 @@ def test_global_random_seed_reads_what_set_random_seed_set():
 
     keras.utils.set_random_seed(11)
     assert keras_internals.global_random_seed() == 11
-

@@ -102,4 +102,3 @@ def global_random_seed() -> Optional[int]:
     from keras.src.utils import rng_utils
 
     return rng_utils.get_random_seed()
-
