@@ -129,6 +129,57 @@ def test_a_name_without_a_default_shape_needs_input_shape(tmp_path):
     assert estimate_memory(f"{path}:build_model", batch_size=4, input_shape=(3,)).parameters == 3 * 10 + 10
 
 
+def _two_inputs(nested: bool):
+    """The _dense net on the sum of two named inputs, given as a dict (or a dict inside a list)."""
+    a, b = keras.Input((D,), name="a"), keras.Input((D,), name="b")
+    x = keras.layers.Add()([a, b])
+    x = keras.layers.Dense(H, activation="relu")(x)
+    outputs = keras.layers.Dense(C, activation="softmax")(x)
+    return keras.Model([{"a": a, "b": b}] if nested else {"a": a, "b": b}, outputs, name="two")
+
+
+def test_dict_and_nested_inputs_are_traced_in_the_models_structure():
+    model = _two_inputs(nested=False)
+    est = estimate_memory(model, batch_size=B, recompute=False, strategy="mirrored", replicas=2,
+                          shard_optimizer_state=True)
+    assert est.parameter_bytes == PARAM_BYTES and est.optimizer_bytes == 2 * PARAM_BYTES + 12
+    assert sorted(est.optimizer_shard_bytes) == [2 * 4 * (H * C + C + H) + 12, 2 * 4 * D * H + 12]
+    half = estimate_memory(model, batch_size=B // 4, recompute=False)  # half the per-replica batch
+    assert half.activation_bytes == pytest.approx(est.activation_bytes / 2, rel=0.01)
+    assert est.activation_bytes > 2 * (B // 2) * D * 4  # both inputs' batches are in the traced step
+    nested = estimate_memory(_two_inputs(nested=True), batch_size=B // 2, recompute=False)
+    assert (nested.parameter_bytes, nested.activation_bytes) == (est.parameter_bytes, est.activation_bytes)
+
+
+def test_a_sequential_model_is_traced_at_its_one_input():
+    model = keras.Sequential([keras.Input((D,)), keras.layers.Dense(H, activation="relu"), keras.layers.Dense(C)])
+    est = estimate_memory(model, batch_size=8, recompute=False)
+    assert est.parameter_bytes == PARAM_BYTES and est.activation_bytes >= 8 * (D + H + C) * 4
+
+
+def _tagger():
+    """A per-token classifier over sequences of any length (as KerasHub's backbones take them): a dict of token ids
+    and a float mask, logits of shape (batch, length, C)."""
+    tokens, mask = keras.Input((None,), dtype="int32", name="tokens"), keras.Input((None,), name="mask")
+    x = keras.layers.Embedding(50, 8)(tokens) * keras.ops.expand_dims(mask, -1)
+    return keras.Model({"tokens": tokens, "mask": mask}, keras.layers.Dense(C)(x), name="tagger")
+
+
+def test_an_open_sequence_axis_takes_input_shape_and_the_labels_follow_the_output():
+    model = _tagger()
+    short, long = (estimate_memory(model, batch_size=8, recompute=False, input_shape=(n,)) for n in (16, 64))
+    assert short.parameter_bytes == long.parameter_bytes == 4 * (50 * 8 + 8 * C + C)
+    assert long.activation_bytes == pytest.approx(4 * short.activation_bytes, rel=0.05)
+    with pytest.raises(ConfigError, match=r"input_shape: input '(mask|tokens)' of model 'tagger' has shape "
+                                          r"\(None, None\), open along an axis besides the batch.*pass one example's "
+                                          r"shape, e\.g\. input_shape=\(128,\)"):
+        estimate_memory(model, batch_size=8, recompute=False)
+    with pytest.raises(ConfigError, match=r"input_shape: \(16, 2\) fits none of the inputs of model 'tagger' "
+                                          r"\('mask' \(None, None\), 'tokens' \(None, None\); the first axis is "
+                                          r"the batch\)"):
+        estimate_memory(model, batch_size=8, recompute=False, input_shape=(16, 2))
+
+
 def test_graph_peak_counts_a_reshape_as_the_same_buffer():
     import tensorflow as tf
 

@@ -38,6 +38,11 @@ class Case:
     def epochs(self) -> int:
         return get_real_model(self.model).job(SIZE).epochs
 
+    @property
+    def input_shape(self) -> Any:
+        """One example's shape as the builder takes it (None: the builder's default)."""
+        return get_real_model(self.model).job(SIZE).model_options.get("input_shape")
+
     def build(self) -> Any:
         spec = get_real_model(self.model)
         return spec.build(SIZE, learning_rate=spec.learning_rate * self.learning_rate_factor, **self.overrides)

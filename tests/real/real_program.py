@@ -86,6 +86,27 @@ def _fit(path: str, model: object, x: object, y: object, *, batch_size: int, epo
                             "optimizer_state": result.details.get("optimizer_state")}
 
 
+def _slots(path: str, case: object, model: object) -> dict:
+    """Under tfaccel's mirrored path: the optimizer bytes each device holds after the job and, for a sharded case,
+    what ``tfaccel memory --shard-optimizer-state`` predicts for them (the estimate traces a copy of the model, made
+    on the default strategy, with a fresh optimizer of the same name: the sharded class is the user's by name)."""
+    if path != "tfaccel:mirrored":
+        return {}
+    from tfaccel.compat.keras_zero import slot_bytes_per_device
+    from tfaccel.memory import estimate_memory
+
+    held = slot_bytes_per_device(model.optimizer, model.distribute_strategy)
+    out = {"slot_bytes": [held[d] for d in sorted(held)]}
+    if case.shard:
+        started = time.perf_counter()
+        estimate = estimate_memory(model, batch_size=case.batch_size, strategy="mirrored", replicas=len(held),
+                                   optimizer=type(model.optimizer).__name__.lower(), recompute=False,
+                                   shard_optimizer_state=True, input_shape=case.input_shape)
+        out.update(estimate_sharded=list(estimate.optimizer_shard_bytes), estimate_unsharded=estimate.optimizer_bytes,
+                   estimate_seconds=time.perf_counter() - started)
+    return out
+
+
 def run(path: str, name: str, strategy: object, out: str) -> dict:
     """Builds the case (same initial weights everywhere), trains one step, then the whole job; saves the weights."""
     import keras
@@ -110,7 +131,7 @@ def run(path: str, name: str, strategy: object, out: str) -> dict:
                             shard=case.shard)
     final = model.get_weights()
     np.savez(out + ".npz", *one_step, *final)
-    return {"status": "ok", "jit": bool(model.jit_compile), "initial": initial, **did,
+    return {"status": "ok", "jit": bool(model.jit_compile), "initial": initial, **did, **_slots(path, case, model),
             "history": {k: [float(v) for v in vals] for k, vals in history.items()},
             "weight_paths": [w.path for w in model.weights], "seconds": time.perf_counter() - started}
 

@@ -127,6 +127,20 @@ def test_mirrored_sharded_matches_keras_mirrored(name: str, phase_two: Path) -> 
 
 
 @pytest.mark.timeout(1800)
+@pytest.mark.parametrize("name", ZERO)
+def test_memory_estimate_predicts_the_optimizer_bytes_each_replica_holds(name: str, phase_two: Path) -> None:
+    """``tfaccel memory --shard-optimizer-state`` on the model (its inputs a dict, its sequence axis open) predicts
+    the optimizer bytes each of the 2 mirrored devices held after the job: sharded (the Embedding tables' slots on
+    both) and unsharded (the same model's unsharded mirrored run)."""
+    got = rc.load(str(phase_two / "tfaccel_mirrored"), "main", name)
+    plain = rc.load(str(phase_two / "tfaccel_mirrored"), "main", real_cases.case(name).model)
+    assert got["status"] == plain["status"] == "ok", (got.get("message"), plain.get("message"))
+    assert got["estimate_sharded"] == got["slot_bytes"], (got["estimate_sharded"], got["slot_bytes"])
+    assert plain["slot_bytes"] == [got["estimate_unsharded"]] * 2, (plain["slot_bytes"], got["estimate_unsharded"])
+    assert max(got["slot_bytes"]) < got["estimate_unsharded"]
+
+
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("name", EVERY_PATH)
 def test_multi_worker_two_processes_match_keras_mirrored(name: str, multi_worker_dir: Path, phase_one: Path) -> None:
     _check(multi_worker_dir, "worker0", phase_one / "keras_mirrored", name)

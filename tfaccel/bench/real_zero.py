@@ -80,7 +80,8 @@ def _predicted(name: str, size: str, replicas: int, strategy: str) -> Dict[str, 
                                               for mode in ("unsharded", "sharded")}}
     try:
         estimate = estimate_memory(model, batch_size=job.batch_size, strategy=strategy, replicas=replicas,
-                                   optimizer=model.optimizer, recompute=False, shard_optimizer_state=True)
+                                   optimizer=model.optimizer, recompute=False, shard_optimizer_state=True,
+                                   input_shape=job.model_options.get("input_shape"))
     except Exception as error:  # noqa: BLE001 - the estimate's own limits (its traced step) are reported, not fatal
         out["estimate_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
         return out

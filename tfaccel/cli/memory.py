@@ -36,7 +36,8 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
                         help="auto (largest blocks, if the model can be split), all (every block) or none")
     parser.add_argument("--replicas", default="1", help="replicas in sync (workers under parameter_server)")
     parser.add_argument("--num-ps", default="1", help="parameter server tasks (parameter_server)")
-    parser.add_argument("--input-shape", default=None, help="one example's shape, e.g. 224,224,3")
+    parser.add_argument("--input-shape", default=None, help="one example's shape, e.g. 224,224,3; also the length of the inputs a model leaves "
+                             "open, e.g. 128 for KerasHub's token ids")
     parser.add_argument("--process-peak", default="auto",
                         help="estimate the CPU process's peak too: auto (when each process holds one replica), yes, no")
     parser.add_argument("--shard-optimizer-state", action="store_true",

@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import keras
 import tensorflow as tf
 
+from tfaccel.compat.keras_copy import copy_model
 from tfaccel.compat.keras_zero import sparse_gradient_variables
 from tfaccel.errors import ConfigError
 from tfaccel.memory.graph import graph_activation_peak
@@ -31,6 +32,7 @@ from tfaccel.memory.measure import measure_cpu_step
 from tfaccel.memory.recompute import enable_recompute
 from tfaccel.memory.shards import shard_loads
 from tfaccel.memory.shapes import DEFAULT_SHAPES
+from tfaccel.memory.specs import step_specs
 from tfaccel.models import build_model
 
 __all__ = ["MemoryEstimate", "estimate_memory", "REPLICATED_STRATEGIES", "DEFAULT_SHAPES", "PROCESS_STRATEGIES"]
@@ -167,7 +169,7 @@ def _build(model_or_name: Any, precision: Optional[str], input_shape: Optional[S
                               f"precision={precision!r}. A built model's precision is fixed: pass the model's name "
                               "or builder function to estimate it in another precision")
         try:
-            clone = keras.models.clone_model(model_or_name)
+            clone = copy_model(model_or_name)
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"model: cannot copy model {model_or_name.name!r} to trace it ({exc}); pass its "
                               "builder function instead") from exc
@@ -188,24 +190,18 @@ def _build(model_or_name: Any, precision: Optional[str], input_shape: Optional[S
     return model, name, precision or "float32"
 
 
-def _specs(model: Any, batch: int) -> Tuple[Any, Any]:
-    inputs = [tf.TensorSpec((batch,) + tuple(t.shape[1:]), t.dtype) for t in model.inputs]
-    output = model.outputs[0]
-    label = tf.TensorSpec((batch,), "int32") if len(output.shape) == 2 else \
-        tf.TensorSpec((batch,) + tuple(output.shape[1:]), "float32")
-    return (inputs[0] if len(inputs) == 1 else inputs), label
-
-
-def _trace_step(model: Any, optimizer: Union[str, Any], batch: int) -> Tuple[Dict[str, int], Any]:
+def _trace_step(model: Any, optimizer: Union[str, Any], batch: int,
+                input_shape: Optional[Sequence[int]]) -> Tuple[Dict[str, int], Any]:
     """Compiles ``model`` (sparse categorical cross-entropy), builds the optimizer and traces one train_step."""
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
     model.optimizer.build(model.trainable_variables)
-    return _trace_peaks(model, batch), model.optimizer
+    return _trace_peaks(model, batch, input_shape), model.optimizer
 
 
-def _trace_peaks(model: Any, batch: int) -> Dict[str, int]:
-    """Traces the compiled model's train_step at ``batch`` and plays the graph (nothing runs)."""
-    x_spec, y_spec = _specs(model, batch)
+def _trace_peaks(model: Any, batch: int, input_shape: Optional[Sequence[int]]) -> Dict[str, int]:
+    """Traces the compiled model's train_step at ``batch`` (inputs in the model's own structure: one tensor, a
+    list, a dict, nested) and plays the graph (nothing runs)."""
+    x_spec, y_spec = step_specs(model, batch, input_shape)
     return graph_activation_peak(tf.function(model.train_step).get_concrete_function((x_spec, y_spec)).graph)
 
 
@@ -225,7 +221,7 @@ def _process_base(model_or_name: Any, model: Any, *, strategy: str, replicas: in
                                 mmap_threshold=None,
                                 input_shape=tuple(input_shape or shape or ()) or None,
                                 num_classes=num_classes or classes)
-    return int(measured["process_hwm"]), _trace_peaks(model, 1)["peak_bytes"]
+    return int(measured["process_hwm"]), _trace_peaks(model, 1, input_shape)["peak_bytes"]
 
 
 def _recompute_peak(model_or_name: Any, recompute: Any, *, precision: Optional[str], input_shape: Any,
@@ -239,7 +235,7 @@ def _recompute_peak(model_or_name: Any, recompute: Any, *, precision: Optional[s
         if recompute is None:  # only asked for "if it can": this model cannot be split automatically
             return (), None
         raise
-    return tuple(blocks), _trace_step(model, _fresh_optimizer(optimizer), batch)[0]["peak_bytes"]
+    return tuple(blocks), _trace_step(model, _fresh_optimizer(optimizer), batch, input_shape)[0]["peak_bytes"]
 
 
 def _fresh_optimizer(optimizer: Union[str, Any]) -> Union[str, Any]:
@@ -268,7 +264,7 @@ def estimate_memory(model_or_name: Union[str, Callable[..., Any], Any], *, batch
             ``"auto"`` when the model can be split, else nothing.
         replicas: replicas in sync (workers under parameter_server). Defaults to 1.
         num_ps: parameter server tasks (parameter_server only). Defaults to 1.
-        input_shape: one example's shape; defaults to the built-in model's usual input (``DEFAULT_SHAPES``).
+        input_shape: one example's shape (a builder's, and any axis a model leaves open); defaults to DEFAULT_SHAPES.
         num_classes: number of classes; defaults to the built-in model's usual head.
         process_peak: also estimate the CPU process's peak (``process_peak_bytes``): runs the model for one step
             at batch 1 in a fresh child process (seconds to a minute) and adds what the trace says the batch
@@ -276,8 +272,8 @@ def estimate_memory(model_or_name: Union[str, Callable[..., Any], Any], *, batch
         shard_optimizer_state: the optimizer state sharded as by ``tfaccel.fit`` (``optimizer_shard_bytes``: each
             replica's share; the totals count the largest). Defaults to False.
 
-    The step traced is the model's own ``train_step`` compiled with sparse categorical cross-entropy on integer
-    labels (the reference models' loss; a different loss changes the activations by a few output-sized tensors).
+    The step traced is the model's own ``train_step`` (inputs in the model's structure, dicts too) with sparse
+    categorical cross-entropy on integer labels (another loss changes the activations by a few output-sized tensors).
 
     Returns:
         A :class:`MemoryEstimate`.
@@ -293,7 +289,7 @@ def estimate_memory(model_or_name: Union[str, Callable[..., Any], Any], *, batch
     check_options(strategy, batch_size, replicas, num_ps, precision, optimizer, shard_optimizer_state)
     batch = batch_size // replicas
     model, name, policy = _build(model_or_name, precision, input_shape, num_classes)
-    peaks, opt = _trace_step(model, _fresh_optimizer(optimizer), batch)
+    peaks, opt = _trace_step(model, _fresh_optimizer(optimizer), batch, input_shape)
     opt_name, base = optimizer if isinstance(optimizer, str) else type(optimizer).__name__.lower(), (None, None)
     if process_peak:
         base = _process_base(model_or_name, model, strategy=strategy, replicas=replicas, precision=policy,
