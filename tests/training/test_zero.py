@@ -284,3 +284,35 @@ def test_cli_auto_trains_unsharded_on_one_device_and_says_why(clean_tf_config, c
         main(["fit", "--model", "mnist_cnn", "--shard-optimizer-state", "yes"])
     assert exit_.value.code == 2
     assert "argument --shard-optimizer-state: invalid choice: 'yes' (choose from 'auto')" in capsys.readouterr().err
+
+
+def test_auto_estimates_a_model_with_an_open_axis_from_the_jobs_data(clean_tf_config, cpu_replicas):
+    """A dict-input model whose sequence axis is open (as KerasHub's): ``"auto"`` estimates it at the data's own
+    example shape (``tfaccel.train.data.example_shape``); where no shape fills the axis, the estimate cannot be made,
+    and auto stays off saying why instead of stopping the job."""
+    import keras
+    import tensorflow as tf
+
+    from tfaccel.compat.keras_zero import is_sharded
+    from tfaccel.train.data import FitData, example_shape
+
+    def dict_model():
+        with tfaccel.scope(strategy="mirrored"):
+            tokens = keras.Input((None,), dtype="int32", name="tokens")
+            hidden = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(50, 8)(tokens))
+            model = keras.Model({"tokens": tokens}, keras.layers.Dense(3)(hidden))
+            model.compile(keras.optimizers.Adam(), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    x = {"tokens": np.zeros((16, 6), np.int32)}
+    assert example_shape(FitData("arrays", x)) == (6,)
+    batches = tf.data.Dataset.from_tensor_slices((x, np.zeros(16, np.int32))).batch(4)
+    assert example_shape(FitData("dataset", batches)) == (6,)
+    assert example_shape(FitData("arrays", np.zeros(16))) is None  # one number per example: nothing to fill
+    open_axis = shard_optimizer_state(dict_model(), "auto", accumulation_steps=1, batch_size=8, device_memory_bytes=16)
+    assert re.fullmatch(r"optimizer state not sharded: auto: off, tfaccel memory could not estimate one replica of "
+                        r"this model \(.+\); pass shard_optimizer_state=True to shard it anyway", open_axis, re.S)
+    model = dict_model()
+    tight = shard_optimizer_state(model, "auto", accumulation_steps=1, batch_size=8, device_memory_bytes=16,
+                                  input_shape=(6,))
+    assert "auto: on, one replica needs" in tight and is_sharded(model.optimizer)

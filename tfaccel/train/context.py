@@ -28,7 +28,7 @@ from tfaccel.resilience import job as resilience
 from tfaccel.resilience.backups import Throughput
 from tfaccel.resilience.evaluator import evaluator_callbacks
 from tfaccel.resilience.keras_callbacks import worker_callbacks
-from tfaccel.train.data import agree_on_seed, check_data_for_backend, prepare_data
+from tfaccel.train.data import agree_on_seed, check_data_for_backend, example_shape, prepare_data
 from tfaccel.train.fit_context import FitContext
 from tfaccel.train.loops import choose
 from tfaccel.train.loops.multi_step import uneven_batch_warning
@@ -117,7 +117,7 @@ def _adapt(ctx: FitContext, loop_name: str) -> Dict[str, Any]:
     sharded = shard_optimizer_state(model, request.loop.shard_optimizer_state, accumulation_steps=accumulation,
                                     batch_size=data.batch_size, device_memory_bytes=_device_memory_bytes(),
                                     checkpoint_dir=request.backups.checkpoint_dir, backend=backend,
-                                    backup_dir=request.backups.backup_dir)
+                                    backup_dir=request.backups.backup_dir, input_shape=example_shape(data))
     if sharded:  # the plan says whether the optimizer state is sharded, and why
         changes["optimizer_state"] = sharded
         ctx.plan = dataclasses.replace(ctx.plan, notes=ctx.plan.notes + (sharded,))

@@ -23,8 +23,8 @@ from tfaccel.compat.keras_internals import class_weight_to_sample_weights, globa
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
 
-__all__ = ["FitData", "keras_adapted", "check_data_for_backend", "batches_per_epoch", "prepare_data", "example_order", "example_stream", "is_batched", "check_seed",
-           "agree_on_seed", "DEFAULT_BATCH_SIZE"]
+__all__ = ["FitData", "keras_adapted", "check_data_for_backend", "batches_per_epoch", "example_shape", "prepare_data",
+           "example_order", "example_stream", "is_batched", "check_seed", "agree_on_seed", "DEFAULT_BATCH_SIZE"]
 
 DEFAULT_BATCH_SIZE = 32  # Keras' own default for arrays
 
@@ -316,6 +316,21 @@ def example_order(num_examples: int, seed: Optional[int], epoch: int, shuffle: A
         return np.arange(num_examples, dtype=np.int32)
     rng = np.random.default_rng([0 if seed is None else int(seed), int(epoch)])
     return rng.permutation(num_examples).astype(np.int32)
+
+
+def example_shape(data: FitData) -> Optional[Tuple[int, ...]]:
+    """One example's shape of the data's first input (arrays, or a batched ``tf.data.Dataset`` whose shapes are
+    known): what fills a model's open axes (a sequence length) where its memory is estimated; None otherwise."""
+    if data.kind == "arrays":
+        first = tf.nest.flatten(data.x)[0] if data.x is not None else None
+        shape = getattr(first, "shape", None)
+    elif data.kind == "dataset":
+        spec = data.x.element_spec
+        shape = tf.nest.flatten(spec[0] if isinstance(spec, tuple) else spec)[0].shape
+    else:
+        return None
+    dims = tuple(shape)[1:] if shape is not None and len(shape) > 1 else ()
+    return tuple(int(d) for d in dims) if dims and all(d is not None for d in dims) else None
 
 
 def batches_per_epoch(data: FitData) -> Optional[int]:

@@ -26,7 +26,7 @@ activations) exceeds the memory of its device (the smallest GPU's); it stays off
 (CPU replicas) and outside a mirrored or multi_worker strategy of several replicas.
 """
 
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import keras
 import tensorflow as tf
@@ -87,9 +87,10 @@ def _check_model(model: Any, optimizer: Any, accumulation_steps: int) -> None:
 
 
 def _auto(model: Any, *, batch_size: Optional[int], device_memory_bytes: Optional[int],
-          ranks: Optional[int] = None) -> Tuple[bool, str]:
+          ranks: Optional[int] = None, input_shape: Optional[Sequence[int]] = None) -> Tuple[bool, str]:
     """``"auto"``: on when ``tfaccel memory``'s estimate of one replica exceeds its device's memory. ``ranks``: the
-    processes of a backend that shards itself (Horovod), each one replica holding what a multi_worker worker holds."""
+    processes of a backend that shards itself (Horovod), each one replica holding what a multi_worker worker holds.
+    ``input_shape``: one example's shape in the job's data (fills the model's open axes, e.g. a sequence length)."""
     strategy = model.distribute_strategy
     replicas = ranks or strategy.num_replicas_in_sync
     multi_worker = bool(ranks) or isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
@@ -98,9 +99,13 @@ def _auto(model: Any, *, batch_size: Optional[int], device_memory_bytes: Optiona
                        f"job: {type(strategy).__name__}, {replicas} replica(s))")
     if device_memory_bytes is None:
         return False, "auto: off, the replicas' devices report no memory size (CPU replicas share the host's memory)"
-    est = estimate_memory(model, batch_size=(batch_size or replicas), optimizer=model.optimizer,
-                          strategy="multi_worker" if multi_worker else "mirrored",
-                          recompute=False, replicas=replicas)
+    try:
+        est = estimate_memory(model, batch_size=(batch_size or replicas), optimizer=model.optimizer,
+                              strategy="multi_worker" if multi_worker else "mirrored",
+                              recompute=False, replicas=replicas, input_shape=input_shape)
+    except ConfigError as error:  # e.g. an open axis the data did not fill: a prediction, not a reason to stop
+        return False, (f"auto: off, tfaccel memory could not estimate one replica of this model ({error}); pass "
+                       "shard_optimizer_state=True to shard it anyway")
     need, have = f"{est.total_bytes:,} bytes", f"{device_memory_bytes:,} bytes"
     if est.total_bytes <= device_memory_bytes:
         return False, f"auto: off, one replica needs {need} by tfaccel memory's estimate, within its device's {have}"
@@ -110,7 +115,8 @@ def _auto(model: Any, *, batch_size: Optional[int], device_memory_bytes: Optiona
 def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, batch_size: Optional[int] = None,
                           device_memory_bytes: Optional[int] = None,
                           checkpoint_dir: Optional[str] = None, backend: Any = None,
-                          backup_dir: Optional[str] = None) -> Optional[str]:
+                          backup_dir: Optional[str] = None,
+                          input_shape: Optional[Sequence[int]] = None) -> Optional[str]:
     """Swaps the class of the model's optimizer for its sharded subclass (in place) when ``setting`` is True, or
     ``"auto"`` and the replica does not fit its device.
 
@@ -127,6 +133,8 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
             would hold only the slots the writing worker owns).
         backend: the job's backend; one with its own ``shard_optimizer`` (Horovod) shards the optimizer itself.
         backup_dir: the job's ``backup_dir``, for such a backend's checks.
+        input_shape: one example's shape in the job's data, for ``"auto"``'s memory estimate (it fills the model's
+            open axes, e.g. a KerasHub model's sequence length); None where unknown.
 
     Returns:
         What was decided and why (for the plan), or None for ``setting=False``.
@@ -140,7 +148,7 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
     own = getattr(backend, "shard_optimizer", None)  # Horovod: the backend shards over its ranks itself
     if setting == "auto":
         on, why = _auto(model, batch_size=batch_size, device_memory_bytes=device_memory_bytes,
-                        ranks=backend.num_replicas_in_sync if own else None)
+                        ranks=backend.num_replicas_in_sync if own else None, input_shape=input_shape)
         if not on:
             return f"optimizer state not sharded: {why}"
     strategy, optimizer = model.distribute_strategy, model.optimizer
