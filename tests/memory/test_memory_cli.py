@@ -4,10 +4,14 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from tfaccel.cli.memory import format_table
+
+
+RECOMMENDER = str(Path(__file__).resolve().parents[2] / "models" / "recommender.py")
 
 
 def _cli(*args: str, timeout: float = 300.0) -> subprocess.CompletedProcess:
@@ -63,6 +67,7 @@ def test_table_under_parameter_server_without_recompute():
                               "'resnet50', 'transformer'; did you mean 'resnet50'? Or give "
                               "path/to/file.py:build_model"),
     (["--model", "nowhere/net.py"], "model 'nowhere/net.py': file 'nowhere/net.py' not found"),
+    (["--num-classes", "0"], "--num-classes: must be a positive integer; received '0'"),
 ])
 def test_bad_input_is_one_line_naming_the_flag(args, message):
     base = {"--model": "mlp", "--batch-size": "8"}
@@ -72,6 +77,29 @@ def test_bad_input_is_one_line_naming_the_flag(args, message):
     assert proc.returncode == 2 and proc.stdout == ""
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("tfaccel memory: error: ") and message in lines[0], proc.stderr
+
+
+def test_a_model_with_dict_inputs_is_estimated_and_measured_in_its_own_input_structure():
+    """The recommender takes {"dense", "user", "item"}: the traced step and the child process's measured step both
+    feed that dict (the child fed one tensor before and failed)."""
+    proc = _cli("--model", f"{RECOMMENDER}:build_model", "--batch-size", "16", "--input-shape", "8",
+                "--num-classes", "1", "--process-peak", "yes", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["parameters"] == 1_617_489 and out["activation_bytes"] > 0
+    assert out["process_peak_bytes"] > out["process_base_bytes"] > 200 * 2 ** 20
+
+
+def test_a_builder_that_refuses_its_arguments_is_a_one_line_error_with_the_fix():
+    """The user's builder raises (the recommender predicts one probability, not 10 classes): no traceback, the
+    arguments given and the flags that change them (TensorFlow, loaded by then, logs its start above)."""
+    proc = _cli("--model", f"{RECOMMENDER}:build_model", "--batch-size", "8", "--input-shape", "8",
+                "--process-peak", "no", timeout=120)
+    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"tfaccel memory: error: model: building '{RECOMMENDER}:build_model' with input_shape=(8,), num_classes=10 "
+        "failed: ValueError: recommender num_classes: the model predicts one click probability; received 10; pass "
+        "the input_shape and num_classes it takes (tfaccel memory: --input-shape, --num-classes)")
 
 
 def test_estimate_error_from_the_library_is_one_line_too():

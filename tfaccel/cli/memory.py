@@ -38,6 +38,8 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     parser.add_argument("--num-ps", default="1", help="parameter server tasks (parameter_server)")
     parser.add_argument("--input-shape", default=None, help="one example's shape, e.g. 224,224,3; also the length of the inputs a model leaves "
                              "open, e.g. 128 for KerasHub's token ids")
+    parser.add_argument("--num-classes", default=None,
+                        help="the num_classes given to the model's builder (default: the built-in model's, else 10)")
     parser.add_argument("--process-peak", default="auto",
                         help="estimate the CPU process's peak too: auto (when each process holds one replica), yes, no")
     parser.add_argument("--shard-optimizer-state", action="store_true",
@@ -105,6 +107,7 @@ def parse_options(args: argparse.Namespace) -> Dict[str, Any]:
             "precision": args.precision, "strategy": args.strategy, "optimizer": args.optimizer.lower(),
             "recompute": {"auto": None, "all": "all", "none": False}[args.recompute],
             "replicas": replicas, "num_ps": num_ps, "input_shape": shape,
+            "num_classes": None if args.num_classes is None else _positive_int("--num-classes", args.num_classes),
             "process_peak": _process_peak(args.process_peak, args.strategy, replicas),
             "shard_optimizer_state": args.shard_optimizer_state}
 

@@ -185,6 +185,12 @@ def _build(model_or_name: Any, precision: Optional[str], input_shape: Optional[S
     keras.config.set_dtype_policy(precision or "float32")
     try:
         model = build_model(model_or_name, input_shape=shape, num_classes=num_classes or classes)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as exc:  # the user's builder refused these arguments
+        raise ConfigError(f"model: building {name!r} with input_shape={shape}, num_classes={num_classes or classes} "
+                          f"failed: {type(exc).__name__}: {exc}; pass the input_shape and num_classes it takes "
+                          "(tfaccel memory: --input-shape, --num-classes)") from exc
     finally:
         keras.config.set_dtype_policy(previous)
     return model, name, precision or "float32"

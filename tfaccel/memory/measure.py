@@ -31,6 +31,7 @@ import tensorflow as tf
 from tfaccel.errors import ConfigError
 from tfaccel.memory.recompute import enable_recompute
 from tfaccel.memory.shapes import DEFAULT_SHAPES
+from tfaccel.memory.specs import step_specs
 from tfaccel.models import build_model
 
 __all__ = ["measure_device_peak", "measure_cpu_step", "time_side_by_side", "read_proc_status", "MMAP_THRESHOLD",
@@ -185,15 +186,19 @@ def _prepare(request: Dict[str, Any], recompute: Optional[Any]) -> Any:
     model.compile(optimizer=request.get("optimizer", "adam"), loss="sparse_categorical_crossentropy",
                   jit_compile=False)
     rng = np.random.default_rng(0)
-    batch = request["batch_size"]
-    if model.inputs[0].dtype.startswith("int"):
-        x = rng.integers(0, 100, size=(batch,) + shape).astype("int32")
-    else:
-        x = rng.normal(size=(batch,) + shape).astype("float32")
-    x, y = tf.constant(x), tf.constant(rng.integers(0, classes, size=(batch,)).astype("int32"))
+    x_specs, y_spec = step_specs(model, request["batch_size"], request["input_shape"])  # its own input structure
+    x = keras.tree.map_structure(lambda spec: tf.constant(_random(rng, spec)), x_specs)
+    y = tf.constant(rng.integers(0, classes, size=tuple(y_spec.shape)).astype("int32"))
     for _ in range(2):
         model.train_on_batch(x, y)
     return lambda: model.train_on_batch(x, y)
+
+
+def _random(rng: Any, spec: Any) -> np.ndarray:
+    """Inputs for one spec: ids below 100 for an integer input (an embedding's), normal values otherwise."""
+    if spec.dtype.is_integer:
+        return rng.integers(0, 100, size=tuple(spec.shape)).astype(spec.dtype.as_numpy_dtype)
+    return rng.normal(size=tuple(spec.shape)).astype(spec.dtype.as_numpy_dtype)
 
 
 def _timing_child(request: Dict[str, Any]) -> Dict[str, List[float]]:
