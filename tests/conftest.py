@@ -21,11 +21,12 @@ from tfaccel.launch.procs import pid_alive  # noqa: E402
 NUM_VIRTUAL_CPUS = 2
 
 # The files that take longest (seconds of test time in a clean-clone run of the README's command, 2026-11-28,
-# 2-core VM), started first: with `-n 2 --dist loadfile` a file is one unit of work, handed out in collection order,
-# so a long file collected last leaves the other worker idle at the end (longest-first is the classic remedy).
-# pytest-xdist (3.x) reorders the files by their number of tests unless told not to (`--loadscope-reorder`, on by
-# default): pytest_configure below turns that off, or a long file of few tests (Keras' conformance: 6) would be
-# handed out in the middle of the run and a short one of many tests (726) first.
+# 2-core VM), collected first: with `-n 2 --dist loadfile` a file is one unit of work, and a long file handed out last
+# leaves the other worker idle at the end. pytest-xdist (3.x) then reorders the files by their number of tests (`--loadscope-reorder`, on by default), so this
+# order only breaks its ties. Turning that reorder off (strict longest-first) was measured worse on 2 cores
+# (2026-11-28, clean clone: tests 2,471 s against 1,951 s the session before): the heavy multi-process files then ran
+# against each other (Keras' conformance 890 s instead of 411, the corpus 519 instead of 311), where xdist's order
+# pairs them with files of many short tests.
 HEAVY_FIRST = (
     "tests/corpus/test_corpus.py",  # 533
     "tests/ray/test_ray_cluster.py",  # 468
@@ -49,9 +50,6 @@ HEAVY_FIRST = (
 
 def pytest_configure(config: pytest.Config) -> None:
     import tfaccel
-
-    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: keep HEAVY_FIRST's order (see above)
-        config.option.loadscopereorder = False
 
     tfaccel.configure_devices(virtual_cpus=NUM_VIRTUAL_CPUS)
 
