@@ -78,6 +78,15 @@ class Run:
         self.returncode: Optional[int] = None
         self.seconds = 0.0
         self.timed_out = False
+        # When the launcher exited, stamped as it happens: wait() may be called late (after another launch's
+        # wait), and a test must not count that delay as this launcher's time.
+        self._exited_at: Optional[float] = None
+        self._waiter = threading.Thread(target=self._stamp_exit, daemon=True)
+        self._waiter.start()
+
+    def _stamp_exit(self) -> None:
+        self.proc.wait()
+        self._exited_at = time.monotonic() - self.begun
 
     def _read(self, stream: Any, name: str) -> None:
         for raw in iter(stream.readline, b""):
@@ -98,7 +107,8 @@ class Run:
             self.timed_out = True
             terminate([self.proc], grace=5)
             self.returncode = self.proc.returncode
-        self.seconds = time.monotonic() - self.begun
+        self._waiter.join(timeout=5)
+        self.seconds = self._exited_at if self._exited_at is not None else time.monotonic() - self.begun
         for thread in self._threads:
             thread.join(timeout=10)
         for pid in self.task_pids:  # the launcher ends its tasks; make sure, whatever happened
@@ -122,6 +132,10 @@ class Run:
 
     def json_lines(self) -> List[dict]:
         return job_reports(line for _, _, line in list(self.lines))
+
+    def timeline(self, n: int = 40) -> str:
+        with self._lock:
+            return "\n".join(f"{stamp:7.1f} {line}" for stamp, _, line in self.lines[-n:])
 
     def tail(self, n: int = 40) -> str:
         return "\n".join(self.text.splitlines()[-n:])
@@ -270,8 +284,8 @@ def _lost_peer_verdict(run: Run, *, lost: str, limit_from: float, patterns: Sequ
         return _result(False, f"output does not name the lost task {lost} (no match for {missing}):\n{run.tail()}",
                        **measured)
     if run.seconds - limit_from > limit:
-        return _result(False, f"exited {run.seconds - limit_from:.0f} s after {lost} was lost (limit {limit:g} s)",
-                       **measured)
+        return _result(False, f"exited {run.seconds - limit_from:.0f} s after {lost} was lost at {limit_from:.1f} s "
+                       f"(limit {limit:g} s); the last lines, seconds after the launch:\n{run.timeline()}", **measured)
     return _result(True, **measured)
 
 
