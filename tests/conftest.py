@@ -5,8 +5,11 @@ multi-replica code (MirroredStrategy) runs here without a GPU. Tests that need a
 run a subprocess through the harness.
 """
 
+import json
 import os
+import resource
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -66,6 +69,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
         return rank.get(name, len(rank))
 
     items.sort(key=key)  # stable: the collection order stays within each rank
+
+
+def _cpu_seconds() -> float:
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem):
+    """``TFACCEL_TEST_CPU_LOG=path``: one JSON line per test with its wall and CPU seconds (this process and the
+    children it waited for, setup included), so the suite's time on 2 cores can be planned by CPU, not only by wall
+    (a file that runs 4 processes at once costs more than its wall time)."""
+    log = os.environ.get("TFACCEL_TEST_CPU_LOG")
+    if not log:
+        yield
+        return
+    cpu, wall = _cpu_seconds(), time.monotonic()
+    yield
+    line = {"test": item.nodeid, "wall": round(time.monotonic() - wall, 2), "cpu": round(_cpu_seconds() - cpu, 2),
+            "end": round(time.time(), 1), "worker": os.environ.get("PYTEST_XDIST_WORKER", "")}
+    with open(log, "a") as fh:
+        fh.write(json.dumps(line) + "\n")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -2,14 +2,14 @@
 tfaccel, on one device (``default``) and under ``mirrored`` over 2 virtual CPUs.
 
 Keras' tests (keras_tests/, copied unmodified from the Keras 3.15.1 source distribution; see keras_tests/NOTICE) run
-in one pytest process per tool (keras_mode_plugin.py): plain Keras, and the README's 3-line change applied
-mechanically (each test body inside ``tfaccel.scope(strategy=...)``, every ``fit`` through ``tfaccel.fit``).
+in pytest processes per tool (keras_mode_plugin.py; two parts side by side, PARTS): plain Keras, and the README's
+3-line change applied mechanically (each test body inside ``tfaccel.scope(strategy=...)``, every ``fit`` through ``tfaccel.fit``).
 
 Which tests run on which path:
 
 - ``default``: every test of TEST_PATHS (370 with Keras 3.15.1).
-- ``mirrored``: in the same process, right after its default run (one TensorFlow start, one collection, 2 virtual
-  CPUs from the start), each test of the vendored modules that train (keras_mode_plugin.RERUN_MODULES: the trainer
+- ``mirrored``: in the same process, right after its part's default run (one TensorFlow start, one collection, 2
+  virtual CPUs from the start), each test of the vendored modules that train (keras_mode_plugin.RERUN_MODULES: the trainer
   and data-adapter tests, the callbacks', the model's) that called ``fit`` / ``evaluate`` / ``predict`` /
   ``train_on_batch`` / ``test_on_batch`` / ``predict_on_batch`` on a model in Keras' compiled-graph execution
   (``run_eagerly`` and ``jit_compile`` off at the call), once per test function (its first such parametrization;
@@ -52,6 +52,9 @@ KERAS_TESTS_SITE = Path(sys.prefix) / "keras-tests-site"
 RECORDED = harness.REPO_ROOT / "docs" / "data" / "keras_conformance.json"
 # In this order: Keras' backend/tensorflow distribute tests reset TensorFlow's context in their setUp, so they run last.
 TEST_PATHS = ("keras/src/trainers", "keras/src/callbacks", "keras/src/models", "keras/src/backend/tensorflow")
+# TEST_PATHS in two processes of about the same length: the trainers' tests; the callbacks', the model's and the TF
+# backend's (its distribute tests last).
+PARTS = (TEST_PATHS[:1], TEST_PATHS[1:])
 PATHS = ("default", "mirrored")  # mirrored: the tests the module's docstring names, after their default run
 # {mode: {test id: the reason tfaccel's ConfigError gives}}: tests plain Keras passes that tfaccel refuses on purpose.
 # Keras' distribute tests build a model under a MirroredStrategy of their own and fit it: tfaccel trains with the
@@ -69,25 +72,34 @@ INTENDED_REFUSALS: Dict[str, Dict[str, str]] = {
 OPEN_DIFFERENCES: Dict[str, Dict[str, str]] = {
     "tfaccel:default": {},
     "tfaccel:mirrored": {}}
-PROGRAM = "import sys, pytest; sys.exit(pytest.main(sys.argv[1:]))"
+# Each process gets its part's test paths from the environment (a part is one process: the two run side by side, so
+# the longest of them, not their sum, is the file's wall time on 2 cores).
+PART_PROGRAM = ("import os, sys, pytest; "
+                "sys.exit(pytest.main(sys.argv[1:] + os.environ['TFACCEL_CONFORMANCE_TESTS'].splitlines()))")
 RUN_SECONDS = 900
 
 
 def run_tools(tools: List[str], out_dir: Path, *, test_ids: Optional[List[str]] = None) -> Dict[str, dict]:
-    """Runs Keras' tests for each tool (``keras``, ``tfaccel``), one pytest process per tool, all at once, each on
-    PATHS (the default run, then each test that called a trainer entry point again on mirrored); returns
-    ``{mode: {test: outcome}}``.
+    """Runs Keras' tests for each tool (``keras``, ``tfaccel``) in pytest processes that run all at once, one per
+    tool and part (PARTS; one per tool for ``test_ids``), each on PATHS (the default run, then each test that called a
+    trainer entry point again on mirrored); returns ``{mode: {test: outcome}}``.
 
     Args:
         test_ids: only these tests (default: all of TEST_PATHS).
     """
-    tasks, per_task = [], {}
-    for index, tool in enumerate(tools):
-        tasks.append(("worker", index, None))
-        per_task[f"worker:{index}"] = {"TFACCEL_CONFORMANCE_MODE": f"{tool}:default",
-                                       "TFACCEL_CONFORMANCE_RERUN": "mirrored" if "mirrored" in PATHS else "",
-                                       "TFACCEL_CONFORMANCE_OUT": str(out_dir / f"{tool}.json"),
-                                       "TFACCEL_CACHE_DIR": str(out_dir / f"cache_{index}")}
+    parts = [list(test_ids)] if test_ids else [list(part) for part in PARTS]
+    tasks, per_task, outputs = [], {}, []
+    for tool in tools:
+        for number, part in enumerate(parts):
+            index = len(tasks)
+            out = out_dir / f"{tool}-{number}.json"
+            tasks.append(("worker", index, None))
+            outputs.append((tool, out))
+            per_task[f"worker:{index}"] = {
+                "TFACCEL_CONFORMANCE_MODE": f"{tool}:default",
+                "TFACCEL_CONFORMANCE_RERUN": "mirrored" if "mirrored" in PATHS else "",
+                "TFACCEL_CONFORMANCE_OUT": str(out), "TFACCEL_CACHE_DIR": str(out_dir / f"cache_{index}"),
+                "TFACCEL_CONFORMANCE_TESTS": "\n".join(str(KERAS_TESTS / t) for t in part)}
     env = {"PYTHONPATH": os.pathsep.join([str(harness.REPO_ROOT), str(HERE)]), "PYTHONDONTWRITEBYTECODE": "1",
            "TFACCEL_KERAS_TESTS_SITE": str(KERAS_TESTS_SITE)}
     # --tb=native: pytest's own traceback formatting parses source with `ast`, which on CPython 3.11 can raise a
@@ -96,14 +108,13 @@ def run_tools(tools: List[str], out_dir: Path, *, test_ids: Optional[List[str]] 
     args = ["-q", "--tb=native", "-p", "no:cacheprovider", "-p", "keras_mode_plugin", "-c",
             str(KERAS_TESTS / "pytest.ini"), "--rootdir", str(KERAS_TESTS), "--confcutdir", str(KERAS_TESTS),
             "--continue-on-collection-errors"]
-    args += [str(KERAS_TESTS / t) for t in (test_ids or TEST_PATHS)]
-    results = harness.run_tasks(PROGRAM, tasks=tasks, per_task_env=per_task, env=env, args=args,
+    results = harness.run_tasks(PART_PROGRAM, tasks=tasks, per_task_env=per_task, env=env, args=args,
                                 timeout=RUN_SECONDS, fail_fast_grace=RUN_SECONDS)
-    outcomes = {}
-    for tool, result in zip(tools, results):
-        path = out_dir / f"{tool}.json"
+    outcomes: Dict[str, dict] = {}
+    for (tool, path), result in zip(outputs, results):
         assert result.returncode in (0, 1) and path.exists(), f"{tool}: pytest did not finish\n{result.describe()}"
-        outcomes.update(json.loads(path.read_text()))
+        for mode, tests in json.loads(path.read_text()).items():
+            outcomes.setdefault(mode, {}).update(tests)
     return outcomes
 
 
@@ -154,14 +165,35 @@ def record(outcomes: Dict[str, dict]) -> None:
     RECORDED.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
+def _module(test: str) -> str:
+    return test.split("::")[0]
+
+
+def _recorded_modules() -> List[tuple]:
+    """(path, Keras test module) for every module the recorded plain-Keras run ran on that path: one test item each,
+    so that a difference names its module, and so that pytest-xdist (which hands out the files with the most tests
+    first) starts this file early instead of leaving its long run for the end of the suite."""
+    modes = json.loads(RECORDED.read_text())["modes"]
+    return [(path, module) for path in PATHS for module in sorted({_module(t) for t in modes[f"keras:{path}"]})]
+
+
 @pytest.mark.timeout(RUN_SECONDS + 120)
-@pytest.mark.parametrize("path", PATHS)
-def test_what_plain_keras_passes_passes_through_tfaccel(path: str, recorded: dict, routed: Dict[str, dict]) -> None:
-    plain, got = recorded["modes"][f"keras:{path}"], routed[f"tfaccel:{path}"]
+@pytest.mark.parametrize("path, module", _recorded_modules(),
+                         ids=[f"{p}:{m.removeprefix('keras/src/')}" for p, m in _recorded_modules()])
+def test_what_plain_keras_passes_passes_through_tfaccel(path: str, module: str, recorded: dict,
+                                                        routed: Dict[str, dict]) -> None:
+    plain = {t: o for t, o in recorded["modes"][f"keras:{path}"].items() if _module(t) == module}
+    got = {t: o for t, o in routed[f"tfaccel:{path}"].items() if _module(t) == module}
     assert set(got) == set(plain), f"other tests ran than plain Keras ran: {sorted(set(got) ^ set(plain))[:10]}"
     problems = differences(plain, got, INTENDED_REFUSALS[f"tfaccel:{path}"], OPEN_DIFFERENCES[f"tfaccel:{path}"])
     assert not problems, f"{len(problems)} tests plain Keras passes fail through tfaccel ({path}):\n" + \
         "\n".join(problems)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_no_other_keras_tests_ran_than_plain_keras_ran(path: str, recorded: dict, routed: Dict[str, dict]) -> None:
+    plain, got = recorded["modes"][f"keras:{path}"], routed[f"tfaccel:{path}"]
+    assert set(got) == set(plain), f"other tests ran than plain Keras ran: {sorted(set(got) ^ set(plain))[:10]}"
 
 
 def test_the_listed_refusals_and_open_differences_pass_in_plain_keras(tmp_path: Path) -> None:

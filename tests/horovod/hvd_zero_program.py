@@ -10,55 +10,47 @@ Usage: ``python hvd_zero_program.py OUT``.
 import json
 import os
 import sys
+from pathlib import Path
 
-import keras
 import numpy as np
 
 import tfaccel
 from tfaccel.errors import ConfigError
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: zero_cases
 
-def _cases():
-    def schedule():
-        return keras.optimizers.schedules.ExponentialDecay(0.01, decay_steps=3, decay_rate=0.9)
-
-    return {
-        "adam_schedule": lambda: keras.optimizers.Adam(schedule()),
-        "adamw": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.1),
-        "sgd_nesterov_clipnorm": lambda: keras.optimizers.SGD(0.05, momentum=0.9, nesterov=True, clipnorm=0.5),
-        "rmsprop_global_clipnorm": lambda: keras.optimizers.RMSprop(0.01, global_clipnorm=0.3),
-    }
-
-
-def _model(optimizer, weights=None):
-    keras.utils.set_random_seed(1)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="relu"),
-                              keras.layers.Dense(16, activation="relu"), keras.layers.Dense(3)])
-    model.compile(optimizer(), "mse", metrics=["mae"])
-    if weights is not None:
-        model.set_weights(weights)
-    return model
+import zero_cases as zc  # noqa: E402
 
 
 def _held_bytes(optimizer) -> int:
     return int(sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize for v in optimizer.variables))
 
 
+def _embedding_case(rank: int) -> dict:
+    """The Embedding table left unsharded (its slices all-gathered, every rank updates it) beside sharded Dense
+    layers, against plain ``model.fit`` in one process (rank 0's)."""
+    x, y = zc.embedding_data()
+    plain = zc.embedding_model()
+    model = zc.embedding_model(tfaccel.scope(strategy="horovod"))
+    model.set_weights(plain.get_weights())
+    case = zc.plain_fit(plain, x, y) if rank == 0 else {}
+    result = tfaccel.fit(model, x, y, batch_size=zc.BATCH, epochs=zc.EPOCHS, shuffle=False, verbose=0,
+                         shard_optimizer_state=True)
+    case.update(history=result.history, weights=[w.tolist() for w in model.get_weights()],
+                note=result.details.get("optimizer_state"),
+                slot_shapes=[list(v.shape) for v in model.optimizer.variables])
+    return case
+
+
 def main() -> None:
     out_dir, rank = sys.argv[1], int(os.environ["HOROVOD_RANK"])
-    rng = np.random.RandomState(0)
-    x = rng.randn(256, 8).astype("float32")
-    y = (x @ rng.randn(8, 3)).astype("float32")
+    x, y = zc.data()
     out = {"pid": os.getpid()}
-    for name, optimizer in _cases().items():
-        plain = _model(optimizer)
+    for name, optimizer in zc.OPTIMIZERS.items():
+        plain = zc.model(optimizer, metrics=["mae"])
         initial = plain.get_weights()
-        case = {}
-        if rank == 0:
-            case["plain_history"] = plain.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0).history
-            case["plain_weights"] = [w.tolist() for w in plain.get_weights()]
-        with tfaccel.scope(strategy="horovod"):
-            model = _model(optimizer, initial)
+        case = zc.plain_fit(plain, x, y) if rank == 0 else {}
+        model = zc.model(optimizer, initial, scope=tfaccel.scope(strategy="horovod"), metrics=["mae"])
         result = tfaccel.fit(model, x, y, batch_size=32, epochs=2, shuffle=False, verbose=0,
                              shard_optimizer_state=True)
         case.update(history=result.history, weights=[w.tolist() for w in model.get_weights()],
@@ -67,8 +59,8 @@ def main() -> None:
                     slot_sizes=[int(np.prod(v.shape)) * 4 for v in model.trainable_variables],
                     iterations=int(model.optimizer.iterations.numpy()), strategy=result.plan.strategy)
         out[name] = case
-    with tfaccel.scope(strategy="horovod"):
-        model = _model(_cases()["adam_schedule"])
+    out["embedding"] = _embedding_case(rank)
+    model = zc.model(zc.OPTIMIZERS["adam_schedule"], scope=tfaccel.scope(strategy="horovod"), metrics=["mae"])
     try:  # refused before training, on every rank alike
         tfaccel.fit(model, x, y, batch_size=32, epochs=1, verbose=0, shard_optimizer_state=True,
                     backup_dir=os.path.join(out_dir, "backups"))

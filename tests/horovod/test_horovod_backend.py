@@ -80,14 +80,14 @@ def test_wrapper_averages_gradients_through_one_grouped_allreduce() -> None:
 def test_allreduce_keeps_none_gradients_and_gathers_sparse_ones_as_slices() -> None:
     fake = FakeHvd(scale=2.0)
     sparse = tf.IndexedSlices(tf.constant([[1.0, 3.0]]), tf.constant([1]), tf.constant([3, 2]))
-    out = th_optimizer._allreduce_gradients(fake, [None, tf.constant([1.0]), sparse], compression="c")
+    out = th_optimizer.allreduce_gradients(fake, [None, tf.constant([1.0]), sparse], compression="c")
     assert out[0] is None
     np.testing.assert_allclose(out[1].numpy(), [2.0])
     assert isinstance(out[2], tf.IndexedSlices)  # every rank's slices, values / 2 ranks, duplicates kept
     np.testing.assert_allclose(out[2].values.numpy(), [[0.5, 1.5], [0.5, 1.5]])
     np.testing.assert_array_equal(out[2].indices.numpy(), [1, 1])
     assert fake.calls == [("grouped_allreduce", 1, "Average", "c"), ("allgather", (1, 2)), ("allgather", (1,))]
-    assert th_optimizer._allreduce_gradients(fake, [None], compression="c") == [None]
+    assert th_optimizer.allreduce_gradients(fake, [None], compression="c") == [None]
 
 
 def test_gathered_slices_train_what_keras_adam_trains_on_them() -> None:
@@ -101,7 +101,7 @@ def test_gathered_slices_train_what_keras_adam_trains_on_them() -> None:
         return var.numpy()
 
     slices = tf.IndexedSlices(tf.constant([[1.0, 2.0], [3.0, 4.0]]), tf.constant([0, 0]), tf.constant([3, 2]))
-    gathered = th_optimizer._allreduce_gradients(FakeHvd(size=1), [slices], compression="c")[0]
+    gathered = th_optimizer.allreduce_gradients(FakeHvd(size=1), [slices], compression="c")[0]
     np.testing.assert_array_equal(trained(gathered), trained(slices))
     assert not np.allclose(trained(tf.convert_to_tensor(slices)), trained(slices), rtol=0, atol=1e-5)
 

@@ -1,10 +1,11 @@
 """Optimizer-state sharding (ZeRO-1) under Horovod (tfaccel.strategies.horovod.zero): on 2 and 4 real Gloo ranks,
 tfaccel.fit(shard_optimizer_state=True) trains what plain model.fit trains in one process (Adam with a schedule, AdamW,
-SGD with Nesterov momentum and clipnorm, RMSprop with global_clipnorm), every rank ends with the same weights and holds
-~1/N of the slots; what it cannot train exactly, or back up whole, is refused before training (in one process, with
+SGD with Nesterov momentum and clipnorm, RMSprop with global_clipnorm; an Embedding table left unsharded beside sharded
+Dense layers), every rank ends with the same weights and holds ~1/N of the slots; what it cannot train exactly, or back up whole, is refused before training (in one process, with
 Horovod's collectives faked: the refusals come before any collective)."""
 
 import json
+import re
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -97,6 +98,27 @@ def test_each_rank_holds_its_share_of_the_slots(runs, size):
 
 @pytest.mark.horovod
 @pytest.mark.slow
+@pytest.mark.parametrize("size", [2, 4])
+def test_an_embedding_table_stays_unsharded_and_trains_what_plain_fit_trains(runs, size):
+    """The table's sparse gradient is all-gathered (slices kept, as model.fit keeps them) and every rank updates its
+    full copy with full slots; the Dense layers beside it are sharded; Adam with clipnorm."""
+    ranks = [info["embedding"] for info in runs[size]]
+    run = ranks[0]
+    assert re.search(r"\(ZeRO-1: .*\); left unsharded \(Embedding tables, .*\): \S*embedding\S*/embeddings; asked "
+                     r"for", run["note"]), run["note"]
+    for key, values in run["plain_history"].items():
+        np.testing.assert_allclose(run["history"][key], values, rtol=1e-5, atol=1e-5, err_msg=key)
+    for got, want in zip(run["weights"], run["plain_weights"]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    for other in ranks:
+        assert other["weights"] == run["weights"]
+        assert other["slot_shapes"].count([50, 8]) == 2, other["slot_shapes"]  # Adam's m and v of the whole table
+    dense_slots = [[s for s in r["slot_shapes"] if len(s) == 2 and s != [50, 8]] for r in ranks]
+    assert sum(len(d) for d in dense_slots) == 4, dense_slots  # each Dense kernel's m and v on one rank only
+
+
+@pytest.mark.horovod
+@pytest.mark.slow
 def test_backup_dir_is_refused_by_a_real_sharded_horovod_fit(runs):
     for size in (2, 4):
         for info in runs[size]:
@@ -125,8 +147,8 @@ class _OwnStep(keras.Sequential):
     (lambda: (_model(), _backend(compression="fp16")), {}, "compression='fp16' sends float16 gradients"),
     (lambda: (_model(), _backend()), {"backup_dir": "/tmp/b"}, "backup_dir='/tmp/b': rank 0 alone writes it"),
     (lambda: (_model(), _backend()), {"checkpoint_dir": "/tmp/c"}, "checkpoint_dir='/tmp/c': rank 0 alone writes"),
-    (lambda: (_model(layers=[keras.layers.Embedding(10, 3, name="emb")]), _backend()), {},
-     "Embedding layer\\(s\\) emb give sparse gradients, which are not sharded"),
+    (lambda: (_model(keras.optimizers.Adam(global_clipnorm=1.0), [keras.layers.Embedding(10, 3, name="emb")]),
+              _backend()), {}, "global_clipnorm=1.0 with the Embedding table\\(s\\) of emb left unsharded"),
     (lambda: (_model(keras.optimizers.Adam(use_ema=True)), _backend()), {}, "use_ema=True"),
     (lambda: (_model(keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam())), _backend()), {},
      "LossScaleOptimizer"),
@@ -138,12 +160,21 @@ def test_what_is_not_exact_under_horovod_is_refused(make, where, message):
     assert not is_sharded(model.optimizer)
 
 
-def test_the_horovod_check_refuses_sparse_gradients_itself():
-    """Its own check (tfaccel.train.zero's model checks may come to let Embedding layers through, unsharded)."""
-    model = _model(layers=[keras.layers.Embedding(10, 3, name="emb")])
-    with pytest.raises(ConfigError, match="under Horovod: Embedding layer\\(s\\) emb give sparse gradients, which are "
-                                          "not sharded over Horovod ranks; train with shard_optimizer_state=False"):
-        shard_optimizer(model, hvd=FakeHvd(), compression="none")
+def test_an_embedding_table_is_left_unsharded_beside_sharded_dense_layers():
+    """In one process with Horovod faked (rank 0 of 2): the plan names the table, this rank holds the table's whole
+    slots, and of the Dense variables only the ones it owns (the others: empty stand-ins)."""
+    model = _model(layers=[keras.layers.Embedding(10, 3, name="emb"), keras.layers.Flatten(),
+                           keras.layers.Dense(64, name="big"), keras.layers.Dense(2, name="small")])
+    note = shard_optimizer_state(model, True, accumulation_steps=1, backend=_backend(size=2, rank=0))
+    assert re.search(r"state sharded over 2 Horovod ranks .*; left unsharded \(Embedding tables, .*\): \S*emb/embeddings; "
+                     r"asked for", note), note
+    model.optimizer.build(model.trainable_variables)
+    shapes = [tuple(v.shape) for v in model.optimizer.variables]
+    assert shapes.count((10, 3)) == 2, shapes  # Adam's m and v of the whole table
+    assert shapes.count((24, 64)) + shapes.count((64, 2)) == 2, shapes  # one of the two kernels is this rank's
+    assert shapes.count((0,)) >= 2, shapes  # the other's slots: stand-ins
+    table_slots = [v for v in model.optimizer.variables if tuple(v.shape) == (10, 3)]
+    assert all(any(v is u for u in unsharded_variables(model.optimizer)) for v in table_slots)
 
 
 def test_accumulation_custom_train_step_and_built_optimizers_are_refused_under_horovod():

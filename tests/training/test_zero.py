@@ -99,8 +99,8 @@ def test_unsharded_run_holds_every_slot_on_every_device(runs):
 def test_an_embedding_table_stays_unsharded_and_trains_as_plain_fit(runs, replicas):
     """The table's gradient is sparse (IndexedSlices): Keras' own update on every replica, the Dense layers sharded."""
     run = runs[replicas]["embedding"]
-    assert re.search(r"\(ZeRO-1: .*\); left unsharded \(Embedding tables, whose gradients are sparse: Keras' own "
-                     r"all-reduce and update on every replica, replicated slots\): \S*/embedding\w*/embeddings; "
+    assert re.search(r"\(ZeRO-1: .*\); left unsharded \(Embedding tables, whose gradients are sparse: averaged as "
+                     r"model\.fit averages them and applied on every replica, replicated slots\): \S*/embedding\w*/embeddings; "
                      r"asked for",
                      run["note"]), run["note"]
     for key, values in run["plain_history"].items():

@@ -6,6 +6,7 @@ bytes of optimizer state per device go to OUT.json."""
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -19,55 +20,20 @@ import tensorflow as tf  # noqa: E402
 
 from tfaccel.memory import estimate_memory  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: zero_cases
 
-def _cases():
-    def schedule():
-        return keras.optimizers.schedules.ExponentialDecay(0.01, decay_steps=3, decay_rate=0.9)
+import zero_cases as zc  # noqa: E402
 
-    return {
-        "adam_schedule": lambda: keras.optimizers.Adam(schedule()),
-        "adamw": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.1),
-        "sgd_nesterov_clipnorm": lambda: keras.optimizers.SGD(0.05, momentum=0.9, nesterov=True, clipnorm=0.5),
-        "rmsprop_global_clipnorm": lambda: keras.optimizers.RMSprop(0.01, global_clipnorm=0.3),
-        "adam_keras_loop": lambda: keras.optimizers.Adam(0.01),
-        "adam_unsharded": lambda: keras.optimizers.Adam(0.01),
-    }
-
-
-def _layers(input_shape=(8,), num_classes=3):
-    return keras.Sequential([keras.Input(input_shape), keras.layers.Dense(32, activation="relu"),
-                             keras.layers.Dense(16, activation="relu"), keras.layers.Dense(num_classes)])
-
-
-def _model(scope, optimizer, weights=None):
-    keras.utils.set_random_seed(1)
-    with scope:
-        model = _layers()
-        model.compile(optimizer(), "mse", metrics=["mae"])
-    if weights is not None:
-        model.set_weights(weights)
-    return model
-
-
-def _embedding_layers():
-    return keras.Sequential([keras.Input((6,), dtype="int32"), keras.layers.Embedding(50, 8),
-                             keras.layers.Flatten(), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+# zero_cases' optimizers, and two controls: Keras' own loop, and the same Adam unsharded
+CASES = {**zc.OPTIMIZERS, "adam_keras_loop": lambda: keras.optimizers.Adam(0.01),
+         "adam_unsharded": lambda: keras.optimizers.Adam(0.01)}
 
 
 def _embedding_case(mirrored) -> dict:
     """An Embedding table (IndexedSlices gradients) left unsharded beside sharded Dense layers: Adam with clipnorm."""
-    rng = np.random.RandomState(1)
-    x, y = rng.randint(0, 50, (256, 6)).astype("int32"), rng.randn(256, 1).astype("float32")
-
-    def build(scope):
-        keras.utils.set_random_seed(2)
-        with scope:
-            model = _embedding_layers()
-            model.compile(keras.optimizers.Adam(0.01, clipnorm=1.0), "mse", metrics=["mae"])
-        return model
-
-    plain = build(tf.distribute.get_strategy().scope())
-    model = build(tfaccel.scope(strategy="mirrored"))
+    x, y = zc.embedding_data()
+    plain = zc.embedding_model()
+    model = zc.embedding_model(tfaccel.scope(strategy="mirrored"))
     model.set_weights(plain.get_weights())
     ref = plain.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0).history
     result = tfaccel.fit(model, x, y, batch_size=32, epochs=2, shuffle=False, verbose=0, shard_optimizer_state=True)
@@ -76,7 +42,7 @@ def _embedding_case(mirrored) -> dict:
         for c in mirrored.experimental_local_results(v.value):
             device = tf.DeviceSpec.from_string(c.device).to_string()
             held[device] = held.get(device, 0) + int(np.prod(c.shape)) * c.dtype.size
-    estimate = estimate_memory(_embedding_layers(), batch_size=32, strategy="mirrored", replicas=N,
+    estimate = estimate_memory(zc.embedding_layers(), batch_size=32, strategy="mirrored", replicas=N,
                                optimizer=keras.optimizers.Adam(0.01), recompute=False, shard_optimizer_state=True)
     return {"plain_history": ref, "history": result.history, "note": result.details.get("optimizer_state"),
             "plain_weights": [w.tolist() for w in plain.get_weights()],
@@ -87,19 +53,17 @@ def _embedding_case(mirrored) -> dict:
 
 
 def main() -> None:
-    rng = np.random.RandomState(0)
-    x = rng.randn(256, 8).astype("float32")
-    y = (x @ rng.randn(8, 3)).astype("float32")
+    x, y = zc.data()
     mirrored = tfaccel.get_strategy("mirrored")
     out = {"replicas": mirrored.num_replicas_in_sync}
-    for name, optimizer in _cases().items():
+    for name, optimizer in CASES.items():
         if name == "adam_unsharded" and N != 2:  # the control: one replica count is enough
             continue
-        plain = _model(tf.distribute.get_strategy().scope(), optimizer)
+        plain = zc.model(optimizer, metrics=["mae"])
         initial = plain.get_weights()
         # the reference, plain fit on one device: the same for every N, so the N=2 process's alone
         reference = _plain_fit(plain, x, y) if N == 2 else {}
-        model = _model(tfaccel.scope(strategy="mirrored"), optimizer, initial)
+        model = zc.model(optimizer, initial, scope=tfaccel.scope(strategy="mirrored"), metrics=["mae"])
         shard = name != "adam_unsharded"
         result = tfaccel.fit(model, x, y, batch_size=32, epochs=2, shuffle=False, verbose=0,
                              shard_optimizer_state=shard, loop="keras" if name == "adam_keras_loop" else "auto")
@@ -119,7 +83,7 @@ def main() -> None:
                      "iterations": int(model.optimizer.iterations.numpy()), **reference}
         if name == "adamw":  # what `tfaccel memory --shard-optimizer-state` predicts for each device
             out[name]["estimate"] = list(estimate_memory(
-                _layers, input_shape=(8,), num_classes=3, batch_size=32, strategy="mirrored", replicas=N, optimizer=optimizer(), recompute=False,
+                zc.layers, input_shape=(8,), num_classes=3, batch_size=32, strategy="mirrored", replicas=N, optimizer=optimizer(), recompute=False,
                 shard_optimizer_state=True).optimizer_shard_bytes)
     out["embedding"] = _embedding_case(mirrored)
     if N == 2:  # the CLI's flag, end to end, on this process's mirrored strategy
@@ -135,9 +99,7 @@ def main() -> None:
 
 
 def _plain_fit(plain, x, y):
-    history = plain.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0).history
-    return {"plain_history": history, "plain_weights": [w.tolist() for w in plain.get_weights()],
-            "plain_iterations": int(plain.optimizer.iterations.numpy())}
+    return {**zc.plain_fit(plain, x, y), "plain_iterations": int(plain.optimizer.iterations.numpy())}
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -25,30 +26,19 @@ import tensorflow as tf  # noqa: E402
 import tfaccel  # noqa: E402
 from tfaccel.compat.keras_zero_collective import exchange_bytes  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: zero_cases
+
+import zero_cases as zc  # noqa: E402
+
+CASES = zc.OPTIMIZERS
+
 
 def _model(scope, optimizer, weights=None):
-    keras.utils.set_random_seed(1)
-    with scope:
-        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="relu"),
-                                  keras.layers.Dense(16, activation="relu"), keras.layers.Dense(3)])
-        model.compile(optimizer(), "mse")
-    if weights is not None:
-        model.set_weights(weights)
-    return model
-
-
-CASES = {
-    "adam_schedule": lambda: keras.optimizers.Adam(keras.optimizers.schedules.ExponentialDecay(0.01, 3, 0.9)),
-    "adamw": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.1),
-    "sgd_nesterov_clipnorm": lambda: keras.optimizers.SGD(0.05, momentum=0.9, nesterov=True, clipnorm=0.5),
-    "rmsprop_global_clipnorm": lambda: keras.optimizers.RMSprop(0.01, global_clipnorm=0.3),
-}
+    return zc.model(optimizer, weights, scope=scope)
 
 
 def main() -> None:
-    rng = np.random.RandomState(0)
-    x = rng.randn(256, 8).astype("float32")
-    y = (x @ rng.randn(8, 3)).astype("float32")
+    x, y = zc.data()
     out, parity_only = {}, sys.argv[2:] == ["parity"]
     chief = json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0
     for name, optimizer in CASES.items():
@@ -74,8 +64,7 @@ def main() -> None:
 
 
 def _plain_fit(plain, x, y):
-    history = plain.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0).history
-    return {"plain_history": history, "plain_weights": [w.tolist() for w in plain.get_weights()],
+    return {**zc.plain_fit(plain, x, y),
             "full_bytes": sum(int(np.prod(v.shape)) * 4 for v in plain.optimizer.variables)}
 
 

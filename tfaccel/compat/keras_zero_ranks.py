@@ -6,9 +6,11 @@ variable this rank does not own are empty stand-ins, made without a ``tf.distrib
 TensorFlow's default strategy); and the update, for the gradients of one step:
 
 * every gradient is averaged over the ranks with one grouped all-reduce (``collectives.average``; measured cheaper
-  here than Horovod's reduce-scatter of a flat buffer laid out by owner, see docs/guides/horovod.md), so the
-  optimizer's own ``_clip_gradients`` sees every averaged gradient: ``clipnorm`` per variable and ``global_clipnorm``
-  over the global norm, as ``model.fit`` clips;
+  here than Horovod's reduce-scatter of a flat buffer laid out by owner, see docs/guides/horovod.md; a sparse one,
+  an Embedding table's, all-gathered as slices), so the optimizer's own ``_clip_gradients`` sees every averaged
+  gradient: ``clipnorm`` per variable and ``global_clipnorm`` over the global norm, as ``model.fit`` clips;
+* a variable left unsharded (``keras_zero.leave_unsharded``: an Embedding table) keeps its full slots on every rank,
+  and every rank updates it;
 * the owner runs the optimizer's own ``update_step`` on its variables (learning rate and iteration counter computed
   the same on every rank);
 * each rank's updated variables, flattened into one buffer per dtype, are all-gathered (``collectives.gather``,
@@ -65,21 +67,22 @@ class _RankShardState(ShardOptimizerState):
 
     def build(self, variables: Any) -> None:
         super().build(variables)
-        self._tfaccel_rank_owner = {self._var_key(v): o for v, o in zip(variables, self._tfaccel_layout["owners"])}
+        plain = getattr(self, "_tfaccel_unsharded", set())  # left unsharded: every rank holds and updates them
+        sharded = [v for v in variables if self._var_key(v) not in plain]
+        self._tfaccel_rank_owner = {self._var_key(v): o for v, o in zip(sharded, self._tfaccel_layout["owners"])}
 
     def _tfaccel_update(self, distribution: Any, grads: List[Any], tvars: List[Any], learning_rate: Any) -> None:
         coll = self.tfaccel_collectives
-        if any(isinstance(g, tf.IndexedSlices) for g in grads):
-            raise TypeError(f"optimizer {self.name}: a sparse (IndexedSlices) gradient reached the sharded update "
-                            "under Horovod; tfaccel refuses sparse gradients with shard_optimizer_state=True")
-        owners = [self._tfaccel_rank_owner[self._var_key(v)] for v in tvars]
         grads = super(ShardOptimizerState, self)._clip_gradients(coll.average(list(grads)))  # Keras' own clipping
-        for grad, var, owner in zip(grads, tvars, owners):
-            if owner == coll.rank:
+        shared = []
+        for grad, var in zip(grads, tvars):
+            owner = self._tfaccel_rank_owner.get(self._var_key(var))
+            if owner is None or owner == coll.rank:  # None: left unsharded, every rank updates its full copy
                 self.update_step(grad, var, learning_rate)
-        for dtype in sorted({v.dtype for v in tvars}, key=lambda d: d.name):  # one buffer per dtype
-            chosen = [(v, o) for v, o in zip(tvars, owners) if v.dtype == dtype]
-            _share(coll, chosen, dtype)
+            if owner is not None:
+                shared.append((var, owner))
+        for dtype in sorted({v.dtype for v, _ in shared}, key=lambda d: d.name):  # one buffer per dtype
+            _share(coll, [(v, o) for v, o in shared if v.dtype == dtype], dtype)
 
 
 def _share(coll: RankCollectives, chosen: Sequence[Tuple[Any, int]], dtype: Any) -> None:

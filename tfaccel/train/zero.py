@@ -13,9 +13,10 @@ Under the ``horovod`` backend the ranks are the replicas and the backend shards 
 What would not train exactly as ``model.fit`` is refused before training, with the reason: other strategies (one
 device, multi_worker with several devices per worker, parameter_server, TPU), mixed precision, gradient
 accumulation, ``global_clipnorm`` beside an Embedding table, a model's own ``train_step``, an optimizer's moving
-average (``use_ema``), an optimizer built unsharded. Under mirrored and multi_worker the tables of Embedding layers
-(sparse ``IndexedSlices`` gradients) stay unsharded: Keras' own all-reduce and update on every replica, with
-replicated slots (exact by construction); the plan names them (Horovod refuses them in its own checks).
+average (``use_ema``), an optimizer built unsharded. Under mirrored, multi_worker and Horovod the tables of Embedding
+layers (sparse ``IndexedSlices`` gradients) stay unsharded: their gradients averaged as ``model.fit`` averages them
+(the replicas' slices concatenated) and applied on every replica, with replicated slots (exact by construction); the
+plan names them.
 
 Backups (``backup_dir``) hold the whole sharded state: under multi_worker each worker writes its own shard and a
 resumed job, on any number of workers, re-partitions it (``tfaccel.resilience.shard_backup``); ``model.save``
@@ -155,22 +156,24 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
     if own is None:
         _check_strategy(strategy)
     _check_model(model, optimizer, accumulation_steps)
+    replicas = backend.num_replicas_in_sync if own is not None else strategy.num_replicas_in_sync
     if own is not None:
-        return f"{own(model, backup_dir=backup_dir, checkpoint_dir=checkpoint_dir)}; {why}"
-    if checkpoint_dir and isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        raise _refuse(f"checkpoint_dir={checkpoint_dir!r}: under multi_worker each worker holds only its shard of the "
-                      "optimizer state, and a checkpoint_dir file would hold only the writing worker's",
-                      "keep backup_dir (its backups save every worker's shard) or a ModelCheckpoint / model.save "
-                      f"(.keras, called on every worker), or {_FIX}")
-    if not is_sharded(optimizer):
-        optimizer.__class__ = sharded_class(type(optimizer), partition_by_bytes)
+        done = own(model, backup_dir=backup_dir, checkpoint_dir=checkpoint_dir)
+    else:
+        if checkpoint_dir and isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+            raise _refuse(f"checkpoint_dir={checkpoint_dir!r}: under multi_worker each worker holds only its shard of "
+                          "the optimizer state, and a checkpoint_dir file would hold only the writing worker's",
+                          "keep backup_dir (its backups save every worker's shard) or a ModelCheckpoint / model.save "
+                          f"(.keras, called on every worker), or {_FIX}")
+        if not is_sharded(optimizer):
+            optimizer.__class__ = sharded_class(type(optimizer), partition_by_bytes)
+        done = (f"optimizer {type(optimizer).__name__}: state sharded over {replicas} replicas (ZeRO-1: each "
+                "variable's slots on one owner, gradients reduced to it, its update copied to every replica)")
     sparse = sparse_gradient_variables(model)
     leave_unsharded(optimizer, [v for v in model.trainable_variables if v.path in sparse])
-    replicas = strategy.num_replicas_in_sync
-    unsharded = (f"; left unsharded (Embedding tables, whose gradients are sparse: Keras' own all-reduce and update "
-                 f"on every replica, replicated slots): {', '.join(sorted(sparse))}" if sparse else "")
-    return (f"optimizer {type(optimizer).__name__}: state sharded over {replicas} replicas (ZeRO-1: each variable's "
-            f"slots on one owner, gradients reduced to it, its update copied to every replica){unsharded}; {why}")
+    unsharded = (f"; left unsharded (Embedding tables, whose gradients are sparse: averaged as model.fit averages "
+                 f"them and applied on every replica, replicated slots): {', '.join(sorted(sparse))}" if sparse else "")
+    return f"{done}{unsharded}; {why}"
 
 
 def xla_fallback(model: Any, jit: bool) -> Optional[str]:

@@ -1,7 +1,7 @@
 """Gradient averaging for Keras 3 optimizers over Horovod ranks, and the refusal of Horovod's own Keras 2 wrapper
 (which Keras 3 never calls, so ranks would silently diverge)."""
 
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import keras
 import tensorflow as tf
@@ -11,7 +11,7 @@ from tfaccel.errors import ConfigError, invalid_choice
 from tfaccel.strategies.horovod.runtime import import_horovod
 
 __all__ = ["COMPRESSION_NAMES", "check_compression", "is_distributed_optimizer", "check_optimizer",
-           "distributed_optimizer", "distribute_in_place"]
+           "allreduce_gradients", "distributed_optimizer", "distribute_in_place"]
 
 #: The gradient compressions :func:`distributed_optimizer` accepts (one source of truth for CLI and docs).
 COMPRESSION_NAMES: Tuple[str, ...] = ("none", "fp16")
@@ -79,7 +79,7 @@ def _compression(name: str, hvd: Any) -> Any:
     return hvd.Compression.fp16 if name == "fp16" else hvd.Compression.none
 
 
-def _allreduce_gradients(hvd: Any, grads: Sequence[Any], *, compression: Any) -> List[Any]:
+def allreduce_gradients(hvd: Any, grads: Sequence[Any], *, compression: Any, name: Optional[str] = None) -> List[Any]:
     """Averages the non-None gradients over all ranks; keeps the order, and keeps sparse gradients sparse.
 
     Dense gradients go through one grouped all-reduce. A sparse gradient (``tf.IndexedSlices``: an embedding's)
@@ -87,18 +87,27 @@ def _allreduce_gradients(hvd: Any, grads: Sequence[Any], *, compression: Any) ->
     ``MirroredStrategy`` concatenates the replicas' slices: Keras' optimizers apply duplicate indices slice by slice
     (Adam's update for two slices of one row differs from its update for their sum), so densifying would train
     another model than Keras' own fit.
+
+    Args:
+        name: names every collective (``<name>_dense``, ``<name>_values_<i>``, ...) regardless of the name scope,
+            for ranks whose train functions differ (Horovod matches ops across ranks by name). Default: Horovod's
+            own names.
     """
+    def named(suffix: str) -> Dict[str, Any]:
+        return {"name": f"{name}_{suffix}", "ignore_name_scope": True} if name else {}
+
     grads = list(grads)
     dense = [i for i, g in enumerate(grads) if g is not None and not isinstance(g, tf.IndexedSlices)]
     if dense:
         reduced = hvd.grouped_allreduce([tf.convert_to_tensor(grads[i]) for i in dense], op=hvd.Average,
-                                        compression=compression)
+                                        compression=compression, **named("dense"))
         for i, g in zip(dense, reduced):
             grads[i] = g
     for i, g in enumerate(grads):
         if isinstance(g, tf.IndexedSlices):
-            values = hvd.allgather(g.values) / tf.cast(hvd.size(), g.values.dtype)
-            grads[i] = tf.IndexedSlices(values, hvd.allgather(g.indices), dense_shape=g.dense_shape)
+            values = hvd.allgather(g.values, **named(f"values_{i}")) / tf.cast(hvd.size(), g.values.dtype)
+            grads[i] = tf.IndexedSlices(values, hvd.allgather(g.indices, **named(f"indices_{i}")),
+                                        dense_shape=g.dense_shape)
     return grads
 
 
@@ -147,7 +156,7 @@ def _averaging_class(base: type, hvd: Any, comp: Any) -> type:
     ``apply()`` averages the gradients over all ranks first."""
 
     def apply(self: Any, grads: Sequence[Any], trainable_variables: Optional[Sequence[Any]] = None) -> Any:
-        return base.apply(self, _allreduce_gradients(hvd, grads, compression=comp), trainable_variables)
+        return base.apply(self, allreduce_gradients(hvd, grads, compression=comp), trainable_variables)
 
     return type(base.__name__, (base,), {
         "apply": apply,

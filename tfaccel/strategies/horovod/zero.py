@@ -9,20 +9,20 @@ loopback (docs/guides/horovod.md): Horovod 0.28.1's reduce-scatter of a flat buf
 grouped all-reduce, and one all-gather of a flat buffer less than a broadcast per variable from its owner.
 
 What the backend adds to ``tfaccel.train.zero``'s refusals, before training: backups and checkpoints written by rank
-0 alone (``backup_dir``, ``checkpoint_dir``: its files would hold only its own slots), sparse gradients (Embedding
-layers), and Horovod's fp16 gradient compression (the all-reduce would not average what ``model.fit`` averages).
+0 alone (``backup_dir``, ``checkpoint_dir``: its files would hold only its own slots), and Horovod's fp16 gradient
+compression (the all-reduce would not average what ``model.fit`` averages). Embedding tables stay unsharded, as
+under mirrored: their sparse gradients are all-gathered and every rank updates its full copy.
 """
 
 from typing import Any, List, Optional
 
-import keras
 import numpy as np
 import tensorflow as tf
 
-from tfaccel.compat import keras_internals
 from tfaccel.compat.keras_zero_ranks import shard_over_ranks
 from tfaccel.errors import ConfigError
 from tfaccel.memory.shards import partition_by_bytes
+from tfaccel.strategies.horovod.optimizer import allreduce_gradients
 
 __all__ = ["HorovodCollectives", "shard_optimizer"]
 
@@ -44,9 +44,10 @@ class HorovodCollectives:
         self.rank, self.size = int(hvd.rank()), int(hvd.size())
 
     def average(self, tensors: List[Any]) -> List[Any]:
-        """Each gradient averaged over the ranks: one grouped all-reduce."""
-        return self.hvd.grouped_allreduce([tf.convert_to_tensor(t) for t in tensors], op=self.hvd.Average,
-                                          name="tfaccel_zero_gradients", ignore_name_scope=True)
+        """Each gradient averaged over the ranks: one grouped all-reduce of the dense ones, an all-gather of each
+        sparse one's slices (an Embedding table's, kept sparse as ``model.fit`` keeps them)."""
+        return allreduce_gradients(self.hvd, tensors, compression=self.hvd.Compression.none,
+                                   name="tfaccel_zero_gradients")
 
     def gather(self, tensor: Any) -> Any:
         """Every rank's updated variables (one flat buffer each), in rank order: one all-gather."""
@@ -61,7 +62,7 @@ def _refuse(reason: str, fix: str = _FIX) -> ConfigError:
     return ConfigError(f"shard_optimizer_state=True under Horovod: {reason}; {fix}")
 
 
-def _check(model: Any, *, size: int, compression: str, backup_dir: Optional[str],
+def _check(*, size: int, compression: str, backup_dir: Optional[str],
            checkpoint_dir: Optional[str]) -> None:
     if size < 2:
         raise _refuse("there is one rank, so nothing to shard",
@@ -75,11 +76,6 @@ def _check(model: Any, *, size: int, compression: str, backup_dir: Optional[str]
                           "optimizer state, so the file would lose the other ranks' slots",
                           "save with keras.callbacks.ModelCheckpoint or model.save(...) called on every rank (the "
                           f".keras file then holds every slot), train under multi_worker for backups, or {_FIX}")
-    sparse = [layer.name for layer in keras_internals.flatten_layers(model)
-              if isinstance(layer, keras.layers.Embedding)]
-    if sparse:
-        raise _refuse(f"Embedding layer(s) {', '.join(sparse)} give sparse gradients, which are not sharded over "
-                      "Horovod ranks")
 
 
 def shard_optimizer(model: Any, *, hvd: Any, compression: str, backup_dir: Optional[str] = None,
@@ -102,7 +98,7 @@ def shard_optimizer(model: Any, *, hvd: Any, compression: str, backup_dir: Optio
         ConfigError: what cannot be trained exactly, or saved whole, with the reason and the fix.
     """
     collectives = HorovodCollectives(hvd)
-    _check(model, size=collectives.size, compression=compression, backup_dir=backup_dir,
+    _check(size=collectives.size, compression=compression, backup_dir=backup_dir,
            checkpoint_dir=checkpoint_dir)
     shard_over_ranks(model.optimizer, partition_by_bytes, collectives)
     return (f"optimizer {type(model.optimizer).__name__}: state sharded over {collectives.size} Horovod ranks "

@@ -1,0 +1,72 @@
+"""What the ZeRO parity programs share (tests/training/zero_program.py, tests/training/zero_workers_program.py,
+tests/horovod/hvd_zero_program.py): the optimizer cases, the model, the data and the plain ``model.fit`` reference.
+
+It imports Keras: a program imports it after it has set its devices or strategy.
+"""
+
+import contextlib
+from typing import Any, Callable, Dict, Optional, Sequence
+
+import keras
+import numpy as np
+
+# name -> a factory of a fresh optimizer: each case's own state, schedule, decay or clipping
+OPTIMIZERS: Dict[str, Callable[[], keras.optimizers.Optimizer]] = {
+    "adam_schedule": lambda: keras.optimizers.Adam(keras.optimizers.schedules.ExponentialDecay(
+        0.01, decay_steps=3, decay_rate=0.9)),
+    "adamw": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.1),
+    "sgd_nesterov_clipnorm": lambda: keras.optimizers.SGD(0.05, momentum=0.9, nesterov=True, clipnorm=0.5),
+    "rmsprop_global_clipnorm": lambda: keras.optimizers.RMSprop(0.01, global_clipnorm=0.3),
+}
+BATCH, EPOCHS = 32, 2
+
+
+def data():
+    """256 examples of a linear regression, 8 features to 3 targets."""
+    rng = np.random.RandomState(0)
+    x = rng.randn(256, 8).astype("float32")
+    return x, (x @ rng.randn(8, 3)).astype("float32")
+
+
+def layers(input_shape=(8,), num_classes=3) -> keras.Model:
+    return keras.Sequential([keras.Input(input_shape), keras.layers.Dense(32, activation="relu"),
+                             keras.layers.Dense(16, activation="relu"), keras.layers.Dense(num_classes)])
+
+
+def model(optimizer: Callable[[], Any], weights: Optional[list] = None, *, scope: Any = None,
+          metrics: Sequence[str] = ()) -> keras.Model:
+    """The model compiled with a fresh optimizer (inside ``scope`` when given), from ``weights`` when given."""
+    keras.utils.set_random_seed(1)
+    with scope if scope is not None else contextlib.nullcontext():
+        built = layers()
+        built.compile(optimizer(), "mse", metrics=list(metrics))
+    if weights is not None:
+        built.set_weights(weights)
+    return built
+
+
+def plain_fit(plain: keras.Model, x, y) -> dict:
+    """The reference: plain ``model.fit`` on one device, its history and final weights."""
+    history = plain.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0).history
+    return {"plain_history": history, "plain_weights": [w.tolist() for w in plain.get_weights()]}
+
+
+def embedding_layers() -> keras.Model:
+    """An Embedding table (sparse ``IndexedSlices`` gradients, left unsharded) beside Dense layers (sharded)."""
+    return keras.Sequential([keras.Input((6,), dtype="int32"), keras.layers.Embedding(50, 8),
+                             keras.layers.Flatten(), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+
+
+def embedding_model(scope: Any = None) -> keras.Model:
+    """:func:`embedding_layers` compiled with Adam and ``clipnorm`` (each summed gradient clipped, the table's too)."""
+    keras.utils.set_random_seed(2)
+    with scope if scope is not None else contextlib.nullcontext():
+        built = embedding_layers()
+        built.compile(keras.optimizers.Adam(0.01, clipnorm=1.0), "mse", metrics=["mae"])
+    return built
+
+
+def embedding_data():
+    """256 rows of 6 token ids below 50, one regression target each."""
+    rng = np.random.RandomState(1)
+    return rng.randint(0, 50, (256, 6)).astype("int32"), rng.randn(256, 1).astype("float32")
