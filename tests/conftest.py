@@ -34,7 +34,7 @@ HEAVY_FIRST = (
     "tests/corpus/test_corpus.py",  # 533
     "tests/ray/test_ray_cluster.py",  # 468
     "tests/parity/test_parity.py",  # 440
-    "tests/conformance/test_keras_conformance.py",  # 422 before its mirrored path (+ about 65 CPU s, estimated)
+    "tests/conformance/test_keras_conformance.py",  # 674 in one process; two processes side by side since (46 items)
     "tests/reliability/test_reliability_processes.py",  # 333
     "tests/real/test_real_parity.py",  # 270
     "tests/reliability/test_reliability_elastic.py",  # 247
