@@ -156,24 +156,28 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
     if own is None:
         _check_strategy(strategy)
     _check_model(model, optimizer, accumulation_steps)
-    replicas = backend.num_replicas_in_sync if own is not None else strategy.num_replicas_in_sync
     if own is not None:
         done = own(model, backup_dir=backup_dir, checkpoint_dir=checkpoint_dir)
     else:
-        if checkpoint_dir and isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-            raise _refuse(f"checkpoint_dir={checkpoint_dir!r}: under multi_worker each worker holds only its shard of "
-                          "the optimizer state, and a checkpoint_dir file would hold only the writing worker's",
-                          "keep backup_dir (its backups save every worker's shard) or a ModelCheckpoint / model.save "
-                          f"(.keras, called on every worker), or {_FIX}")
-        if not is_sharded(optimizer):
-            optimizer.__class__ = sharded_class(type(optimizer), partition_by_bytes)
-        done = (f"optimizer {type(optimizer).__name__}: state sharded over {replicas} replicas (ZeRO-1: each "
-                "variable's slots on one owner, gradients reduced to it, its update copied to every replica)")
+        done = _shard_over_replicas(strategy, optimizer, checkpoint_dir)
     sparse = sparse_gradient_variables(model)
     leave_unsharded(optimizer, [v for v in model.trainable_variables if v.path in sparse])
     unsharded = (f"; left unsharded (Embedding tables, whose gradients are sparse: averaged as model.fit averages "
                  f"them and applied on every replica, replicated slots): {', '.join(sorted(sparse))}" if sparse else "")
     return f"{done}{unsharded}; {why}"
+
+
+def _shard_over_replicas(strategy: Any, optimizer: Any, checkpoint_dir: Optional[str]) -> str:
+    """Swaps the optimizer's class for its subclass sharded over the strategy's replicas; what was done."""
+    if checkpoint_dir and isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        raise _refuse(f"checkpoint_dir={checkpoint_dir!r}: under multi_worker each worker holds only its shard of the "
+                      "optimizer state, and a checkpoint_dir file would hold only the writing worker's",
+                      "keep backup_dir (its backups save every worker's shard) or a ModelCheckpoint / model.save "
+                      f"(.keras, called on every worker), or {_FIX}")
+    if not is_sharded(optimizer):
+        optimizer.__class__ = sharded_class(type(optimizer), partition_by_bytes)
+    return (f"optimizer {type(optimizer).__name__}: state sharded over {strategy.num_replicas_in_sync} replicas "
+            "(ZeRO-1: each variable's slots on one owner, gradients reduced to it, its update copied to every replica)")
 
 
 def xla_fallback(model: Any, jit: bool) -> Optional[str]:
