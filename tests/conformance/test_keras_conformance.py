@@ -178,8 +178,8 @@ def _recorded_modules() -> List[tuple]:
 
 
 @pytest.mark.timeout(RUN_SECONDS + 120)
-@pytest.mark.parametrize("path, module", _recorded_modules(),
-                         ids=[f"{p}:{m.removeprefix('keras/src/')}" for p, m in _recorded_modules()])
+@pytest.mark.parametrize("path, module", [pytest.param(p, m, id=f"{p}:{m.removeprefix('keras/src/')}")
+                                          for p, m in _recorded_modules()])
 def test_what_plain_keras_passes_passes_through_tfaccel(path: str, module: str, recorded: dict,
                                                         routed: Dict[str, dict]) -> None:
     plain = {t: o for t, o in recorded["modes"][f"keras:{path}"].items() if _module(t) == module}
