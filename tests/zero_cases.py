@@ -9,6 +9,7 @@ from typing import Any, Callable, Dict, Optional, Sequence
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 # name -> a factory of a fresh optimizer: each case's own state, schedule, decay or clipping
 OPTIMIZERS: Dict[str, Callable[[], keras.optimizers.Optimizer]] = {
@@ -57,16 +58,53 @@ def embedding_layers() -> keras.Model:
                              keras.layers.Flatten(), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
 
 
-def embedding_model(scope: Any = None) -> keras.Model:
-    """:func:`embedding_layers` compiled with Adam and ``clipnorm`` (each summed gradient clipped, the table's too)."""
+# name -> a factory of a fresh optimizer for the Embedding model: each summed gradient clipped (the table's too),
+# or every gradient clipped by the global norm over the sharded and unsharded ones (0.05: below the first steps' norm)
+EMBEDDING_OPTIMIZERS: Dict[str, Callable[[], keras.optimizers.Optimizer]] = {
+    "embedding": lambda: keras.optimizers.Adam(0.01, clipnorm=1.0),
+    "embedding_global_clipnorm": lambda: keras.optimizers.Adam(0.01, global_clipnorm=0.05),
+}
+
+
+def embedding_model(scope: Any = None, optimizer: Callable[[], Any] = EMBEDDING_OPTIMIZERS["embedding"]) -> keras.Model:
+    """:func:`embedding_layers` compiled with a fresh ``optimizer`` (by default Adam with ``clipnorm``)."""
     keras.utils.set_random_seed(2)
     with scope if scope is not None else contextlib.nullcontext():
         built = embedding_layers()
-        built.compile(keras.optimizers.Adam(0.01, clipnorm=1.0), "mse", metrics=["mae"])
+        built.compile(optimizer(), "mse", metrics=["mae"])
     return built
+
+
+def global_norms(model: keras.Model, x, y) -> list:
+    """The global gradient norm of each of the first 3 batches of plain training from the model's weights (its
+    optimizer is not stepped): whether a ``global_clipnorm`` bites."""
+    norms = []
+    for start in range(0, 3 * BATCH, BATCH):
+        with tf.GradientTape() as tape:
+            loss = model.compute_loss(x=x[start:start + BATCH], y=y[start:start + BATCH],
+                                      y_pred=model(x[start:start + BATCH], training=True))
+        grads = [tf.convert_to_tensor(g) for g in tape.gradient(loss, model.trainable_variables)]
+        norms.append(float(tf.linalg.global_norm(grads)))
+    return norms
 
 
 def embedding_data():
     """256 rows of 6 token ids below 50, one regression target each."""
     rng = np.random.RandomState(1)
     return rng.randint(0, 50, (256, 6)).astype("int32"), rng.randn(256, 1).astype("float32")
+
+
+class StopAt(keras.callbacks.Callback):
+    """Raises ``RuntimeError`` at the end of batch ``step`` (1-based) of epoch ``epoch`` on every process: the job
+    ends there, its last backup left behind."""
+
+    def __init__(self, epoch: int = 1, step: int = 5) -> None:
+        super().__init__()
+        self.at, self.epoch = (epoch, step), 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (self.epoch, batch + 1) == self.at:
+            raise RuntimeError("stopped for the test")

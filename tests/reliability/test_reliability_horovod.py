@@ -100,17 +100,27 @@ def test_run_horovod_reruns_horovodrun_with_every_rank_and_counts_the_attempts(t
 
 # ------------------------------------------------------------------------------------------- agree_on_backup
 class _BroadcastHvd:
-    """horovod.tensorflow stand-in: broadcast returns what rank 0 sent."""
+    """horovod.tensorflow stand-in: broadcast returns what rank 0 sent; allreduce adds ``others`` (the other ranks'
+    values) to this rank's."""
 
-    def __init__(self, rank: int, root_value):
-        self._rank, self.root_value, self.calls = rank, root_value, []
+    Sum = "sum"
+
+    def __init__(self, rank: int, root_value, others: float = 0.0):
+        self._rank, self.root_value, self.others, self.calls = rank, root_value, others, []
 
     def rank(self) -> int:
         return self._rank
 
+    def size(self) -> int:
+        return 2
+
     def broadcast(self, tensor, root_rank, name=None):
         self.calls.append((np.asarray(tensor).tolist(), root_rank, name))
         return tensor if self._rank == root_rank else np.asarray(self.root_value, dtype=np.int64)
+
+    def allreduce(self, tensor, op=None, name=None):
+        self.calls.append((float(tensor), op, name))
+        return float(tensor) + self.others
 
 
 def test_agree_on_backup_every_rank_takes_rank_0s_position():
@@ -120,17 +130,35 @@ def test_agree_on_backup_every_rank_takes_rank_0s_position():
     rank0_state = BackupState(epoch=1, step=5, global_step=28, weights="backup-28.weights.h5", weights_path="/b/x")
     hvd = _BroadcastHvd(0, None)
     assert agree_on_backup(rank0_state, _hvd=hvd) is rank0_state
-    assert hvd.calls == [([1, 1, 5, 28], 0, "tfaccel_backup_position")]
+    assert hvd.calls == [([1, 1, 5, 28, 0], 0, "tfaccel_backup_position")]
     # The same backup on the other rank (a shared directory): its own state, its own file.
     same = BackupState(rank0_state)
-    assert agree_on_backup(same, _hvd=_BroadcastHvd(1, [1, 1, 5, 28])) is same
+    assert agree_on_backup(same, _hvd=_BroadcastHvd(1, [1, 1, 5, 28, 0])) is same
     # Another host: no backup there, or an older one; it resumes at rank 0's position, weights from the broadcast.
     for mine in (None, BackupState(epoch=0, step=5, global_step=5, weights="backup-5.weights.h5", weights_path="/c")):
-        got = agree_on_backup(mine, _hvd=_BroadcastHvd(1, [1, 1, 5, 28]))
+        got = agree_on_backup(mine, _hvd=_BroadcastHvd(1, [1, 1, 5, 28, 0]))
         assert (got.epoch, got.step, got["global_step"], got["weights_path"]) == (1, 5, 28, None)
     # Rank 0 has none: nobody resumes.
-    assert agree_on_backup(BackupState(rank0_state), _hvd=_BroadcastHvd(1, [0, 0, 0, 0])) is None
+    assert agree_on_backup(BackupState(rank0_state), _hvd=_BroadcastHvd(1, [0, 0, 0, 0, 0])) is None
     assert agree_on_backup(None, _hvd=_BroadcastHvd(0, None)) is None
+
+
+def test_agree_on_backup_of_sharded_state_stops_every_rank_unless_all_read_it():
+    """Rank 0's backup holds optimizer state sharded over the ranks (one shard file each): every rank must load its
+    slots from it, so a rank that read another backup, or none, stops every rank (one all-reduce says how many)."""
+    from tfaccel.resilience.backups import BackupState
+    from tfaccel.strategies.horovod import agree_on_backup
+
+    sharded = BackupState(epoch=1, step=5, global_step=28, weights="backup-28.weights.h5", weights_path="/b/x",
+                          optimizer_shards={"files": ["backup-28.shard-0-of-2.npz", "backup-28.shard-1-of-2.npz"]})
+    both = _BroadcastHvd(0, None)
+    assert agree_on_backup(sharded, _hvd=both) is sharded  # every rank read it: no rank saw another
+    assert both.calls[-1] == (0.0, "sum", "tfaccel_backup_shards")
+    for rank, mine, others in ((0, sharded, 1.0), (1, None, 0.0), (1, BackupState(epoch=0, step=3, weights="w"), 0.0)):
+        with pytest.raises(ConfigError, match=r"backup_dir: rank 0's backup \(epoch 1, step 5\) holds optimizer state "
+                                              r"sharded over the ranks, one shard file each, and 1 of 2 ranks read "
+                                              r"another backup or none .*not a shared directory"):
+            agree_on_backup(mine, _hvd=_BroadcastHvd(rank, [1, 1, 5, 28, 1], others=others))
 
 
 class _Records(logging.Handler):
@@ -150,11 +178,11 @@ def test_agree_on_backup_says_when_a_rank_takes_rank_0s_backup():
     capture = _Records()
     get_logger().addHandler(capture)
     try:
-        agree_on_backup(None, _hvd=_BroadcastHvd(1, [1, 2, 3, 49]))
+        agree_on_backup(None, _hvd=_BroadcastHvd(1, [1, 2, 3, 49, 0]))
         agree_on_backup(BackupState(epoch=0, step=5, global_step=5, weights="w", weights_path="p"),
-                        _hvd=_BroadcastHvd(1, [1, 2, 3, 49]))
+                        _hvd=_BroadcastHvd(1, [1, 2, 3, 49, 0]))
         agree_on_backup(BackupState(epoch=0, step=5, global_step=5, weights="w", weights_path="p"),
-                        _hvd=_BroadcastHvd(1, [0, 0, 0, 0]))
+                        _hvd=_BroadcastHvd(1, [0, 0, 0, 0, 0]))
     finally:
         get_logger().removeHandler(capture)
     text = "\n".join(capture.lines)

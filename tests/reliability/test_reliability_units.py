@@ -22,10 +22,15 @@ REPO = Path(__file__).resolve().parent.parent.parent
 # ----------------------------------------------------------------------------------------------- R2 defaults
 def test_default_timeouts_are_bounded_and_stated():
     t = ph.resolve_timeouts(environ={})
-    assert (t.startup, t.heartbeat, t.collective) == (60.0, 20.0, 600.0)
+    assert (t.startup, t.heartbeat, t.collective) == (60.0, 20.0, 0.0)
     assert t.sources == ("default", "default", "default")
-    assert t.notes() == ("peer timeouts: start-up 60 s, lost-peer heartbeat 20 s, per-collective 600 s (a peer that "
+    assert t.notes() == ("peer timeouts: start-up 60 s, lost-peer heartbeat 20 s, per-collective off (a peer that "
                          "never starts or dies fails every surviving worker with its name instead of a hang)",)
+    given = ph.resolve_timeouts(timeout_seconds=30, environ={})  # what a per-collective timeout costs, said
+    assert given.note().endswith("per-collective 30 s (given) (a peer that never starts or dies fails every surviving "
+                                 "worker with its name instead of a hang; each collective holds a thread for the "
+                                 "per-collective timeout on TensorFlow 2.21, about collectives per second x 30 "
+                                 "threads)")
 
 
 def test_timeouts_precedence_argument_over_environment_over_default():

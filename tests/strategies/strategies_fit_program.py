@@ -7,6 +7,7 @@ Prints one JSON line: {"ok": true, "strategy": ..., "loss": [...], "weights_sha"
 import argparse
 import hashlib
 import json
+import os
 import sys
 
 import numpy as np
@@ -64,8 +65,14 @@ def main() -> int:
         metrics = ["mae"] + ([_variable_metric(keras)] if args.variable_metric else [])
         model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=metrics, jit_compile=args.jit,
                       steps_per_execution=args.steps_per_execution)
+    threads = []  # this process's threads at each epoch's end: they must not grow with the steps
+
+    class CountThreads(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            threads.append(len(os.listdir("/proc/self/task")))
+
     try:
-        history = model.fit(data, epochs=args.epochs, verbose=0)
+        history = model.fit(data, epochs=args.epochs, verbose=0, callbacks=[CountThreads()])
     except Exception as exc:  # noqa: BLE001 - the test asserts on the upstream message
         print(json.dumps({"ok": False, "type": type(exc).__name__, "message": str(exc)[:4000]}))
         return 3
@@ -77,7 +84,7 @@ def main() -> int:
                       "below": history.history.get("below"),
                       "weights_sha": hashlib.sha256(weights.tobytes()).hexdigest(),
                       "weights_sum": float(np.abs(weights).sum()),
-                      "jit": bool(getattr(model, "jit_compile", False))}))
+                      "jit": bool(getattr(model, "jit_compile", False)), "threads": threads}))
     return 0
 
 

@@ -5,6 +5,7 @@ counted from the tensors given to the collectives, ``tfaccel.compat.keras_zero_c
 worker's shard, resume on another layout, and a .keras file saved at the end loads in plain Keras."""
 
 import json
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -69,6 +70,26 @@ def test_sharded_over_workers_equals_plain_fit(launches, workers, case):
     held = [w[case]["bytes"] for w in launches[workers]]
     full = plain["full_bytes"]
     assert sum(held) <= full + workers * 16 and max(held) < 0.7 * full, (held, full)  # each holds its share only
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+@pytest.mark.parametrize("case", ["embedding", "embedding_global_clipnorm"])
+def test_an_embedding_table_stays_unsharded_over_workers_and_trains_as_plain_fit(launches, workers, case):
+    """The table's sparse gradient goes through the strategy's own all-reduce and every worker updates its full copy
+    with full slots; the Dense layers beside it are sharded; Adam with clipnorm, and with global_clipnorm (the global
+    norm over the sharded and unsharded gradients)."""
+    runs = [w[case] for w in launches[workers]]
+    plain = runs[0]  # the chief's plain fit on one device
+    assert re.search(r"over \d replicas \(ZeRO-1: .*\); left unsharded \(Embedding tables, .*\): \S*embedding\S*/"
+                     r"embeddings; asked for", plain["note"]), plain["note"]
+    for run in runs:
+        for key, values in plain["plain_history"].items():
+            np.testing.assert_allclose(run["history"][key], values, rtol=1e-5, atol=1e-5, err_msg=key)
+        for got, want in zip(run["weights"], plain["plain_weights"], strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        assert run["slot_shapes"].count([50, 8]) == 2, run["slot_shapes"]  # Adam's m and v of the whole table
+    kernels = [s for run in runs for s in run["slot_shapes"] if len(s) == 2 and s != [50, 8]]
+    assert len(kernels) == 4, kernels  # each Dense kernel's m and v on one worker only
 
 
 @pytest.mark.parametrize("workers", [2, 4])

@@ -29,11 +29,13 @@ CASES = {**zc.OPTIMIZERS, "adam_keras_loop": lambda: keras.optimizers.Adam(0.01)
          "adam_unsharded": lambda: keras.optimizers.Adam(0.01)}
 
 
-def _embedding_case(mirrored) -> dict:
-    """An Embedding table (IndexedSlices gradients) left unsharded beside sharded Dense layers: Adam with clipnorm."""
+def _embedding_case(mirrored, optimizer) -> dict:
+    """An Embedding table (IndexedSlices gradients) left unsharded beside sharded Dense layers: Adam with clipnorm,
+    or with global_clipnorm (the global norm over the sharded and unsharded gradients)."""
     x, y = zc.embedding_data()
-    plain = zc.embedding_model()
-    model = zc.embedding_model(tfaccel.scope(strategy="mirrored"))
+    plain = zc.embedding_model(optimizer=optimizer)
+    norms = zc.global_norms(plain, x, y)
+    model = zc.embedding_model(tfaccel.scope(strategy="mirrored"), optimizer)
     model.set_weights(plain.get_weights())
     ref = plain.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0).history
     result = tfaccel.fit(model, x, y, batch_size=32, epochs=2, shuffle=False, verbose=0, shard_optimizer_state=True)
@@ -45,6 +47,7 @@ def _embedding_case(mirrored) -> dict:
     estimate = estimate_memory(zc.embedding_layers(), batch_size=32, strategy="mirrored", replicas=N,
                                optimizer=keras.optimizers.Adam(0.01), recompute=False, shard_optimizer_state=True)
     return {"plain_history": ref, "history": result.history, "note": result.details.get("optimizer_state"),
+            "norms": norms,
             "plain_weights": [w.tolist() for w in plain.get_weights()],
             "weights": [w.tolist() for w in model.get_weights()], "held": held,
             "estimate": list(estimate.optimizer_shard_bytes),
@@ -85,7 +88,8 @@ def main() -> None:
             out[name]["estimate"] = list(estimate_memory(
                 zc.layers, input_shape=(8,), num_classes=3, batch_size=32, strategy="mirrored", replicas=N, optimizer=optimizer(), recompute=False,
                 shard_optimizer_state=True).optimizer_shard_bytes)
-    out["embedding"] = _embedding_case(mirrored)
+    for name, optimizer in zc.EMBEDDING_OPTIMIZERS.items():
+        out[name] = _embedding_case(mirrored, optimizer)
     if N == 2:  # the CLI's flag, end to end, on this process's mirrored strategy
         from tfaccel.cli.main import main as cli
 

@@ -5,7 +5,8 @@ plain ``model.fit`` on one device (in the chief's process alone), same initial w
 every worker (the backup at step 3 left behind, each worker's shard in it; the chief copies it to
 ``argv[1]/kept``), resumed by a fresh model (whose weights and history are compared), saved with ``model.save`` by
 every worker (the chief's file: ``argv[1]/model.keras``) and that file loaded in plain Keras. With ``argv[2] ==
-"parity"`` (the 4-worker launch) every case is a plain sharded fit, nothing else. Each case also reports the bytes
+"parity"`` (the 4-worker launch) every case is a plain sharded fit, nothing else. Both launches also train an
+Embedding table (left unsharded) beside sharded Dense layers, with clipnorm and with global_clipnorm. Each case also reports the bytes
 given to the collectives of one sharded step (``keras_zero_collective.exchange_bytes``). Prints one JSON line."""
 
 import json
@@ -58,6 +59,8 @@ def main() -> None:
                      "exchange": exchange_bytes(model.distribute_strategy), **reference}
         if chief and name == "adam_schedule" and not parity_only:
             out["resume"]["plain_state"] = [v.numpy().tolist() for v in plain.optimizer.variables]
+    for name, optimizer in zc.EMBEDDING_OPTIMIZERS.items():
+        out[name] = _embedding_case(optimizer, chief)
     if not parity_only:
         out["checkpoint_dir_refusal"] = _checkpoint_dir_refusal(x, y, initial)
     print(json.dumps(out))
@@ -66,6 +69,21 @@ def main() -> None:
 def _plain_fit(plain, x, y):
     return {**zc.plain_fit(plain, x, y),
             "full_bytes": sum(int(np.prod(v.shape)) * 4 for v in plain.optimizer.variables)}
+
+
+def _embedding_case(optimizer, chief):
+    """An Embedding table left unsharded (its sparse gradient all-reduced by the strategy, every worker updates it)
+    beside Dense layers sharded over the workers, against plain ``model.fit`` on one device (the chief's)."""
+    x, y = zc.embedding_data()
+    plain = zc.embedding_model(tf.distribute.get_strategy().scope(), optimizer)
+    model = zc.embedding_model(tfaccel.scope(strategy="multi_worker"), optimizer)
+    model.set_weights(plain.get_weights())
+    reference = zc.plain_fit(plain, x, y) if chief else {}
+    result = tfaccel.fit(model, x, y, batch_size=zc.BATCH, epochs=zc.EPOCHS, shuffle=False, verbose=0, seed=0,
+                         shard_optimizer_state=True)
+    return {"history": result.history, "weights": [w.tolist() for w in model.get_weights()],
+            "note": result.details.get("optimizer_state"),
+            "slot_shapes": [list(v.shape) for v in model.optimizer.variables], **reference}
 
 
 def _checkpoint_dir_refusal(x, y, initial):
@@ -79,19 +97,6 @@ def _checkpoint_dir_refusal(x, y, initial):
     return "trained"
 
 
-class _Stop(keras.callbacks.Callback):
-    """Raises at epoch 1 step 5 on every worker: the job ends there, its last backup (step 3) left behind."""
-
-    epoch = 0
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.epoch = epoch
-
-    def on_train_batch_end(self, batch, logs=None):
-        if self.epoch == 1 and batch + 1 == 5:
-            raise RuntimeError("stopped for the test")
-
-
 def _stopped_and_resumed(x, y, optimizer, initial):
     """The sharded fit stopped at epoch 1 step 5, the fit of a fresh model that resumes it, its .keras file saved
     by every worker and loaded in plain Keras: ``(model, result, what was seen)``."""
@@ -100,7 +105,7 @@ def _stopped_and_resumed(x, y, optimizer, initial):
     stopped = _model(tfaccel.scope(strategy="multi_worker"), optimizer, initial)
     try:
         tfaccel.fit(stopped, x, y, epochs=2, shard_optimizer_state=True, backup_dir=backup, backup_freq=3,
-                    callbacks=[_Stop()], **kw)
+                    callbacks=[zc.StopAt(1, 5)], **kw)
     except RuntimeError:
         pass
     with open(os.path.join(backup, "tfaccel_backup.json")) as fh:

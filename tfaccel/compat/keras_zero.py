@@ -8,7 +8,8 @@ variable (seen on Keras 3.15.1 / TensorFlow 2.21.0):
 * creates its slots (Adam's moments, SGD's momentum, ...) on one replica's device only, the variable's *owner*
   (a single-device variable made by the strategy's own creator, through ``colocate_with=SingleDevice``);
 * reduces the variable's gradient to the owner alone (``strategy.extended.reduce_to``), clips the reduced
-  gradients with the optimizer's own ``_clip_gradients`` (so ``global_clipnorm`` sees the global norm);
+  gradients with the optimizer's own ``_clip_gradients`` (``global_clipnorm``: Keras' global norm over every reduced
+  gradient, those of the variables left unsharded included);
 * runs the optimizer's own ``update_step`` on the owner's copy of the variable, with the learning rate and
   iteration counter every replica computed;
 * copies the updated value to every other replica's copy.
@@ -155,19 +156,38 @@ class ShardOptimizerState:
 
     def _tfaccel_update(self, distribution: Any, grads: List[Any], tvars: List[Any], learning_rate: Any) -> None:
         plain = [i for i, v in enumerate(tvars) if self._var_key(v) not in self._tfaccel_owner]
-        if plain:  # variables left unsharded (sparse gradients): Keras' own all-reduce, every replica updates
-            self._tfaccel_update_plain(distribution, [grads[i] for i in plain], [tvars[i] for i in plain],
-                                       learning_rate)
+        sums, plain_vars = [], [tvars[i] for i in plain]
+        if plain:  # variables left unsharded (sparse gradients): Keras' own all-reduce, every replica updates them
+            sums = distribution.extended.batch_reduce_to(tf.distribute.ReduceOp.SUM,
+                                                         [(grads[i], tvars[i]) for i in plain])
             grads = [g for i, g in enumerate(grads) if i not in plain]
             tvars = [v for i, v in enumerate(tvars) if i not in plain]
+        # global_clipnorm: the global norm includes the unsharded gradients (their sums are the same on every replica)
+        unsharded_squared = (keras_zero_collective.squared_norm([distribution.experimental_local_results(s)[0]
+                                                                 for s in sums])
+                             if sums and self.global_clipnorm else None)
         if self._tfaccel_workers > 1:
-            self._tfaccel_update_workers(distribution, grads, tvars, learning_rate)
-            return
+            scale = self._tfaccel_update_workers(distribution, grads, tvars, learning_rate, unsharded_squared)
+        else:
+            scale = self._tfaccel_update_replicas(distribution, grads, tvars, learning_rate, unsharded_squared)
+        if sums:
+            self._tfaccel_update_plain(distribution, sums, plain_vars, learning_rate, scale)
+
+    def _tfaccel_update_replicas(self, distribution: Any, grads: List[Any], tvars: List[Any], learning_rate: Any,
+                                 unsharded_squared: Optional[Any]) -> Optional[Any]:
+        """One process's replicas: each gradient reduced to its owner, clipped, applied there and the new value
+        copied to the other replicas; returns ``global_clipnorm``'s scale (None without it)."""
         owners = [self._tfaccel_owner[self._var_key(v)] for v in tvars]
         reduced = [distribution.extended.reduce_to(tf.distribute.ReduceOp.SUM, g,
                                                    destinations=self._tfaccel_devices[o])
                    for g, o in zip(grads, owners)]
-        reduced = super()._clip_gradients(reduced)  # type: ignore[misc]
+        scale = None
+        if self.global_clipnorm:
+            squared = keras_zero_collective.squared_norm(reduced)
+            reduced, scale = keras_zero_collective.clip_by_global_norm(
+                reduced, self.global_clipnorm, squared if unsharded_squared is None else squared + unsharded_squared)
+        else:
+            reduced = super()._clip_gradients(reduced)  # type: ignore[misc]
         rates = distribution.experimental_local_results(learning_rate)
         for grad, var, owner in zip(reduced, tvars, owners):
             copies = distribution.experimental_local_results(var)
@@ -178,29 +198,36 @@ class ShardOptimizerState:
                 if index != owner:
                     with tf.device(self._tfaccel_devices[index]):
                         copy.assign(value)
+        return scale
 
-    def _tfaccel_update_plain(self, distribution: Any, grads: List[Any], tvars: List[Any], learning_rate: Any) -> None:
-        """Keras' own path for the variables left unsharded: the gradient summed onto every replica (dense or
-        ``IndexedSlices``), each replica's copy updated by the optimizer's ``update_step`` on its replicated slots;
-        ``clipnorm`` / ``clipvalue`` clip each summed gradient (``global_clipnorm`` is refused beside them)."""
-        sums = distribution.extended.batch_reduce_to(tf.distribute.ReduceOp.SUM, list(zip(grads, tvars)))
-
+    def _tfaccel_update_plain(self, distribution: Any, sums: List[Any], tvars: List[Any], learning_rate: Any,
+                              scale: Optional[Any]) -> None:
+        """Keras' own update of the variables left unsharded: ``sums`` (their gradients summed onto every replica,
+        dense or ``IndexedSlices``) clipped, each replica's copy updated by the optimizer's ``update_step`` on its
+        replicated slots. ``scale``: ``global_clipnorm``'s, from the global norm over every gradient; without it
+        ``clipnorm`` / ``clipvalue`` clip each sum."""
         def apply(var: Any, grad: Any, rate: Any) -> Any:
-            return self.update_step(super(ShardOptimizerState, self)._clip_gradients([grad])[0], var, rate)
+            if scale is not None:
+                grad = grad * scale  # as Keras' clip_by_global_norm scales it
+            else:
+                grad = super(ShardOptimizerState, self)._clip_gradients([grad])[0]
+            return self.update_step(grad, var, rate)
 
         for grad, var in zip(sums, tvars):
             distribution.extended.update(var, apply, args=(grad, learning_rate), group=False)
 
-    def _tfaccel_update_workers(self, distribution: Any, grads: List[Any], tvars: List[Any],
-                                learning_rate: Any) -> None:
-        """Several workers, one replica each: reduce-scatter, update, all-gather (``keras_zero_collective``)."""
+    def _tfaccel_update_workers(self, distribution: Any, grads: List[Any], tvars: List[Any], learning_rate: Any,
+                                unsharded_squared: Optional[Any]) -> Optional[Any]:
+        """Several workers, one replica each: reduce-scatter, update, all-gather (``keras_zero_collective``);
+        returns ``global_clipnorm``'s scale (None without it)."""
         one = distribution.experimental_local_results
         owner_of = dict(zip(self._tfaccel_owner, self._tfaccel_layout["owners"]))  # both in build's order
-        keras_zero_collective.update_across_workers(
+        return keras_zero_collective.update_across_workers(
             keras_zero_collective.collectives_for(distribution), grads=[one(g)[0] for g in grads],
             variables=[one(v)[0] for v in tvars], owners=[owner_of[self._var_key(v)] for v in tvars],
             me=self._tfaccel_layout["index"], rate=one(learning_rate)[0], update=self.update_step,
-            clip=super()._clip_gradients, global_clipnorm=self.global_clipnorm)  # type: ignore[misc]
+            clip=super()._clip_gradients, global_clipnorm=self.global_clipnorm,  # type: ignore[misc]
+            unsharded_squared=unsharded_squared)
 
 
 _SUMS: Dict[int, Any] = {}

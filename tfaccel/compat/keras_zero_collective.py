@@ -7,7 +7,8 @@ One optimizer step on every worker, for the trainable variables of each dtype (a
    padded to the bucket's *chunk* (the largest owner's share): one row per worker;
 2. row k sent to the worker of rank k, the rows meant for this worker received from every worker and summed
    (``CollectiveAllToAllV2`` + a local sum): a reduce-scatter, which leaves each owner its variables' summed gradients;
-3. ``global_clipnorm``: the global norm from the owners' squared norms (one scalar ``CollectiveReduceV2``);
+3. ``global_clipnorm``: the global norm from the owners' squared norms (one scalar ``CollectiveReduceV2``) and
+   those of the variables left unsharded (Embedding tables, the same on every worker);
    ``clipnorm`` / ``clipvalue`` are the optimizer's own, per variable, on the owner;
 4. the owner's variables updated by the user's optimizer (``update_step``);
 5. the owners' updated chunks all-gathered (``CollectiveGatherV2``), the other workers' variables assigned from them.
@@ -38,11 +39,12 @@ timeout) and ``multi_worker_util.id_in_cluster``; tests/training/test_zero_worke
 import dataclasses
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import keras
 import tensorflow as tf
 from tensorflow.python.distribute import cross_device_utils, multi_worker_util
 
 __all__ = ["GROUP_KEY", "Bucket", "plan_buckets", "rank_order", "WorkerCollectives", "collectives_for",
-           "update_across_workers", "exchange_bytes", "check_rows"]
+           "update_across_workers", "exchange_bytes", "check_rows", "squared_norm", "clip_by_global_norm"]
 
 GROUP_KEY = 1 << 24  # far above the strategy's own group keys (1, 2, ...)
 
@@ -189,20 +191,35 @@ def _gather_values(col: WorkerCollectives, bucket: Bucket, variables: Sequence[A
             offset += bucket.sizes[i]
 
 
-def _clip_by_global_norm(col: WorkerCollectives, grads: List[Any], clip_norm: float) -> List[Any]:
-    """Keras' ``clip_by_global_norm`` (keras/src/optimizers/base_optimizer.py) over every owner's gradients: the
-    squared norm of this owner's, summed over the workers."""
-    squares = [tf.cast(tf.reduce_sum(tf.square(g)), tf.float32) for g in grads]
-    mine = tf.add_n(squares) if squares else tf.constant(0.0)
-    norm = tf.sqrt(col.all_reduce_sum(tf.reshape(mine, [1]))[0])
+def squared_norm(grads: Sequence[Any]) -> Any:
+    """The square of Keras' ``global_norm`` (keras/src/optimizers/base_optimizer.py): each gradient's sum of
+    squares (of an ``IndexedSlices`` one, its slices' values, as Keras' ops square them), summed; 0 for none."""
+    if not grads:
+        return tf.constant(0.0)
+    return keras.ops.sum(keras.ops.stack([keras.ops.sum(keras.ops.square(g)) for g in grads]))
+
+
+def clip_by_global_norm(grads: Sequence[Any], clip_norm: float, squared: Any) -> Tuple[List[Any], Any]:
+    """Keras' ``clip_by_global_norm`` for the global norm whose square is ``squared``: the gradients scaled as Keras
+    scales them, and the scale (for gradients clipped elsewhere by the same norm)."""
+    norm = tf.sqrt(squared)
     scale = clip_norm * tf.minimum(1.0 / norm, 1.0 / clip_norm) + (norm - norm)
-    return [g * tf.cast(scale, g.dtype) for g in grads]
+    return [g * scale for g in grads], scale
+
+
+def _clip_over_workers(col: WorkerCollectives, grads: List[Any], clip_norm: float,
+                       unsharded_squared: Optional[Any]) -> Tuple[List[Any], Any]:
+    """``global_clipnorm`` over every owner's gradients: the squared norm of this owner's, summed over the workers,
+    plus ``unsharded_squared`` (the unsharded variables' gradients, the same on every worker)."""
+    total = col.all_reduce_sum(tf.reshape(tf.cast(squared_norm(grads), tf.float32), [1]))[0]
+    return clip_by_global_norm(grads, clip_norm, total if unsharded_squared is None else total + unsharded_squared)
 
 
 def update_across_workers(col: WorkerCollectives, *, grads: Sequence[Any], variables: Sequence[Any],
                           owners: Sequence[int], me: int, rate: Any, update: Callable[[Any, Any, Any], Any],
-                          clip: Callable[[List[Any]], List[Any]], global_clipnorm: Optional[float]) -> None:
-    """One sharded optimizer step (the module doc's 1-5).
+                          clip: Callable[[List[Any]], List[Any]], global_clipnorm: Optional[float],
+                          unsharded_squared: Optional[Any] = None) -> Optional[Any]:
+    """One sharded optimizer step (the module doc's 1-5); returns ``global_clipnorm``'s scale (None without it).
 
     Args:
         col: the strategy's collectives.
@@ -215,6 +232,8 @@ def update_across_workers(col: WorkerCollectives, *, grads: Sequence[Any], varia
         clip: the optimizer's own per-variable clipping (``clipnorm`` / ``clipvalue``), used without
             ``global_clipnorm``.
         global_clipnorm: the optimizer's ``global_clipnorm`` (None or 0: off).
+        unsharded_squared: the squared norm of the gradients of the variables left unsharded (summed over the
+            workers already), which the global norm includes; None where there are none.
     """
     col.traced = []
     buckets = plan_buckets([v.shape for v in variables], [v.dtype for v in variables], owners, col.replicas)
@@ -223,8 +242,13 @@ def update_across_workers(col: WorkerCollectives, *, grads: Sequence[Any], varia
         reduced.update(_reduce_scatter(col, bucket, grads, me))
     mine = sorted(reduced)
     owned = [reduced[i] for i in mine]
-    owned = _clip_by_global_norm(col, owned, global_clipnorm) if global_clipnorm else clip(owned)
+    scale = None
+    if global_clipnorm:
+        owned, scale = _clip_over_workers(col, owned, global_clipnorm, unsharded_squared)
+    else:
+        owned = clip(owned)
     for i, grad in zip(mine, owned):
         update(grad, variables[i], rate)
     for bucket in buckets:
         _gather_values(col, bucket, variables, me)
+    return scale

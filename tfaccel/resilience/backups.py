@@ -119,7 +119,9 @@ class StepBackup(keras.callbacks.Callback):
     its shard, and the chief moves the pointer once all are written (``tfaccel.resilience.shard_backup``).
     ``step_offset`` lets a resumed partial epoch report its true position; ``record(epoch, step)`` returns more
     fields for the backup's pointer (the world size, the finished epochs' logs:
-    ``tfaccel.resilience.elastic.journal_callback``). ``saves`` counts the backups written.
+    ``tfaccel.resilience.elastic.journal_callback``); ``total`` sums a value over the processes for the workers'
+    agreement on sharded state (the backend's, e.g. Horovod's all-reduce; None: the strategy's). ``saves`` counts
+    the backups written.
 
     A save copies the values to host memory in the step loop and hands the file, its fsync and the pointer to
     ``writer`` (a :class:`~tfaccel.resilience.backup_writer.BackupWriter`: a background thread unless
@@ -130,7 +132,7 @@ class StepBackup(keras.callbacks.Callback):
 
     def __init__(self, backup_dir: str, *, save_freq: Optional[int], is_chief: bool, step_offset: int = 0,
                  steps_per_epoch: int, record: Optional[Callable[[int, int], Dict[str, Any]]] = None,
-                 writer: Optional[BackupWriter] = None) -> None:
+                 writer: Optional[BackupWriter] = None, total: Optional[Callable[[float], float]] = None) -> None:
         super().__init__()
         self.backup_dir, self.save_freq, self.is_chief = backup_dir, save_freq, is_chief
         self.steps_per_epoch, self.record = steps_per_epoch, record
@@ -139,7 +141,7 @@ class StepBackup(keras.callbacks.Callback):
         self.step_offset = step_offset
         self.last_saved: Optional[tuple] = None
         self.saves = 0
-        self._total: Optional[Callable[[float], float]] = None
+        self._total = total  # None: the strategy's all-reduce, made at the first sharded backup
 
     def on_epoch_begin(self, epoch: int, logs: Optional[Dict] = None) -> None:
         self.epoch = epoch

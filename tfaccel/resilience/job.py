@@ -52,7 +52,7 @@ def backup_callbacks(ctx: FitContext, state: Optional[Dict[str, Any]]) -> Dict[s
         named["journal"] = _journal(ctx, state)  # before the backup: an epoch's backup holds that epoch's logs
         named["backup"] = StepBackup(backups.backup_dir, save_freq=backups.backup_freq, is_chief=backend.is_chief,
                                      step_offset=ctx.start_step, steps_per_epoch=data.steps_per_epoch or 0,
-                                     record=named["journal"].record)
+                                     record=named["journal"].record, total=backend.sum_over_processes)
     if backups.checkpoint_dir:
         named["checkpoint"] = ChiefCheckpoint(backups.checkpoint_dir, is_chief=backend.is_chief,
                                               every_worker_saves=backend.traits.every_worker_saves)

@@ -13,8 +13,13 @@ itself, before the strategy is built (the strategy keeps a service that is alrea
   aborts every collective of the survivors with ``UnavailableError`` naming it; a peer process that died
   is seen at once (its connection is reset) by the next collective.
 
-The per-collective ``timeout_seconds`` of ``CommunicationOptions`` is separate (tfaccel's default is
-:data:`DEFAULT_COLLECTIVE_TIMEOUT_S`); it bounds a collective whose peers are alive but never join it.
+The per-collective ``timeout_seconds`` of ``CommunicationOptions`` is separate; it bounds a collective whose peers
+are alive but never join it. It is off by default (:data:`DEFAULT_COLLECTIVE_TIMEOUT_S`, as in TensorFlow): on
+TensorFlow 2.21 every collective run with a timeout starts a thread that lives for the whole timeout (measured on
+CPUs over gRPC: with 3 s, two workers training a small model held ~2,200 threads each; with 600 s they grew by
+~200 threads an epoch of 32 steps until thread creation failed, ``std::system_error: Resource temporarily
+unavailable``), so a job holds about (collectives per second) x (timeout) threads. A dead or frozen peer is caught
+by the heartbeat without it.
 
 Defaults come from the strategy options, else from the environment (``TFACCEL_STARTUP_TIMEOUT``,
 ``TFACCEL_HEARTBEAT_TIMEOUT``, ``TFACCEL_COLLECTIVE_TIMEOUT``), else from the constants below.
@@ -35,7 +40,7 @@ __all__ = ["PeerTimeouts", "resolve_timeouts", "configure_coordination", "startu
 
 DEFAULT_STARTUP_TIMEOUT_S = 60.0
 DEFAULT_HEARTBEAT_TIMEOUT_S = 20.0  # TF would use 10 s; measured: a survivor exits ~heartbeat + 12 s after the loss
-DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0  # generous: a slow first step (tracing) or a chief checkpoint must fit
+DEFAULT_COLLECTIVE_TIMEOUT_S = 0.0  # off: a timeout holds one thread per collective for its whole length (above)
 ENV_NAMES = {"startup": "TFACCEL_STARTUP_TIMEOUT", "heartbeat": "TFACCEL_HEARTBEAT_TIMEOUT",
              "collective": "TFACCEL_COLLECTIVE_TIMEOUT"}
 _COORDINATED_JOBS = ("chief", "worker")
@@ -58,8 +63,11 @@ class PeerTimeouts:
 
         startup, heartbeat, collective = (show(v, s) for v, s in zip(
             (self.startup, self.heartbeat, self.collective), self.sources))
+        threads = (f"; each collective holds a thread for the per-collective timeout on TensorFlow 2.21, about "
+                   f"collectives per second x {self.collective:g} threads" if self.collective else "")
         return (f"peer timeouts: start-up {startup}, lost-peer heartbeat {heartbeat}, per-collective {collective} "
-                "(a peer that never starts or dies fails every surviving worker with its name instead of a hang)")
+                f"(a peer that never starts or dies fails every surviving worker with its name instead of a hang"
+                f"{threads})")
 
     def notes(self) -> Tuple[str, ...]:
         """The plan notes for these timeouts."""

@@ -12,11 +12,11 @@ Under the ``horovod`` backend the ranks are the replicas and the backend shards 
 
 What would not train exactly as ``model.fit`` is refused before training, with the reason: other strategies (one
 device, multi_worker with several devices per worker, parameter_server, TPU), mixed precision, gradient
-accumulation, ``global_clipnorm`` beside an Embedding table, a model's own ``train_step``, an optimizer's moving
+accumulation, a model's own ``train_step``, an optimizer's moving
 average (``use_ema``), an optimizer built unsharded. Under mirrored, multi_worker and Horovod the tables of Embedding
 layers (sparse ``IndexedSlices`` gradients) stay unsharded: their gradients averaged as ``model.fit`` averages them
 (the replicas' slices concatenated) and applied on every replica, with replicated slots (exact by construction); the
-plan names them.
+plan names them. ``global_clipnorm`` clips every gradient by the global norm over the sharded and unsharded ones.
 
 Backups (``backup_dir``) hold the whole sharded state: under multi_worker each worker writes its own shard and a
 resumed job, on any number of workers, re-partitions it (``tfaccel.resilience.shard_backup``); ``model.save``
@@ -74,12 +74,6 @@ def _check_model(model: Any, optimizer: Any, accumulation_steps: int) -> None:
                       "micro-batches) is not sharded yet", f"use gradient_accumulation_steps=1, or {_FIX}")
     if optimizer.use_ema:
         raise _refuse(f"optimizer {type(optimizer).__name__}(use_ema=True): the moving averages are not sharded yet")
-    sparse = sparse_gradient_variables(model)
-    if sparse and optimizer.global_clipnorm is not None:
-        raise _refuse(f"global_clipnorm={optimizer.global_clipnorm} with the Embedding table(s) of "
-                      f"{', '.join(sorted(set(sparse.values())))} left unsharded (sparse gradients): the global norm "
-                      "is not computed across sharded and unsharded gradients yet",
-                      f"use clipnorm (per variable), or {_FIX}")
     if type(model).train_step is not keras.Model.train_step:
         raise _refuse(f"{type(model).__name__} has its own train_step; tfaccel shards Keras' own train_step only")
     if optimizer.built and not is_sharded(optimizer):
@@ -116,7 +110,6 @@ def _auto(model: Any, *, batch_size: Optional[int], device_memory_bytes: Optiona
 def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, batch_size: Optional[int] = None,
                           device_memory_bytes: Optional[int] = None,
                           checkpoint_dir: Optional[str] = None, backend: Any = None,
-                          backup_dir: Optional[str] = None,
                           input_shape: Optional[Sequence[int]] = None) -> Optional[str]:
     """Swaps the class of the model's optimizer for its sharded subclass (in place) when ``setting`` is True, or
     ``"auto"`` and the replica does not fit its device.
@@ -133,7 +126,6 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
         checkpoint_dir: the job's ``checkpoint_dir`` (refused under multi_worker: its ``tf.train.Checkpoint`` files
             would hold only the slots the writing worker owns).
         backend: the job's backend; one with its own ``shard_optimizer`` (Horovod) shards the optimizer itself.
-        backup_dir: the job's ``backup_dir``, for such a backend's checks.
         input_shape: one example's shape in the job's data, for ``"auto"``'s memory estimate (it fills the model's
             open axes, e.g. a KerasHub model's sequence length); None where unknown.
 
@@ -157,7 +149,7 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
         _check_strategy(strategy)
     _check_model(model, optimizer, accumulation_steps)
     if own is not None:
-        done = own(model, backup_dir=backup_dir, checkpoint_dir=checkpoint_dir)
+        done = own(model, checkpoint_dir=checkpoint_dir)
     else:
         done = _shard_over_replicas(strategy, optimizer, checkpoint_dir)
     sparse = sparse_gradient_variables(model)

@@ -8,9 +8,10 @@ import numpy as np
 import tensorflow as tf
 
 from tfaccel.compat.keras_zero_ranks import unsharded_variables
-from tfaccel.errors import TfaccelError
+from tfaccel.errors import ConfigError, TfaccelError
 from tfaccel.log import get_logger
 from tfaccel.resilience.backups import BackupState
+from tfaccel.resilience.shard_backup import SHARDS_FIELD
 from tfaccel.strategies.horovod.runtime import import_horovod
 
 __all__ = ["BroadcastVariablesCallback", "GlobalMetricsCallback", "StopTogetherCallback", "agree_on_backup"]
@@ -122,6 +123,17 @@ class StopTogetherCallback(keras.callbacks.Callback):
         self.model.stop_training = float(stops) > 0
 
 
+def _check_every_rank_reads(hvd: Any, *, same: bool, state: list) -> None:
+    """Raises on every rank unless every rank read rank 0's backup (one all-reduce, every rank calls it)."""
+    missing = int(float(hvd.allreduce(tf.constant(0.0 if same else 1.0), op=hvd.Sum, name="tfaccel_backup_shards")))
+    if missing:
+        raise ConfigError(f"backup_dir: rank 0's backup (epoch {state[1]}, step {state[2]}) holds optimizer state "
+                          f"sharded over the ranks, one shard file each, and {missing} of {int(hvd.size())} ranks "
+                          "read another backup or none from their backup_dir (not a shared directory?); every rank "
+                          "must read the same backup_dir (a shared file system), or resume with "
+                          "shard_optimizer_state=False from a backup written without it")
+
+
 def agree_on_backup(state: Optional[Mapping[str, Any]], *, _hvd: Any = None) -> Optional[Mapping[str, Any]]:
     """Rank 0's backup position, for every rank: where a restarted Horovod job resumes (issue 9 R1).
 
@@ -139,9 +151,12 @@ def agree_on_backup(state: Optional[Mapping[str, Any]], *, _hvd: Any = None) -> 
         position with ``weights_path`` None.
     """
     hvd = _hvd if _hvd is not None else import_horovod()
-    mine = [1, int(state["epoch"]), int(state["step"]), int(state.get("global_step", 0))] if state else [0, 0, 0, 0]
+    mine = ([1, int(state["epoch"]), int(state["step"]), int(state.get("global_step", 0)),
+             int(bool((state.get(SHARDS_FIELD) or {}).get("files")))] if state else [0, 0, 0, 0, 0])
     root = [int(v) for v in np.asarray(hvd.broadcast(tf.constant(mine, dtype=tf.int64), root_rank=0,
                                                           name="tfaccel_backup_position")).tolist()]
+    if root[4]:  # sharded optimizer state: every rank loads its slots from the shard files, so reads that backup
+        _check_every_rank_reads(hvd, same=root == mine, state=root)
     if root == mine:
         return state
     if not root[0]:

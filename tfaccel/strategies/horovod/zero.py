@@ -8,10 +8,13 @@ all-gather (the mechanism: :mod:`tfaccel.compat.keras_zero_ranks`). Measured on 
 loopback (docs/guides/horovod.md): Horovod 0.28.1's reduce-scatter of a flat buffer laid out by owner cost 4-9x the
 grouped all-reduce, and one all-gather of a flat buffer less than a broadcast per variable from its owner.
 
-What the backend adds to ``tfaccel.train.zero``'s refusals, before training: backups and checkpoints written by rank
-0 alone (``backup_dir``, ``checkpoint_dir``: its files would hold only its own slots), and Horovod's fp16 gradient
-compression (the all-reduce would not average what ``model.fit`` averages). Embedding tables stay unsharded, as
-under mirrored: their sparse gradients are all-gathered and every rank updates its full copy.
+What the backend adds to ``tfaccel.train.zero``'s refusals, before training: ``checkpoint_dir`` (rank 0 alone writes
+it, and its files would hold only its own slots), and Horovod's fp16 gradient compression (the all-reduce would not
+average what ``model.fit`` averages). Embedding tables stay unsharded, as under mirrored: their sparse gradients are
+all-gathered and every rank updates its full copy. Backups (``backup_dir``) hold every rank's shard, as under
+multi_worker (``tfaccel.resilience.shard_backup``): every rank writes its own, rank 0 the weights and the pointer once
+all are written (Horovod's all-reduce is the agreement), and a resumed job takes each slot from whichever shard holds
+it; ``backup_dir`` must be a directory every rank reads and writes (a shared file system across hosts).
 """
 
 from typing import Any, List, Optional
@@ -62,24 +65,22 @@ def _refuse(reason: str, fix: str = _FIX) -> ConfigError:
     return ConfigError(f"shard_optimizer_state=True under Horovod: {reason}; {fix}")
 
 
-def _check(*, size: int, compression: str, backup_dir: Optional[str],
-           checkpoint_dir: Optional[str]) -> None:
+def _check(*, size: int, compression: str, checkpoint_dir: Optional[str]) -> None:
     if size < 2:
         raise _refuse("there is one rank, so nothing to shard",
                       f"launch several ranks (tfaccel launch --backend horovod -np 2 -- ...), or {_FIX}")
     if compression != "none":
         raise _refuse(f"compression={compression!r} sends float16 gradients, so the owners would not update with "
                       "the average model.fit computes", f"use compression='none', or {_FIX}")
-    for field, value in (("backup_dir", backup_dir), ("checkpoint_dir", checkpoint_dir)):
-        if value:
-            raise _refuse(f"{field}={value!r}: rank 0 alone writes it, and each rank holds only its shard of the "
-                          "optimizer state, so the file would lose the other ranks' slots",
-                          "save with keras.callbacks.ModelCheckpoint or model.save(...) called on every rank (the "
-                          f".keras file then holds every slot), train under multi_worker for backups, or {_FIX}")
+    if checkpoint_dir:
+        raise _refuse(f"checkpoint_dir={checkpoint_dir!r}: rank 0 alone writes it, and each rank holds only its shard "
+                      "of the optimizer state, so the file would lose the other ranks' slots",
+                      "keep backup_dir (its backups save every rank's shard), save with "
+                      "keras.callbacks.ModelCheckpoint or model.save(...) called on every rank (the .keras file then "
+                      f"holds every slot), or {_FIX}")
 
 
-def shard_optimizer(model: Any, *, hvd: Any, compression: str, backup_dir: Optional[str] = None,
-                    checkpoint_dir: Optional[str] = None) -> str:
+def shard_optimizer(model: Any, *, hvd: Any, compression: str, checkpoint_dir: Optional[str] = None) -> str:
     """Swaps the class of ``model.optimizer`` (not built) for its subclass sharded over the Horovod ranks, in place.
 
     ``tfaccel.train.zero.shard_optimizer_state`` calls it (the ``horovod`` backend's ``shard_optimizer``) after its
@@ -89,7 +90,7 @@ def shard_optimizer(model: Any, *, hvd: Any, compression: str, backup_dir: Optio
         model: the compiled model.
         hvd: the ``horovod.tensorflow`` module, initialised.
         compression: the backend's gradient compression (refused unless ``"none"``).
-        backup_dir, checkpoint_dir: the job's (refused: rank 0 alone writes them).
+        checkpoint_dir: the job's (refused: rank 0 alone writes it).
 
     Returns:
         What was done, for the plan.
@@ -98,8 +99,7 @@ def shard_optimizer(model: Any, *, hvd: Any, compression: str, backup_dir: Optio
         ConfigError: what cannot be trained exactly, or saved whole, with the reason and the fix.
     """
     collectives = HorovodCollectives(hvd)
-    _check(size=collectives.size, compression=compression, backup_dir=backup_dir,
-           checkpoint_dir=checkpoint_dir)
+    _check(size=collectives.size, compression=compression, checkpoint_dir=checkpoint_dir)
     shard_over_ranks(model.optimizer, partition_by_bytes, collectives)
     return (f"optimizer {type(model.optimizer).__name__}: state sharded over {collectives.size} Horovod ranks "
             "(ZeRO-1: each variable's slots on one rank, gradients averaged by one grouped all-reduce, the owners' "
