@@ -125,8 +125,9 @@ def test_an_embedding_table_stays_unsharded_and_trains_what_plain_fit_trains(run
 def test_each_rank_backs_up_its_shard_and_the_resumed_job_trains_on_exactly(runs):
     """Two ranks, the sharded Adam-with-schedule fit stopped at epoch 1 step 5 (8 steps an epoch) with a backup every
     3 steps: the backup at step 11 has one shard file per rank, named by the pointer with the owners; a fresh model
-    resumes it on every rank (each loading the slots it owns) and ends within 1e-5 of plain model.fit, history and
-    weights."""
+    resumes it on every rank (each loading the slots it owns) and ends within 1e-5 of plain model.fit's weights (with
+    the shards left unread it does not). The finished epoch's logs come back from the backup; the resumed epoch's
+    cover the steps after the resume, as every Horovod resume's do (each rank keeps its own metric state)."""
     plain = runs[2][0]["adam_schedule"]
     for info in runs[2]:
         run = info["resume"]
@@ -137,7 +138,8 @@ def test_each_rank_backs_up_its_shard_and_the_resumed_job_trains_on_exactly(runs
         assert set(shards["files"]) | {"backup-11.weights.h5"} <= set(run["left"])
         assert run["resumed_from"] == [1, 3]
         for key, values in plain["plain_history"].items():
-            np.testing.assert_allclose(run["history"][key], values, rtol=1e-5, atol=1e-5, err_msg=key)
+            assert len(run["history"][key]) == len(values), key
+            np.testing.assert_allclose(run["history"][key][0], values[0], rtol=1e-5, atol=1e-5, err_msg=key)
         for got, want in zip(run["weights"], plain["plain_weights"], strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
