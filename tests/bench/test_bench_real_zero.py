@@ -62,3 +62,22 @@ def test_report_line_of_a_zero_row():
                         "['1.00', '1.00'] | 1.00, sharded ['0.50', '0.50'] | ['0.50', '0.50']; allocator peak "
                         "unsharded ['3.00'], sharded ['2.00']; sent per step 1,000 B unsharded, 1,000 B sharded; "
                         "load [3.0, 4.0]")
+
+
+def test_a_failed_row_is_kept_as_its_error_and_the_others_are_measured(monkeypatch):
+    """A row whose processes fail (e.g. a worker killed) is recorded with the reason; the rows after it still run."""
+    from tfaccel.bench import real_zero_run
+
+    def child(config, path, replicas):
+        if (path, replicas) == ("multi_worker", 4):
+            raise RuntimeError("bench real zero multi_worker x4: exit 134\nterminate called ...")
+        return [{"rows": {}, "path": path, "replicas": replicas}]
+
+    monkeypatch.setattr(real_zero_run, "_child", child)
+    config = BenchConfig(real_zero=(2, 4), real_paths=ZERO_PATHS, real_models=("bert_classifier",))
+    rows = real_zero_run.measure_real_zero(config)
+    assert list(rows) == ["mirrored x2", "mirrored x4", "multi_worker x2", "multi_worker x4"]
+    assert rows["multi_worker x2"] == [{"rows": {}, "path": "multi_worker", "replicas": 2}]
+    assert rows["multi_worker x4"]["error"].startswith("bench real zero multi_worker x4: exit 134")
+    assert format_real_zero({"multi_worker x4": rows["multi_worker x4"]})[1] == (
+        "  multi_worker x4: FAILED, bench real zero multi_worker x4: exit 134")

@@ -57,9 +57,17 @@ def _child(config: BenchConfig, path: str, replicas: int) -> List[Dict[str, Any]
 
 def measure_real_zero(config: BenchConfig) -> Dict[str, Any]:
     """``{"<path> x<N>": [one result per process]}`` for every path of ``config.real_paths`` and count of
-    ``config.real_zero``."""
+    ``config.real_zero``; a row whose processes failed is ``{"error": what they printed last}`` and the others are
+    still measured."""
     check_zero_config(config)
-    return {f"{path} x{n}": _child(config, path, n) for path in config.real_paths for n in config.real_zero}
+    rows: Dict[str, Any] = {}
+    for path in config.real_paths:
+        for n in config.real_zero:
+            try:
+                rows[f"{path} x{n}"] = _child(config, path, n)
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                rows[f"{path} x{n}"] = {"error": str(exc)[-2000:]}
+    return rows
 
 
 def _mib(value: Any) -> str:
@@ -72,6 +80,9 @@ def format_real_zero(zero: Dict[str, Any]) -> List[str]:
              "optimizer MiB per replica (measured | tfaccel memory's prediction); allocator peak MiB per process; "
              "bytes each replica sends per step"]
     for where, processes in zero.items():
+        if "error" in processes:
+            lines.append(f"  {where}: FAILED, {processes['error'].splitlines()[0]}")
+            continue
         for model, row in processes[0]["rows"].items():
             last = {mode: [p["rows"][model]["runs"][mode][-1] for p in processes] for mode in ("unsharded", "sharded")}
             held = {mode: sorted(_mib(v) for run in runs for v in run["optimizer_bytes_per_replica"].values())
