@@ -238,8 +238,9 @@ def make_multi_worker(*, devices: Any, task: Optional[Any], implementation: str 
     SIGTERM still ends the worker (``tfaccel.compat.tf_sigterm``). ``apply_compat=False`` leaves both upstream
     behaviours as they are.
 
-    Start-up, lost-peer (heartbeat) and per-collective timeouts default to tfaccel's bounded values (see
-    ``tfaccel.strategies.peer_health``), so a peer that never starts or dies fails the job instead of hanging.
+    Start-up and lost-peer (heartbeat) timeouts default to tfaccel's bounded values (see
+    ``tfaccel.strategies.peer_health``), so a peer that never starts or dies fails the job instead of hanging; the
+    per-collective ``timeout_seconds`` is off unless given (each collective then holds a thread for its length).
     """
     tf = _tf()
 
