@@ -159,6 +159,30 @@ def test_horovod_two_ranks_match_keras_mirrored(name: str, horovod_dir: Path, ph
 
 
 @pytest.mark.timeout(1800)
+@pytest.mark.parametrize("name", ZERO)
+def test_multi_worker_sharded_matches_keras_mirrored(name: str, multi_worker_dir: Path, phase_one: Path) -> None:
+    """ZeRO-1 over 2 multi_worker processes (gradients reduce-scattered to their owner worker, the updated values
+    all-gathered; the Embedding tables left unsharded): the same history and weights as plain Keras under mirrored,
+    and both workers end with the same weights."""
+    got = _check(multi_worker_dir, "worker0", phase_one / "keras_mirrored", name)
+    assert "state sharded over 2 replicas" in got["optimizer_state"], got["optimizer_state"]
+    assert "left unsharded (Embedding tables" in got["optimizer_state"], got["optimizer_state"]
+    assert not rc.same_weights_everywhere(*[rc.load(str(multi_worker_dir), t, name) for t in ("worker0", "worker1")])
+
+
+@pytest.mark.horovod
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("name", ZERO)
+def test_horovod_sharded_matches_keras_mirrored(name: str, horovod_dir: Path, phase_one: Path) -> None:
+    """ZeRO-1 over 2 Horovod ranks (gradients averaged, each rank updating the variables it owns, the updated values
+    all-gathered; the Embedding tables left unsharded): as under multi_worker."""
+    got = _check(horovod_dir, "rank0", phase_one / "keras_mirrored", name)
+    assert "state sharded over 2 Horovod ranks" in got["optimizer_state"], got["optimizer_state"]
+    assert "left unsharded (Embedding tables" in got["optimizer_state"], got["optimizer_state"]
+    assert not rc.same_weights_everywhere(*[rc.load(str(horovod_dir), t, name) for t in ("rank0", "rank1")])
+
+
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("mutant", MUTANTS)
 def test_rule_catches_another_model(mutant: str, phase_two: Path) -> None:
     """tfaccel trained a model that differs in one way: the same comparison must fail, at the first step already."""

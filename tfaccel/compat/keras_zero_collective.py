@@ -160,27 +160,34 @@ def check_rows(tags: Any, me: int, ranks: Sequence[int]) -> Any:
                 f"{list(ranks)}); train with shard_optimizer_state=False, and report it with your TensorFlow version")
 
 
-def _flat(tensors: Sequence[Any], chunk: int, dtype: tf.DType) -> Any:
-    parts = [tf.reshape(t, [-1]) for t in tensors]
+def _flat(tensors: Sequence[Any], sizes: Sequence[int], chunk: int, dtype: tf.DType) -> Any:
+    """``tensors`` flattened (each of ``sizes`` elements: its variable's, whatever static shape a gradient has) and
+    concatenated, padded to ``chunk``."""
+    parts = [tf.ensure_shape(tf.reshape(t, [-1]), [n]) for t, n in zip(tensors, sizes)]
     flat = tf.concat(parts, 0) if parts else tf.zeros([0], dtype)
-    return tf.pad(flat, [[0, chunk - sum(int(p.shape[0]) for p in parts)]])
+    return tf.pad(flat, [[0, chunk - sum(sizes)]])
 
 
-def _reduce_scatter(col: WorkerCollectives, bucket: Bucket, grads: Sequence[Any], me: int) -> Dict[int, Any]:
-    """The summed gradients of the bucket's variables this replica owns, by position."""
-    rows = [tf.concat([_flat([grads[i] for i in bucket.members[r]], bucket.chunk, bucket.dtype),
+def _reduce_scatter(col: WorkerCollectives, bucket: Bucket, grads: Sequence[Any], shapes: Sequence[Any],
+                    me: int) -> Dict[int, Any]:
+    """The summed gradients of the bucket's variables this replica owns, by position, each of its variable's shape
+    (``shapes``: a gradient's own static shape may be partly unknown)."""
+    rows = [tf.concat([_flat([grads[i] for i in bucket.members[r]], [bucket.sizes[i] for i in bucket.members[r]],
+                             bucket.chunk, bucket.dtype),
                        tf.constant([r], bucket.dtype)], 0) for r in col.ranks]
     received = col.all_to_all(tf.stack(rows))
     with tf.control_dependencies([check_rows(received[:, -1], me, col.ranks)]):
         summed = tf.reduce_sum(received[:, :-1], axis=0)
     mine = bucket.members[me]
     parts = tf.split(summed, [bucket.sizes[i] for i in mine] + [bucket.chunk - sum(bucket.sizes[i] for i in mine)])
-    return {i: tf.reshape(p, grads[i].shape) for i, p in zip(mine, parts)}
+    return {i: tf.reshape(p, shapes[i]) for i, p in zip(mine, parts)}
 
 
 def _gather_values(col: WorkerCollectives, bucket: Bucket, variables: Sequence[Any], me: int) -> None:
     """Assigns the other replicas' variables of the bucket from their owners' updated values."""
-    local = _flat([variables[i].read_value() for i in bucket.members[me]], bucket.chunk, bucket.dtype)
+    mine = bucket.members[me]
+    local = _flat([variables[i].read_value() for i in mine], [bucket.sizes[i] for i in mine], bucket.chunk,
+                  bucket.dtype)
     rows = tf.reshape(col.all_gather(local), [col.replicas, bucket.chunk])
     for rank, replica in enumerate(col.ranks):
         offset = 0
@@ -239,7 +246,7 @@ def update_across_workers(col: WorkerCollectives, *, grads: Sequence[Any], varia
     buckets = plan_buckets([v.shape for v in variables], [v.dtype for v in variables], owners, col.replicas)
     reduced: Dict[int, Any] = {}
     for bucket in buckets:
-        reduced.update(_reduce_scatter(col, bucket, grads, me))
+        reduced.update(_reduce_scatter(col, bucket, grads, [v.shape for v in variables], me))
     mine = sorted(reduced)
     owned = [reduced[i] for i in mine]
     scale = None
