@@ -5,11 +5,15 @@ It imports Keras: a program imports it after it has set its devices or strategy.
 """
 
 import contextlib
+import re
 from typing import Any, Callable, Dict, Optional, Sequence
 
 import keras
 import numpy as np
 import tensorflow as tf
+
+from tfaccel.memory.shards import largest_share
+from tfaccel.train.zero import UNEVEN
 
 # name -> a factory of a fresh optimizer: each case's own state, schedule, decay or clipping
 OPTIMIZERS: Dict[str, Callable[[], keras.optimizers.Optimizer]] = {
@@ -108,3 +112,18 @@ class StopAt(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if (self.epoch, batch + 1) == self.at:
             raise RuntimeError("stopped for the test")
+
+
+def uneven_words(sizes, replicas: int) -> str:
+    """What the plan adds when the whole-variable partition of ``sizes`` (bytes) is uneven ("" if it is not), with
+    the variable's path written as VARIABLE (see :func:`variable_blind`)."""
+    share = largest_share(sizes, replicas)
+    if share <= UNEVEN:
+        return ""
+    return (f"; uneven: one replica holds {share:.2f}x the mean share of the sharded state (whole variables are "
+            f"partitioned, and VARIABLE alone is {max(sizes) / sum(sizes):.0%} of it)")
+
+
+def variable_blind(note: str) -> str:
+    """``note`` with the variable an uneven partition names written as VARIABLE (layer names vary by process)."""
+    return re.sub(r"and \S+ alone is", "and VARIABLE alone is", note)

@@ -6,7 +6,7 @@ predicts each replica's share with the same rule.
 
 from typing import List, Sequence
 
-__all__ = ["partition_by_bytes", "shard_loads"]
+__all__ = ["partition_by_bytes", "shard_loads", "largest_share"]
 
 
 def partition_by_bytes(sizes: Sequence[int], replicas: int) -> List[int]:
@@ -37,3 +37,15 @@ def shard_loads(sizes: Sequence[int], replicas: int) -> List[int]:
     for size, owner in zip(sizes, partition_by_bytes(sizes, replicas)):
         loads[owner] += size
     return loads
+
+
+def largest_share(sizes: Sequence[int], replicas: int) -> float:
+    """The largest replica's bytes over the mean share (1.0: even) when ``sizes`` are partitioned by
+    :func:`partition_by_bytes`; whole variables, so one variable above 1/replicas of the total makes it uneven.
+
+    Example:
+        >>> largest_share([600, 100, 100, 100], 2)
+        1.3333333333333333
+    """
+    total = sum(sizes)
+    return max(shard_loads(sizes, replicas)) * replicas / total if total else 1.0

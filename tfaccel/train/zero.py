@@ -36,11 +36,12 @@ from tfaccel.compat.keras_zero import is_sharded, leave_unsharded, sharded_class
 from tfaccel.compat.keras_zero_ranks import over_ranks
 from tfaccel.errors import ConfigError
 from tfaccel.memory.estimate import estimate_memory
-from tfaccel.memory.shards import partition_by_bytes
+from tfaccel.memory.shards import largest_share, partition_by_bytes
 
 __all__ = ["shard_optimizer_state", "xla_fallback"]
 
 _FIX = "train with shard_optimizer_state=False (the default)"
+UNEVEN = 1.25  # the plan says how uneven the shards are above this largest share / mean share
 
 
 def _refuse(reason: str, fix: str = _FIX) -> ConfigError:
@@ -156,7 +157,21 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
     leave_unsharded(optimizer, [v for v in model.trainable_variables if v.path in sparse])
     unsharded = (f"; left unsharded (Embedding tables, whose gradients are sparse: averaged as model.fit averages "
                  f"them and applied on every replica, replicated slots): {', '.join(sorted(sparse))}" if sparse else "")
-    return f"{done}{unsharded}; {why}"
+    replicas = backend.num_replicas_in_sync if own is not None else strategy.num_replicas_in_sync
+    return f"{done}{unsharded}{_uneven(model, sparse, replicas)}; {why}"
+
+
+def _uneven(model: Any, sparse: Any, replicas: int) -> str:
+    """The plan's words when the whole-variable partition leaves one replica well above the mean share ("" if not)."""
+    sized = [(v.path, int(tf.TensorShape(v.shape).num_elements() or 0) * tf.as_dtype(v.dtype).size)
+             for v in model.trainable_variables if v.path not in sparse]
+    total = sum(n for _, n in sized)
+    share = largest_share([n for _, n in sized], replicas)
+    if share <= UNEVEN:
+        return ""
+    path, largest = max(sized, key=lambda item: item[1])
+    return (f"; uneven: one replica holds {share:.2f}x the mean share of the sharded state (whole variables are "
+            f"partitioned, and {path} alone is {largest / total:.0%} of it)")
 
 
 def _shard_over_replicas(strategy: Any, optimizer: Any, checkpoint_dir: Optional[str]) -> str:
