@@ -19,7 +19,7 @@ import zero_cases as zc
 import tfaccel
 from tfaccel.errors import ConfigError
 from tfaccel.train.request import FitRequest
-from tfaccel.memory.shards import partition_by_bytes, shard_loads
+from tfaccel.memory.shards import largest_share, partition_by_bytes, shard_loads
 from tfaccel.train.zero import shard_optimizer_state
 
 PROGRAM = Path(__file__).resolve().parent / "zero_program.py"
@@ -137,6 +137,9 @@ def test_partition_is_greedy_by_bytes_and_deterministic():
     loads = [sum(s for s, o in zip(sizes, owners) if o == r) for r in range(4)]
     assert max(loads) - min(loads) <= max(sizes)
     assert shard_loads(sizes, 4) == loads and shard_loads([400, 16, 400, 8], 2) == [416, 408]
+    assert largest_share([400, 16, 400, 8], 2) == 416 / 412  # even within one small variable
+    assert largest_share([600, 100, 100, 100], 2) == 600 / 450  # one variable above half: uneven
+    assert largest_share([600, 100, 100, 100], 4) == 600 / 225 and largest_share([], 3) == 1.0
 
 
 def test_the_keras_and_tf_internals_it_uses_are_there():
