@@ -12,15 +12,16 @@ Under the ``horovod`` backend the ranks are the replicas and the backend shards 
 
 What would not train exactly as ``model.fit`` is refused before training, with the reason: other strategies (one
 device, multi_worker with several devices per worker, parameter_server, TPU), mixed precision, gradient
-accumulation, a model's own ``train_step``, an optimizer's moving
-average (``use_ema``), an optimizer built unsharded. Under mirrored, multi_worker and Horovod the tables of Embedding
-layers (sparse ``IndexedSlices`` gradients) stay unsharded: their gradients averaged as ``model.fit`` averages them
-(the replicas' slices concatenated) and applied on every replica, with replicated slots (exact by construction); the
-plan names them. ``global_clipnorm`` clips every gradient by the global norm over the sharded and unsharded ones.
+accumulation, a model's own ``train_step``, an optimizer's moving average (``use_ema``), an optimizer built
+unsharded. Under mirrored, multi_worker and Horovod the tables of Embedding layers (sparse ``IndexedSlices``
+gradients) stay unsharded: their gradients averaged as ``model.fit`` averages them (the replicas' slices
+concatenated) and applied on every replica, with replicated slots (exact by construction); the plan names them.
+``global_clipnorm`` clips every gradient by the global norm over the sharded and unsharded ones. Variables are
+owned whole; the plan says when that leaves one replica above ``UNEVEN`` times the mean share.
 
-Backups (``backup_dir``) hold the whole sharded state: under multi_worker each worker writes its own shard and a
-resumed job, on any number of workers, re-partitions it (``tfaccel.resilience.shard_backup``); ``model.save``
-writes the whole state under the user's optimizer class (``tfaccel.compat.keras_zero``).
+Backups (``backup_dir``) hold the whole sharded state: under multi_worker and Horovod each process writes its own
+shard and a resumed job, on any number of processes, re-partitions it (``tfaccel.resilience.shard_backup``);
+``model.save`` writes the whole state under the user's optimizer class (``tfaccel.compat.keras_zero``).
 
 ``"auto"`` shards when ``tfaccel memory``'s estimate of one replica (parameters, gradients, optimizer slots,
 activations) exceeds the memory of its device (the smallest GPU's); it stays off where the devices report no size
@@ -38,7 +39,7 @@ from tfaccel.errors import ConfigError
 from tfaccel.memory.estimate import estimate_memory
 from tfaccel.memory.shards import largest_share, partition_by_bytes
 
-__all__ = ["shard_optimizer_state", "xla_fallback"]
+__all__ = ["shard_optimizer_state", "xla_fallback", "UNEVEN"]
 
 _FIX = "train with shard_optimizer_state=False (the default)"
 UNEVEN = 1.25  # the plan says how uneven the shards are above this largest share / mean share

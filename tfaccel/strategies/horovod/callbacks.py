@@ -149,6 +149,11 @@ def agree_on_backup(state: Optional[Mapping[str, Any]], *, _hvd: Any = None) -> 
     Returns:
         None when rank 0 has no backup; ``state`` when it is rank 0's; else a ``BackupState`` at rank 0's
         position with ``weights_path`` None.
+
+    Raises:
+        ConfigError: on every rank, when rank 0's backup holds optimizer state sharded over the ranks (each rank
+            loads its own slots from the shard files, so none can take them from a broadcast) and a rank read
+            another backup or none.
     """
     hvd = _hvd if _hvd is not None else import_horovod()
     mine = ([1, int(state["epoch"]), int(state["step"]), int(state.get("global_step", 0)),
