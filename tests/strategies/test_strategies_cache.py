@@ -113,7 +113,7 @@ def test_multi_worker_after_mirrored_is_refused_before_building(clean_tf_config,
     assert str(err.value) == (
         f"strategy 'multi_worker': this process already built {MIRRORED_HERE}, and the request multi_worker("
         "apply_compat=True, bytes_per_pack=0, heartbeat_timeout_seconds=20.0, implementation='auto', startup_timeout_seconds=60.0, "
-        "task=None, timeout_seconds=600.0) would build a second collective strategy; they differ in the strategy "
+        "task=None, timeout_seconds=0.0) would build a second collective strategy; they differ in the strategy "
         f"('multi_worker' here, 'mirrored' before). {WHY}{FIX}")
 
 
