@@ -67,7 +67,8 @@ def main(argv: List[str]) -> None:
             rows.append(row)
             cells = "  ".join(f"x{n} {row[f'x{n}']['by_variable']:.3f}" for n in replicas)
             print(f"{name:20s} {size:9s} {row['sharded_parameters']:>11,} of {row['parameters']:>11,} params in "
-                  f"{row['variables']:4d} variables, largest {row['largest_variable_share']:.1%}; largest/mean: {cells}")
+                  f"{row['variables']:4d} variables, largest {row['largest_variable_share']:.1%}; "
+                  f"largest/mean: {cells}")
     if f.json:
         with open(f.json, "w") as fh:
             json.dump({"replicas": replicas, "rows": rows}, fh, indent=1)

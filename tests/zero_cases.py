@@ -70,7 +70,8 @@ EMBEDDING_OPTIMIZERS: Dict[str, Callable[[], keras.optimizers.Optimizer]] = {
 }
 
 
-def embedding_model(scope: Any = None, optimizer: Callable[[], Any] = EMBEDDING_OPTIMIZERS["embedding"]) -> keras.Model:
+def embedding_model(scope: Any = None,
+                    optimizer: Callable[[], Any] = EMBEDDING_OPTIMIZERS["embedding"]) -> keras.Model:
     """:func:`embedding_layers` compiled with a fresh ``optimizer`` (by default Adam with ``clipnorm``)."""
     keras.utils.set_random_seed(2)
     with scope if scope is not None else contextlib.nullcontext():

@@ -183,7 +183,8 @@ def test_an_embedding_table_is_left_unsharded_beside_sharded_dense_layers():
     model = _model(layers=[keras.layers.Embedding(10, 3, name="emb"), keras.layers.Flatten(),
                            keras.layers.Dense(64, name="big"), keras.layers.Dense(2, name="small")])
     note = shard_optimizer_state(model, True, accumulation_steps=1, backend=_backend(size=2, rank=0))
-    assert re.search(r"state sharded over 2 Horovod ranks .*; left unsharded \(Embedding tables, .*\): \S*emb/embeddings; "
+    assert re.search(r"state sharded over 2 Horovod ranks .*; left unsharded \(Embedding tables, .*\): "
+                     r"\S*emb/embeddings; "
                      r"uneven: one replica holds 1\.78x the mean share of the sharded state \(whole variables are "
                      r"partitioned, and \S*big/kernel alone is 89% of it\); asked for", note), note
     model.optimizer.build(model.trainable_variables)

@@ -11,7 +11,8 @@ PROGRAM = Path(__file__).with_name("strategies_fit_program.py")
 def test_two_workers_fit_in_lock_step() -> None:
     """Six epochs of 8 steps. The threads of each worker stay flat from the second epoch's end to the last: with a
     per-collective timeout (tfaccel's default was 600 s) TensorFlow 2.21 starts one thread per collective that lives
-    for the whole timeout, measured here +80 threads an epoch with 600 s, until a long job cannot start threads any more."""
+    for the whole timeout, measured here +80 threads an epoch with 600 s, until a long job cannot start threads any
+    more."""
     results = harness.run_tasks(PROGRAM, workers=2, timeout=150, args=["--epochs", "6"],
                                 env={"TFACCEL_DISABLE_COMPAT": ""})
     harness.assert_all_ok(results)

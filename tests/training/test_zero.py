@@ -109,7 +109,8 @@ def test_an_embedding_table_stays_unsharded_and_trains_as_plain_fit(runs, replic
         assert min(run["norms"]) > 2 * 0.05, run["norms"]
     assert re.search(r"\(ZeRO-1: .*\); left unsharded \(Embedding tables, whose gradients are sparse: averaged as "
                      r"model\.fit averages them and applied on every replica, replicated slots\): "
-                     r"\S*/embedding\w*/embeddings; uneven: one replica holds [^;]*; asked for", run["note"]), run["note"]
+                     r"\S*/embedding\w*/embeddings; uneven: one replica holds [^;]*; asked for",
+                     run["note"]), run["note"]
     for key, values in run["plain_history"].items():
         np.testing.assert_allclose(run["history"][key], values, rtol=1e-5, atol=1e-5, err_msg=key)
     for got, want in zip(run["weights"], run["plain_weights"]):

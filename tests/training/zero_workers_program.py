@@ -6,8 +6,9 @@ every worker (the backup at step 3 left behind, each worker's shard in it; the c
 ``argv[1]/kept``), resumed by a fresh model (whose weights and history are compared), saved with ``model.save`` by
 every worker (the chief's file: ``argv[1]/model.keras``) and that file loaded in plain Keras. With ``argv[2] ==
 "parity"`` (the 4-worker launch) every case is a plain sharded fit, nothing else. Both launches also train an
-Embedding table (left unsharded) beside sharded Dense layers, with clipnorm and with global_clipnorm. Each case also reports the bytes
-given to the collectives of one sharded step (``keras_zero_collective.exchange_bytes``). Prints one JSON line."""
+Embedding table (left unsharded) beside sharded Dense layers, with clipnorm and with global_clipnorm. Each case also
+reports the bytes given to the collectives of one sharded step (``keras_zero_collective.exchange_bytes``). Prints one
+JSON line."""
 
 import json
 import os
