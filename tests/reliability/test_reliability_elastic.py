@@ -5,6 +5,7 @@ with random victims and kill steps, and prints tallies); here one of each at fix
 """
 
 import random
+import re
 
 import pytest
 
@@ -35,9 +36,11 @@ def test_a_lost_chief_leaves_the_job_on_two_workers_with_the_same_training(refer
     of this job ended 6e-8 apart, measured.)"""
     result = re_.shrink_trial(tmp_path, reference, rng=random.Random(0), victim="worker:0", kill=[1, 5], shard=True)
     _check(result)
-    assert result["optimizer_state"] == ["optimizer Adam: state sharded over 2 replicas (ZeRO-1: each variable's "
-                                         "slots on one owner, gradients reduced to it, its update copied to every "
-                                         "replica); asked for (shard_optimizer_state=True)"]
+    (note,) = result["optimizer_state"]  # this small model's largest kernel makes the split uneven: the plan says so
+    assert re.fullmatch(r"optimizer Adam: state sharded over 2 replicas \(ZeRO-1: each variable's slots on one owner, "
+                        r"gradients reduced to it, its update copied to every replica\); uneven: one replica holds "
+                        r"\d\.\d\dx the mean share of the sharded state \(whole variables are partitioned, and \S+ "
+                        r"alone is \d+% of it\); asked for \(shard_optimizer_state=True\)", note), note
 
 
 @pytest.mark.slow
