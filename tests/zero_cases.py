@@ -115,6 +115,18 @@ class StopAt(keras.callbacks.Callback):
             raise RuntimeError("stopped for the test")
 
 
+def assert_two_shard_backup(run: dict) -> None:
+    """The sharded Adam-with-schedule fit of 2 processes stopped by :class:`StopAt` (1, 5), backed up every 3 steps of
+    8: its last backup (step 11) has one shard file per process, named by the pointer with the owners, and the fresh
+    model resumed from (1, 3). ``run``: what the program reported (``pointer``, ``left``, ``resumed_from``)."""
+    shards = run["pointer"]["optimizer_shards"]
+    assert (run["pointer"]["epoch"], run["pointer"]["step"], run["pointer"]["global_step"]) == (1, 3, 11)
+    assert shards["count"] == shards["processes"] == 2 and sorted(set(shards["owners"])) == [0, 1]
+    assert shards["files"] == ["backup-11.shard-0-of-2.npz", "backup-11.shard-1-of-2.npz"]
+    assert set(shards["files"]) | {"backup-11.weights.h5"} <= set(run["left"])
+    assert run["resumed_from"] == [1, 3]
+
+
 def uneven_words(sizes, replicas: int) -> str:
     """What the plan adds when the whole-variable partition of ``sizes`` (bytes) is uneven ("" if it is not), with
     the variable's path written as VARIABLE (see :func:`variable_blind`)."""

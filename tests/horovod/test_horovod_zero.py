@@ -133,12 +133,7 @@ def test_each_rank_backs_up_its_shard_and_the_resumed_job_trains_on_exactly(runs
     plain = runs[2][0]["adam_schedule"]
     for info in runs[2]:
         run = info["resume"]
-        shards = run["pointer"]["optimizer_shards"]
-        assert (run["pointer"]["epoch"], run["pointer"]["step"], run["pointer"]["global_step"]) == (1, 3, 11)
-        assert shards["count"] == shards["processes"] == 2 and sorted(set(shards["owners"])) == [0, 1]
-        assert shards["files"] == ["backup-11.shard-0-of-2.npz", "backup-11.shard-1-of-2.npz"]
-        assert set(shards["files"]) | {"backup-11.weights.h5"} <= set(run["left"])
-        assert run["resumed_from"] == [1, 3]
+        zc.assert_two_shard_backup(run)
         for key, values in plain["plain_history"].items():
             assert len(run["history"][key]) == len(values), key
             np.testing.assert_allclose(run["history"][key][0], values[0], rtol=1e-5, atol=1e-5, err_msg=key)

@@ -17,6 +17,7 @@ import pytest
 import tensorflow as tf
 
 import harness
+import zero_cases as zc
 import tfaccel
 from tfaccel.compat import keras_zero_collective
 from tfaccel.compat.keras_zero import sharded_class
@@ -170,12 +171,7 @@ def test_each_worker_backs_up_its_shard_and_the_resumed_job_trains_on_exactly(wo
     1e-5 of the uninterrupted run's weights (with the shards left unread, measured: 0.027 apart)."""
     for w in worker_runs:
         run = w["resume"]
-        shards = run["pointer"]["optimizer_shards"]
-        assert (run["pointer"]["epoch"], run["pointer"]["step"], run["pointer"]["global_step"]) == (1, 3, 11)
-        assert shards["count"] == shards["processes"] == 2 and sorted(set(shards["owners"])) == [0, 1]
-        assert shards["files"] == ["backup-11.shard-0-of-2.npz", "backup-11.shard-1-of-2.npz"]
-        assert set(shards["files"]) | {"backup-11.weights.h5"} <= set(run["left"])
-        assert run["resumed_from"] == [1, 3]
+        zc.assert_two_shard_backup(run)
         _close(w["adam_schedule"]["weights"], worker_runs[0]["adam_schedule"]["plain_weights"])
     assert not (worker_runs[0]["work"] / "backup").exists()  # the finished job removed it, shards included
 
