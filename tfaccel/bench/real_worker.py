@@ -15,15 +15,12 @@ import sys
 from typing import Any, Dict, List
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 import tfaccel
+from tfaccel.bench.limit import LIMIT_CONTENDERS, train_step_loop
 from tfaccel.bench.timing import Stopwatch
-from tfaccel.compat.keras_internals import symbolic_build
 from tfaccel.real_suite import get_real_model
-
-LIMIT_CONTENDERS = {"limit_xla": True, "limit_noxla": False}  # name -> jit_compile
 
 
 def _keras_strategy(path: str) -> Any:
@@ -32,43 +29,13 @@ def _keras_strategy(path: str) -> Any:
     return tf.distribute.get_strategy()
 
 
-def _limit(model: Any, data: tuple, *, batch: int, epochs: int, jit: bool, timer: Any) -> Dict[str, Any]:
-    """The limit: each epoch's whole batches in one ``tf.while_loop`` calling ``model.train_step`` (Keras' loss,
-    metrics and optimizer), the data on the device, no ``fit`` around it (the partial last batch is dropped)."""
-    xs, ys = tf.nest.map_structure(tf.constant, data[0]), tf.constant(data[1])
-    examples = len(data[1])
-    steps = examples // batch
-
-    def batch_at(idx: Any) -> tuple:
-        return tf.nest.map_structure(lambda t: tf.gather(t, idx), xs), tf.gather(ys, idx)
-
-    symbolic_build(model, batch_at(tf.range(batch)))  # the optimizer slots and metrics, before the loop traces
-
-    @tf.function(jit_compile=jit)
-    def epoch(order: Any) -> Any:
-        def body(i: Any) -> Any:
-            model.train_step(batch_at(tf.slice(order, [i * batch], [batch])))  # not order[i*b:...]: slow under XLA
-            return (i + 1,)
-
-        tf.while_loop(lambda i: i < steps, body, (tf.constant(0),))
-        return model.get_metrics_result()
-
-    rng = np.random.default_rng(0)
-    for e in range(epochs):
-        timer.on_epoch_begin(e)
-        model.reset_metrics()
-        logs = epoch(tf.constant(rng.permutation(examples)[:steps * batch].astype(np.int32)))
-        timer.on_epoch_end(e, logs)
-    return {"jit_compile": jit, "loop": "hand-written whole-epoch tf.while_loop calling model.train_step"}
-
-
 def _train(spec: Any, size: str, path: str, contender: str, data: tuple, timer: Any) -> Dict[str, Any]:
     """Builds, compiles and fits the model once, ``timer`` seeing every epoch; returns what was chosen."""
     job = spec.job(size)
     keras.utils.set_random_seed(0)
     if contender in LIMIT_CONTENDERS:
-        return _limit(spec.build(size), data, batch=job.batch_size, epochs=job.epochs,
-                      jit=LIMIT_CONTENDERS[contender], timer=timer)
+        return train_step_loop(spec.build(size), data, batch=job.batch_size, epochs=job.epochs,
+                               jit=LIMIT_CONTENDERS[contender], timer=timer)
     fit = dict(x=data[0], y=data[1], batch_size=job.batch_size, epochs=job.epochs, verbose=0, callbacks=[timer])
     if contender == "keras":
         with _keras_strategy(path).scope():
