@@ -63,7 +63,7 @@ def make_backend(*, devices: Any = None, task: Any = None, compression: str = "n
         broadcast=lambda value, name: hvd.broadcast_object(value, root_rank=0, name=name),
         agree_on_backup=lambda state: agree_on_backup(state, _hvd=hvd),
         sum_over_processes=lambda value: float(hvd.allreduce(tf.constant(float(value)), op=hvd.Sum,
-                                                             name="tfaccel_preemption")),
+                                                             name="tfaccel_sum_over_processes")),
         shard_optimizer=lambda model, **where: shard_optimizer(model, hvd=hvd, compression=compression, **where),
         optimizer_change=("horovod", "optimizer averages gradients over ranks; weights broadcast from rank 0; "
                                      "metrics averaged"),
