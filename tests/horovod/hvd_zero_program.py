@@ -71,7 +71,7 @@ def main() -> None:
         initial = plain.get_weights()
         case = zc.plain_fit(plain, x, y) if rank == 0 else {}
         model = zc.model(optimizer, initial, scope=tfaccel.scope(strategy="horovod"), metrics=["mae"])
-        result = tfaccel.fit(model, x, y, batch_size=32, epochs=2, shuffle=False, verbose=0,
+        result = tfaccel.fit(model, x, y, batch_size=zc.BATCH, epochs=zc.EPOCHS, shuffle=False, verbose=0,
                              shard_optimizer_state=True)
         case.update(history=result.history, weights=[w.tolist() for w in model.get_weights()],
                     held=_held_bytes(model.optimizer), details_bytes=result.details.get("optimizer_state_bytes"),

@@ -37,14 +37,14 @@ def _embedding_case(mirrored, optimizer) -> dict:
     norms = zc.global_norms(plain, x, y)
     model = zc.embedding_model(tfaccel.scope(strategy="mirrored"), optimizer)
     model.set_weights(plain.get_weights())
-    ref = plain.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0).history
-    result = tfaccel.fit(model, x, y, batch_size=32, epochs=2, shuffle=False, verbose=0, shard_optimizer_state=True)
+    ref = plain.fit(x, y, batch_size=zc.BATCH, epochs=zc.EPOCHS, shuffle=False, verbose=0).history
+    result = tfaccel.fit(model, x, y, batch_size=zc.BATCH, epochs=zc.EPOCHS, shuffle=False, verbose=0, shard_optimizer_state=True)
     held = {}
     for v in model.optimizer.variables:
         for c in mirrored.experimental_local_results(v.value):
             device = tf.DeviceSpec.from_string(c.device).to_string()
             held[device] = held.get(device, 0) + int(np.prod(c.shape)) * c.dtype.size
-    estimate = estimate_memory(zc.embedding_layers(), batch_size=32, strategy="mirrored", replicas=N,
+    estimate = estimate_memory(zc.embedding_layers(), batch_size=zc.BATCH, strategy="mirrored", replicas=N,
                                optimizer=keras.optimizers.Adam(0.01), recompute=False, shard_optimizer_state=True)
     return {"plain_history": ref, "history": result.history, "note": result.details.get("optimizer_state"),
             "norms": norms,
@@ -68,7 +68,7 @@ def main() -> None:
         reference = _plain_fit(plain, x, y) if N == 2 else {}
         model = zc.model(optimizer, initial, scope=tfaccel.scope(strategy="mirrored"), metrics=["mae"])
         shard = name != "adam_unsharded"
-        result = tfaccel.fit(model, x, y, batch_size=32, epochs=2, shuffle=False, verbose=0,
+        result = tfaccel.fit(model, x, y, batch_size=zc.BATCH, epochs=zc.EPOCHS, shuffle=False, verbose=0,
                              shard_optimizer_state=shard, loop="keras" if name == "adam_keras_loop" else "auto")
         copies = [[c.numpy().tolist() for c in mirrored.experimental_local_results(v.value)]
                   for v in model.trainable_variables]
@@ -86,7 +86,7 @@ def main() -> None:
                      "iterations": int(model.optimizer.iterations.numpy()), **reference}
         if name == "adamw":  # what `tfaccel memory --shard-optimizer-state` predicts for each device
             out[name]["estimate"] = list(estimate_memory(
-                zc.layers, input_shape=(8,), num_classes=3, batch_size=32, strategy="mirrored", replicas=N, optimizer=optimizer(), recompute=False,
+                zc.layers, input_shape=(8,), num_classes=3, batch_size=zc.BATCH, strategy="mirrored", replicas=N, optimizer=optimizer(), recompute=False,
                 shard_optimizer_state=True).optimizer_shard_bytes)
     for name, optimizer in zc.EMBEDDING_OPTIMIZERS.items():
         out[name] = _embedding_case(mirrored, optimizer)

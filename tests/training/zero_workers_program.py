@@ -35,24 +35,20 @@ import zero_cases as zc  # noqa: E402
 CASES = zc.OPTIMIZERS
 
 
-def _model(scope, optimizer, weights=None):
-    return zc.model(optimizer, weights, scope=scope)
-
-
 def main() -> None:
     x, y = zc.data()
     out, parity_only = {}, sys.argv[2:] == ["parity"]
     chief = json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0
     for name, optimizer in CASES.items():
-        plain = _model(tf.distribute.get_strategy().scope(), optimizer)
+        plain = zc.model(optimizer, scope=tf.distribute.get_strategy().scope())
         initial = plain.get_weights()
         # the reference, plain fit on one device: the same on every worker, so the chief's alone
         reference = _plain_fit(plain, x, y) if chief else {}
         if name == "adam_schedule" and not parity_only:  # stopped, backed up, resumed: it must still end as plain fit
             model, result, out["resume"] = _stopped_and_resumed(x, y, optimizer, initial)
         else:
-            model = _model(tfaccel.scope(strategy="multi_worker"), optimizer, initial)
-            result = tfaccel.fit(model, x, y, batch_size=32, epochs=2, shuffle=False, verbose=0, seed=0,
+            model = zc.model(optimizer, initial, scope=tfaccel.scope(strategy="multi_worker"))
+            result = tfaccel.fit(model, x, y, batch_size=zc.BATCH, epochs=zc.EPOCHS, shuffle=False, verbose=0, seed=0,
                                  shard_optimizer_state=True)
         out[name] = {"history": result.history, "weights": [w.tolist() for w in model.get_weights()],
                      "bytes": sum(result.details["optimizer_state_bytes"].values()),
@@ -89,9 +85,9 @@ def _embedding_case(optimizer, chief):
 
 def _checkpoint_dir_refusal(x, y, initial):
     """What a sharded multi_worker fit with checkpoint_dir says (refused before training: nothing to run)."""
-    model = _model(tfaccel.scope(strategy="multi_worker"), CASES["adamw"], initial)
+    model = zc.model(CASES["adamw"], initial, scope=tfaccel.scope(strategy="multi_worker"))
     try:
-        tfaccel.fit(model, x, y, batch_size=32, epochs=1, verbose=0, shard_optimizer_state=True,
+        tfaccel.fit(model, x, y, batch_size=zc.BATCH, epochs=1, verbose=0, shard_optimizer_state=True,
                     checkpoint_dir=os.path.join(sys.argv[1], "ckpt"))
     except tfaccel.ConfigError as exc:
         return str(exc)
@@ -102,10 +98,10 @@ def _stopped_and_resumed(x, y, optimizer, initial):
     """The sharded fit stopped at epoch 1 step 5, the fit of a fresh model that resumes it, its .keras file saved
     by every worker and loaded in plain Keras: ``(model, result, what was seen)``."""
     work = sys.argv[1]
-    backup, kw = os.path.join(work, "backup"), dict(batch_size=32, shuffle=False, verbose=0, seed=0, loop="keras")
-    stopped = _model(tfaccel.scope(strategy="multi_worker"), optimizer, initial)
+    backup, kw = os.path.join(work, "backup"), dict(batch_size=zc.BATCH, shuffle=False, verbose=0, seed=0, loop="keras")
+    stopped = zc.model(optimizer, initial, scope=tfaccel.scope(strategy="multi_worker"))
     try:
-        tfaccel.fit(stopped, x, y, epochs=2, shard_optimizer_state=True, backup_dir=backup, backup_freq=3,
+        tfaccel.fit(stopped, x, y, epochs=zc.EPOCHS, shard_optimizer_state=True, backup_dir=backup, backup_freq=3,
                     callbacks=[zc.StopAt(1, 5)], **kw)
     except RuntimeError:
         pass
@@ -115,8 +111,8 @@ def _stopped_and_resumed(x, y, optimizer, initial):
     task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     if task == 0:  # for the test's resume of this backup on one process (another layout)
         shutil.copytree(backup, os.path.join(work, "kept"))
-    model = _model(tfaccel.scope(strategy="multi_worker"), optimizer, None)
-    result = tfaccel.fit(model, x, y, epochs=2, shard_optimizer_state=True, backup_dir=backup, backup_freq=3, **kw)
+    model = zc.model(optimizer, scope=tfaccel.scope(strategy="multi_worker"))
+    result = tfaccel.fit(model, x, y, epochs=zc.EPOCHS, shard_optimizer_state=True, backup_dir=backup, backup_freq=3, **kw)
     path = os.path.join(work, "model.keras" if task == 0 else f"other-{task}.keras")
     model.save(path)  # every worker: the slots are gathered from their owners
     loaded = keras.models.load_model(os.path.join(work, "model.keras")) if task == 0 else None
