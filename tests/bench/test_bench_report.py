@@ -10,6 +10,7 @@ import pytest
 
 import harness
 from tfaccel.bench import TARGETS, BenchConfig, format_report, run_bench
+from tfaccel.bench.limit import LIMIT_LOOP
 from tfaccel.bench.scaling import SCALING_CONTENDERS
 from tfaccel.bench.speed import SPEED_CONTENDERS
 from tfaccel.bench.stream import STREAM_CONTENDERS
@@ -53,6 +54,9 @@ def test_report_keys_one_timer_random_order_and_files(tmp_path):
     assert on_disk["stream"]["p6_stream"]["values"] == pytest.approx(
         [s / m for s, m in zip(stream_eps["streamed"], stream_eps["in_memory"])])
     assert "compiled" in mlp["details"]["compile_and_fit"]["loop"]
+    # the limit is the same job: the compiled model's own train_step (its metrics too), the real suite's loop
+    assert mlp["details"]["limit_noxla"] == {"jit_compile": False, "loop": LIMIT_LOOP}
+    assert mlp["details"]["limit_xla"] == {"jit_compile": True, "loop": LIMIT_LOOP}
     assert "Keras fit" in on_disk["stream"]["details"]["streamed"]["loop"]
     assert on_disk["stream"]["details"]["streamed"]["steps_per_execution"].startswith("64 ")
     assert on_disk["versions"]["tensorflow"] and on_disk["machine"]["loadavg_before"] and on_disk["targets"] == TARGETS

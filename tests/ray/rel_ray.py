@@ -94,19 +94,6 @@ def _result(ok: bool, why: str = "", **measured: Any) -> Dict[str, Any]:
     return {"ok": bool(ok), "why": why, **measured}
 
 
-def expected_resume(epoch: int, step: int, *, victim_is_chief: bool) -> List[Optional[tuple]]:
-    """The backups a job whose worker died right after (epoch, step) may resume from (the chief writes them every
-    ``BACKUP_FREQ`` steps; a chief killed at a backup step dies before writing it, a dying peer may or may not
-    let the chief write it)."""
-    freq = rs.BACKUP_FREQ
-    last = (step // freq) * freq
-    candidates: List[Optional[tuple]] = []
-    for s in ([last - freq, last] if last == step else [last]):
-        if s >= 0:
-            candidates.append((epoch, s) if s > 0 else ((epoch, 0) if epoch > 0 else None))
-    return candidates[:1] if victim_is_chief and last == step else candidates
-
-
 def compare_weights(reference: Path, work: Path, *, rtol: float, atol: float) -> "tuple[Optional[str], float]":
     """Compares both workers' ``weights-<rank>.npz`` with the reference: (None or what differs, largest difference)."""
     import numpy as np
@@ -172,7 +159,7 @@ def _trial_verdict(run: RayRun, work: Path, *, victim: int, epoch: int, step: in
     resumed = {tuple(r["resumed_from"]) if r["resumed_from"] else None for r in reports}
     measured.update(restarts=restarts[-1] if restarts else 0, resumed_from=sorted(resumed, key=str),
                     reports=len(reports), restart_env=sorted({str(r.get("restart")) for r in reports}))
-    allowed = expected_resume(epoch, step, victim_is_chief=victim == 0)
+    allowed = rs.expected_resume(epoch, step, victim_is_chief=victim == 0)
     if measured["restarts"] != 1 or len(reports) != 2 or len(resumed) != 1 or next(iter(resumed)) not in allowed:
         return f"expected one restart, 2 workers resuming from one of {allowed}; got {measured}\n{run.tail()}"
     if measured["restart_env"] != ["1"]:

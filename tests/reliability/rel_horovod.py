@@ -105,7 +105,7 @@ def r1_horovod_trial(work: Path, reference: Path, *, rng: random.Random, timeout
     resumed = {tuple(r["resumed_from"]) if r["resumed_from"] else None for r in reports}
     measured.update(restarts=restarts[-1] if restarts else 0, resumed_from=sorted(resumed, key=str),
                     reports=len(reports))
-    allowed = rs._expected_resume(epoch, step, victim == "rank:0")
+    allowed = rs.expected_resume(epoch, step, victim_is_chief=victim == "rank:0")
     if measured["restarts"] != 1 or len(reports) != NP or len(resumed) != 1 or next(iter(resumed)) not in allowed:
         return rs._result(False, f"expected one restart, {NP} ranks resuming from one of {allowed}; got {measured}\n"
                           f"{run.tail()}", **measured)

@@ -203,18 +203,18 @@ def r1_reference(work: Path, *, timeout: float = 300) -> Dict[str, Any]:
                             "backup_left": (work / "ref-backup").exists()})
 
 
-def _expected_resume(epoch: int, step: int, victim_is_chief: bool) -> List[Optional[tuple]]:
-    """The backups a job killed right after (epoch, step) may resume from (the chief writes them)."""
-    candidates = []
+def expected_resume(epoch: int, step: int, *, victim_is_chief: bool) -> List[Optional[tuple]]:
+    """The backups a job killed right after (epoch, step) may resume from. The chief writes one every
+    ``BACKUP_FREQ`` steps in the background (tfaccel's default) and moves the pointer once it is on disk, so the
+    last backup before the kill may still have been in flight, and then the one before it is the last complete one
+    (a second backup waits for the first, so at most one is in flight). A chief killed at a backup step dies before
+    writing it."""
     last = (step // BACKUP_FREQ) * BACKUP_FREQ
-    # The chief killed at a backup step dies before writing it; a killed peer may or may not let it write.
-    for s in ([last - BACKUP_FREQ, last] if last == step else [last]):
-        if s < 0:
-            continue
-        candidates.append((epoch, s) if s > 0 else ((epoch, 0) if epoch > 0 else None))
-    if victim_is_chief and last == step:
-        candidates = candidates[:1]
-    return candidates
+    candidates: List[Optional[tuple]] = []
+    for s in (last - BACKUP_FREQ, last):
+        if s >= 0:
+            candidates.append((epoch, s) if s > 0 else ((epoch, 0) if epoch > 0 else None))
+    return candidates[:1] if victim_is_chief and last == step else candidates
 
 
 def r1_trial(work: Path, reference: Path, *, rng: random.Random, timeout: float = 360,
@@ -236,7 +236,7 @@ def r1_trial(work: Path, reference: Path, *, rng: random.Random, timeout: float 
     reports = run.json_lines()
     resumed = {tuple(r["resumed_from"]) if r["resumed_from"] else None for r in reports}
     measured.update(restarted=restarted, resumed_from=sorted(resumed, key=str), reports=len(reports))
-    allowed = _expected_resume(epoch, step, victim == "worker:0")
+    allowed = expected_resume(epoch, step, victim_is_chief=victim == "worker:0")
     if not restarted or len(reports) != 2 or len(resumed) != 1 or next(iter(resumed)) not in allowed:
         return _result(False, f"expected one restart resuming from one of {allowed}; got {measured}", **measured)
     told = [r.get("restarts") or [{}] for r in reports]  # issue 25: FitResult.details["restarts"]

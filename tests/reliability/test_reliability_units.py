@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import harness
+import rel_scenarios as rs
 from tfaccel.errors import ConfigError, DeviceError
 from tfaccel.strategies import peer_health as ph
 
@@ -292,3 +293,17 @@ def test_no_shell_anywhere_in_the_library():
                     and isinstance(node.value, ast.Name) and node.value.id in ("os", "subprocess", "commands"):
                 offenders.append(f"{path}:{node.lineno} {node.value.id}.{node.attr}")
     assert offenders == []
+
+
+# ------------------------------------------------------------------------------- what a killed job resumes from
+def test_a_killed_job_may_resume_from_the_backup_before_one_still_being_written():
+    """Backups are written in the background: killed 3 steps after a backup, the job may resume from it or, had it
+    still been in flight, from the one before (CI saw (2, 5) after a kill at (2, 13)); a chief killed at a backup
+    step never wrote it."""
+    assert rs.BACKUP_FREQ == 5
+    assert rs.expected_resume(2, 13, victim_is_chief=True) == [(2, 5), (2, 10)]
+    assert rs.expected_resume(2, 10, victim_is_chief=True) == [(2, 5)]
+    assert rs.expected_resume(2, 10, victim_is_chief=False) == [(2, 5), (2, 10)]
+    assert rs.expected_resume(1, 7, victim_is_chief=False) == [(1, 0), (1, 5)]  # (1, 0): the epoch end's
+    assert rs.expected_resume(1, 3, victim_is_chief=False) == [(1, 0)]
+    assert rs.expected_resume(0, 3, victim_is_chief=True) == [None]  # nothing written yet: a fresh start

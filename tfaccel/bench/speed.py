@@ -12,7 +12,7 @@ Stopwatch` (epochs 2..N, plus the whole call as ``time_to_train``), in a random 
   in a hand-written loop running a whole epoch in one ``tf.function`` (:mod:`tfaccel.bench.limit`, as the real
   suite's limit), with XLA on / off; P3 takes the faster (XLA:CPU runs convolutions several times slower than
   TensorFlow's kernels). Until 2026-11-29 this loop ran a bare ``GradientTape`` step without the metrics the other
-  contenders compute (about 5% on the CNN, more on the MLP), so older P3 figures compare with less work.
+  contenders compute (measured about 5% of the CNN's step), so older P3 figures compare with less work.
 """
 
 from typing import Any, Callable, Dict
