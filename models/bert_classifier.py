@@ -11,7 +11,7 @@ Example:
     >>> model.fit(*make_data(768, sequence_length=24), batch_size=32)  # doctest: +SKIP
 """
 
-from typing import Any, Dict, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import keras
 import numpy as np
@@ -43,18 +43,21 @@ def build_model(input_shape: Sequence[int] = (24,), num_classes: int = 2, *, voc
     return keras_hub.models.BertTextClassifier(backbone, num_classes=num_classes, preprocessor=None, dropout=dropout)
 
 
-def compile_model(model: keras.Model, *, learning_rate: float = 1e-3) -> keras.Model:
+def compile_model(model: keras.Model, *, learning_rate: float = 1e-3,
+                  optimizer: Optional[keras.optimizers.Optimizer] = None) -> keras.Model:
     """Compiles with KerasHub's own "auto" loss and metrics and Adam at ``learning_rate``.
 
     Args:
         model: the classifier from :func:`build_model`.
         learning_rate: Adam's rate (KerasHub's default of 5e-5 suits fine-tuning, not training from scratch).
             Defaults to 1e-3.
+        optimizer: the optimizer to train with instead of Adam (``learning_rate`` is then unused). Defaults
+            to None (Adam at ``learning_rate``).
 
     Returns:
         The model, compiled.
     """
-    model.compile(optimizer=keras.optimizers.Adam(learning_rate))
+    model.compile(optimizer=optimizer or keras.optimizers.Adam(learning_rate))
     return model
 
 

@@ -10,7 +10,7 @@ Example:
     >>> model.fit(*make_data(512, sequence_length=32), batch_size=16)  # doctest: +SKIP
 """
 
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import keras
 import numpy as np
@@ -41,18 +41,21 @@ def build_model(input_shape: Sequence[int] = (32,), num_classes: int = 128, *, n
     return keras_hub.models.GPT2CausalLM(backbone, preprocessor=None)
 
 
-def compile_model(model: keras.Model, *, learning_rate: float = 1e-3) -> keras.Model:
+def compile_model(model: keras.Model, *, learning_rate: float = 1e-3,
+                  optimizer: Optional[keras.optimizers.Optimizer] = None) -> keras.Model:
     """Compiles with KerasHub's own "auto" loss and weighted metrics and Adam at ``learning_rate``.
 
     Args:
         model: the LM from :func:`build_model`.
         learning_rate: Adam's rate (KerasHub's default of 2e-5 suits fine-tuning, not training from scratch).
             Defaults to 1e-3.
+        optimizer: the optimizer to train with instead of Adam (``learning_rate`` is then unused). Defaults
+            to None (Adam at ``learning_rate``).
 
     Returns:
         The model, compiled.
     """
-    model.compile(optimizer=keras.optimizers.Adam(learning_rate))
+    model.compile(optimizer=optimizer or keras.optimizers.Adam(learning_rate))
     return model
 
 

@@ -12,7 +12,7 @@ Example:
     >>> x, y = make_data(4096)  # doctest: +SKIP
 """
 
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import keras
 import numpy as np
@@ -60,17 +60,20 @@ def build_model(input_shape: Sequence[int] = (DENSE_FEATURES,), num_classes: int
     return keras.Model({"user": user, "item": item, "dense": dense}, outputs, name="dlrm")
 
 
-def compile_model(model: keras.Model, *, learning_rate: float = 1e-2) -> keras.Model:
+def compile_model(model: keras.Model, *, learning_rate: float = 1e-2,
+                  optimizer: Optional[keras.optimizers.Optimizer] = None) -> keras.Model:
     """Compiles with Adam, binary cross-entropy and AUC + accuracy.
 
     Args:
         model: the model from :func:`build_model`.
         learning_rate: Adam's rate. Defaults to 1e-2.
+        optimizer: the optimizer to train with instead of Adam (``learning_rate`` is then unused). Defaults
+            to None (Adam at ``learning_rate``).
 
     Returns:
         The model, compiled.
     """
-    model.compile(optimizer=keras.optimizers.Adam(learning_rate), loss="binary_crossentropy",
+    model.compile(optimizer=optimizer or keras.optimizers.Adam(learning_rate), loss="binary_crossentropy",
                   metrics=[keras.metrics.BinaryAccuracy(name="accuracy"), keras.metrics.AUC(name="auc")])
     return model
 

@@ -22,6 +22,7 @@ OPTIMIZERS: Dict[str, Callable[[], keras.optimizers.Optimizer]] = {
     "adamw": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.1),
     "sgd_nesterov_clipnorm": lambda: keras.optimizers.SGD(0.05, momentum=0.9, nesterov=True, clipnorm=0.5),
     "rmsprop_global_clipnorm": lambda: keras.optimizers.RMSprop(0.01, global_clipnorm=0.3),
+    "lamb": lambda: keras.optimizers.Lamb(0.01),  # its trust ratio reads each whole variable's norm
 }
 BATCH, EPOCHS = 32, 2
 

@@ -72,12 +72,15 @@ class RealModel:
     def _module_attr(self, attribute: str) -> Any:
         return get_model_builder(f"{self.builder.rpartition(':')[0]}:{attribute}")
 
-    def build(self, size: str, *, learning_rate: Optional[float] = None, **overrides: Any) -> Any:
+    def build(self, size: str, *, learning_rate: Optional[float] = None, optimizer: Any = None,
+              **overrides: Any) -> Any:
         """Builds and compiles the model of one size (call it inside a strategy scope, as any model).
 
         Args:
             size: ``"test"`` or ``"bench"``.
             learning_rate: the optimizer's rate. Defaults to None (the suite's).
+            optimizer: a ``keras.optimizers.Optimizer`` to compile with instead of the suite's (``learning_rate`` is
+                then unused). Defaults to None.
             **overrides: builder options that replace the size's (e.g. ``l2=0.0``).
 
         Returns:
@@ -88,10 +91,11 @@ class RealModel:
         model = get_model_builder(self.builder)(**{**self.job(size).model_options, **overrides})
         rate = self.learning_rate if learning_rate is None else learning_rate
         if self.loss is None:
-            return self._module_attr("compile_model")(model, learning_rate=rate)
+            return self._module_attr("compile_model")(model, learning_rate=rate, optimizer=optimizer)
         # SGD with momentum, as these networks are usually trained: Adam divides by the root of the squared
         # gradients, which turns float-level noise in near-zero gradients into whole-step differences.
-        model.compile(optimizer=keras.optimizers.SGD(rate, momentum=0.9), loss=self.loss, metrics=["accuracy"])
+        model.compile(optimizer=optimizer or keras.optimizers.SGD(rate, momentum=0.9), loss=self.loss,
+                      metrics=["accuracy"])
         return model
 
     def data(self, size: str, *, num_examples: Optional[int] = None, seed: int = 0) -> Tuple[Any, Any]:

@@ -29,8 +29,8 @@ from tfaccel.strategies.horovod import distribute_in_place, make_backend
 from tfaccel.train.zero import shard_optimizer_state
 
 PROGRAM = Path(__file__).resolve().parent / "hvd_zero_program.py"
-CASES = ("adam_schedule", "adamw", "sgd_nesterov_clipnorm", "rmsprop_global_clipnorm")
-SLOTS = {"adam_schedule": 2, "adamw": 2, "sgd_nesterov_clipnorm": 1, "rmsprop_global_clipnorm": 1}
+CASES = ("adam_schedule", "adamw", "sgd_nesterov_clipnorm", "rmsprop_global_clipnorm", "lamb")
+SLOTS = {"adam_schedule": 2, "adamw": 2, "sgd_nesterov_clipnorm": 1, "rmsprop_global_clipnorm": 1, "lamb": 2}
 
 
 def _launch(size, out):

@@ -11,12 +11,42 @@ rule must tell it apart from the suite's model, or the parity tests could not ca
 """
 
 import dataclasses
-from typing import Any, Dict, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 from tfaccel.real_suite import get_real_model
 
 SEED = 1234
 SIZE = "test"
+
+
+def _adamw(rate: float) -> Any:
+    """AdamW as BERT is fine-tuned (decay on the kernels and embeddings only, the global norm clipped to 1), its decay
+    0.1 (BERT's is 0.01) so that a decay applied to an excluded LayerNorm or bias shows at the first step."""
+    import keras
+
+    optimizer = keras.optimizers.AdamW(rate, weight_decay=0.1, global_clipnorm=1.0)
+    optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])
+    return optimizer
+
+
+def _sgd(rate: float) -> Any:
+    """SGD with Nesterov momentum, each gradient clipped to norm 1, the rate decayed every 4 steps."""
+    import keras
+
+    schedule = keras.optimizers.schedules.ExponentialDecay(50 * rate, decay_steps=4, decay_rate=0.9)
+    return keras.optimizers.SGD(schedule, momentum=0.9, nesterov=True, clipnorm=1.0)
+
+
+def _lamb(rate: float) -> Any:
+    """LAMB (layer-wise trust ratios: each update scaled by its whole variable's norm)."""
+    import keras
+
+    return keras.optimizers.Lamb(rate)
+
+
+# name -> a fresh optimizer at the suite's learning rate, for the cases that train with another one than the model
+# file's Adam
+OPTIMIZERS: Dict[str, Callable[[float], Any]] = {"adamw": _adamw, "sgd": _sgd, "lamb": _lamb}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +59,12 @@ class Case:
     one_batch: bool = False  # one fit over one batch (its first epoch is the first step): one trace, not two
     every_path: bool = True  # False: the one-device path only
     shard: bool = False  # tfaccel.fit(shard_optimizer_state=True)
+    optimizer: str = ""  # a key of OPTIMIZERS: compiled with it instead of the model file's Adam
+
+    @property
+    def reference(self) -> str:
+        """The plain Keras case this one is compared with: the same model and optimizer."""
+        return f"{self.model}:{self.optimizer}" if self.optimizer else self.model
 
     @property
     def batch_size(self) -> int:
@@ -43,9 +79,17 @@ class Case:
         """One example's shape as the builder takes it (None: the builder's default)."""
         return get_real_model(self.model).job(SIZE).model_options.get("input_shape")
 
+    def fresh_optimizer(self) -> Any:
+        """A new optimizer of this case's (``optimizer``, at the suite's rate); None for the model file's Adam."""
+        return OPTIMIZERS[self.optimizer](self.learning_rate) if self.optimizer else None
+
+    @property
+    def learning_rate(self) -> float:
+        return get_real_model(self.model).learning_rate * self.learning_rate_factor
+
     def build(self) -> Any:
-        spec = get_real_model(self.model)
-        return spec.build(SIZE, learning_rate=spec.learning_rate * self.learning_rate_factor, **self.overrides)
+        return get_real_model(self.model).build(SIZE, learning_rate=self.learning_rate,
+                                                optimizer=self.fresh_optimizer(), **self.overrides)
 
     def data(self) -> Tuple[Any, Any]:
         return get_real_model(self.model).data(SIZE, seed=SEED)
@@ -74,14 +118,24 @@ MUTANTS: Dict[str, Case] = {c.name: c for c in [
 ]}
 
 
-# The suite's model trained by tfaccel with its optimizer state sharded (ZeRO-1); its name is "<model>:zero". The
-# Embedding tables (token, position, user) stay unsharded; the dense rest is sharded.
+# The suite's model compiled with another optimizer ("<model>:<optimizer>"): the plain Keras references of the
+# ZeRO cases below that train with it.
+OTHER_OPTIMIZERS: Dict[str, Case] = {c.name: c for c in [
+    Case(f"{model}:{optimizer}", model, 1e-4, optimizer=optimizer)
+    for model, optimizer in (("bert_classifier", "adamw"), ("gpt2_causal_lm", "sgd"), ("recommender", "lamb"))
+]}
+
+# The suite's model trained by tfaccel with its optimizer state sharded (ZeRO-1): "<model>:zero" with the model
+# file's Adam, "<model>:zero_<optimizer>" with another. The Embedding tables (token, position, user) stay unsharded;
+# the dense rest is sharded.
 ZERO: Dict[str, Case] = {c.name: c for c in [
-    Case(f"{model}:zero", model, 1e-4, shard=True) for model in ("bert_classifier", "gpt2_causal_lm", "recommender")
+    *(Case(f"{model}:zero", model, 1e-4, shard=True) for model in ("bert_classifier", "gpt2_causal_lm", "recommender")),
+    *(Case(f"{c.model}:zero_{c.optimizer}", c.model, 1e-4, shard=True, optimizer=c.optimizer)
+      for c in OTHER_OPTIMIZERS.values()),
 ]}
 
 
 def case(name: str) -> Case:
-    return CASES.get(name) or MUTANTS.get(name) or ZERO[name]
+    return CASES.get(name) or MUTANTS.get(name) or OTHER_OPTIMIZERS.get(name) or ZERO[name]
 
 

@@ -89,7 +89,7 @@ def _fit(path: str, model: object, x: object, y: object, *, batch_size: int, epo
 def _slots(path: str, case: object, model: object) -> dict:
     """Under tfaccel's mirrored path: the optimizer bytes each device holds after the job and, for a sharded case,
     what ``tfaccel memory --shard-optimizer-state`` predicts for them (the estimate traces a copy of the model, made
-    on the default strategy, with a fresh optimizer of the same name: the sharded class is the user's by name)."""
+    on the default strategy, with a fresh optimizer of the case's: Adam by name, or the case's own factory)."""
     if path != "tfaccel:mirrored":
         return {}
     from tfaccel.compat.keras_zero import slot_bytes_per_device
@@ -100,7 +100,7 @@ def _slots(path: str, case: object, model: object) -> dict:
     if case.shard:
         started = time.perf_counter()
         estimate = estimate_memory(model, batch_size=case.batch_size, strategy="mirrored", replicas=len(held),
-                                   optimizer=type(model.optimizer).__name__.lower(), recompute=False,
+                                   optimizer=case.fresh_optimizer() or "adam", recompute=False,
                                    shard_optimizer_state=True, input_shape=case.input_shape)
         out.update(estimate_sharded=list(estimate.optimizer_shard_bytes), estimate_unsharded=estimate.optimizer_bytes,
                    estimate_seconds=time.perf_counter() - started)

@@ -23,8 +23,9 @@ from tfaccel.memory.shards import largest_share, partition_by_bytes, shard_loads
 from tfaccel.train.zero import shard_optimizer_state
 
 PROGRAM = Path(__file__).resolve().parent / "zero_program.py"
-SHARDED = ("adam_schedule", "adamw", "sgd_nesterov_clipnorm", "rmsprop_global_clipnorm", "adam_keras_loop")
-SLOTS = {"adam_schedule": 2, "adamw": 2, "sgd_nesterov_clipnorm": 1, "rmsprop_global_clipnorm": 1, "adam_keras_loop": 2}
+SHARDED = ("adam_schedule", "adamw", "sgd_nesterov_clipnorm", "rmsprop_global_clipnorm", "lamb", "adam_keras_loop")
+SLOTS = {"adam_schedule": 2, "adamw": 2, "sgd_nesterov_clipnorm": 1, "rmsprop_global_clipnorm": 1, "lamb": 2,
+         "adam_keras_loop": 2}
 
 
 @pytest.fixture(scope="module")

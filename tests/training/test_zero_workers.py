@@ -28,7 +28,7 @@ from tfaccel.memory.shards import partition_by_bytes, shard_loads
 from tfaccel.train.zero import shard_optimizer_state, xla_fallback
 
 PROGRAM = Path(__file__).resolve().parent / "zero_workers_program.py"
-CASES = ("adam_schedule", "adamw", "sgd_nesterov_clipnorm", "rmsprop_global_clipnorm")
+CASES = ("adam_schedule", "adamw", "sgd_nesterov_clipnorm", "rmsprop_global_clipnorm", "lamb")
 
 
 @pytest.fixture(scope="module")
