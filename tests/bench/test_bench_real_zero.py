@@ -1,5 +1,5 @@
 """``tfaccel bench --suite real --real-zero 2,4``: its options checked before anything runs, the bytes each replica
-sends per step (unsharded, sharded on mirrored, sharded under multi_worker) and the report's lines."""
+sends per step (unsharded, sharded on mirrored, under multi_worker and under Horovod) and the report's lines."""
 
 import argparse
 
@@ -18,9 +18,10 @@ def _args(**kwargs):
     return argparse.Namespace(**{**base, **kwargs})
 
 
-def test_zero_rows_default_to_mirrored_and_multi_worker():
+def test_zero_rows_default_to_mirrored_multi_worker_and_horovod():
     config = cli_bench.real_config(BenchConfig(), _args(real_zero="2,4", real_models="bert_classifier"))
-    assert config.real_zero == (2, 4) and tuple(config.real_paths) == ZERO_PATHS == ("mirrored", "multi_worker")
+    assert config.real_zero == (2, 4) and tuple(config.real_paths) == ZERO_PATHS == ("mirrored", "multi_worker",
+                                                                                     "horovod")
     assert config.real_models == ("bert_classifier",)
 
 
@@ -28,24 +29,29 @@ def test_zero_rows_default_to_mirrored_and_multi_worker():
     ({"real_zero": "1,2"}, "--real-zero: replica count 1 is below 2 (sharding needs several replicas)"),
     ({"real_zero": "two"}, "--real-zero takes replica counts such as 2,4; received 'two'"),
     ({"real_zero": "2", "real_paths": "default"}, "--real-zero with --real-paths 'default': the ZeRO rows run on "
-                                                  "mirrored, multi_worker; pass --real-paths mirrored,multi_worker"),
+                                                  "mirrored, multi_worker, horovod; pass --real-paths "
+                                                  "mirrored,multi_worker,horovod"),
 ])
 def test_bad_zero_options_are_refused(kwargs, message):
     with pytest.raises(ConfigError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
         cli_bench.real_config(BenchConfig(), _args(**kwargs))
 
 
-def test_bytes_per_step_unsharded_sharded_and_across_workers():
+def test_bytes_per_step_unsharded_sharded_across_workers_and_ranks():
     model = keras.Sequential([keras.Input((3,), dtype="int32"), keras.layers.Embedding(10, 4),
                               keras.layers.Flatten(), keras.layers.Dense(2)])
     dense, table = (12 * 2 + 2) * 4, 10 * 4 * 4  # the Dense kernel (96 bytes) and bias (8 bytes)
     for n in (2, 4):
-        plain = bytes_per_step(model, n, sharded=False, workers=False)
+        plain = bytes_per_step(model, n, sharded=False, path="mirrored")
         assert plain == {"dense": int(dense * 2 * (n - 1) / n), "embedding": int(table * 2 * (n - 1) / n),
                          "total": plain["dense"] + plain["embedding"]}
-        assert bytes_per_step(model, n, sharded=True, workers=False) == plain  # reduce to the owner + copy out
-        across = bytes_per_step(model, n, sharded=True, workers=True)  # rows padded to the largest owner: the kernel
+        for path in ZERO_PATHS:  # unsharded: one all-reduce on every path
+            assert bytes_per_step(model, n, sharded=False, path=path) == plain
+        assert bytes_per_step(model, n, sharded=True, path="mirrored") == plain  # reduce to the owner + copy out
+        across = bytes_per_step(model, n, sharded=True, path="multi_worker")  # rows padded to the largest owner
         assert across["dense"] == 2 * (n - 1) * 96 and across["embedding"] == plain["embedding"]
+        ranks = bytes_per_step(model, n, sharded=True, path="horovod")  # the all-reduce, then an all-gather
+        assert ranks["dense"] == int(dense * 3 * (n - 1) / n) and ranks["embedding"] == plain["embedding"]
 
 
 def test_report_line_of_a_zero_row():
@@ -76,7 +82,8 @@ def test_a_failed_row_is_kept_as_its_error_and_the_others_are_measured(monkeypat
     monkeypatch.setattr(real_zero_run, "_child", child)
     config = BenchConfig(real_zero=(2, 4), real_paths=ZERO_PATHS, real_models=("bert_classifier",))
     rows = real_zero_run.measure_real_zero(config)
-    assert list(rows) == ["mirrored x2", "mirrored x4", "multi_worker x2", "multi_worker x4"]
+    assert list(rows) == ["mirrored x2", "mirrored x4", "multi_worker x2", "multi_worker x4", "horovod x2",
+                          "horovod x4"]
     assert rows["multi_worker x2"] == [{"rows": {}, "path": "multi_worker", "replicas": 2}]
     assert rows["multi_worker x4"]["error"].startswith("bench real zero multi_worker x4: exit 134")
     assert format_real_zero({"multi_worker x4": rows["multi_worker x4"]})[1] == (

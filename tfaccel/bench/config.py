@@ -41,7 +41,8 @@ class BenchConfig:
         real_limits: the limit contenders of the real suite's ``default`` path (``tfaccel.bench.real.REAL_LIMITS``:
             the hand-written loop with XLA on, off); the row's ``limit`` is the faster of them each round.
         real_zero: replica counts of the ZeRO rows (``tfaccel.bench.real_zero_run``: optimizer-state sharding
-            against the unsharded state on ``real_paths`` among mirrored and multi_worker); empty: the usual rows.
+            against the unsharded state on ``real_paths`` among mirrored, multi_worker and horovod); empty: the usual
+            rows.
     """
 
     quick: bool = True

@@ -18,6 +18,7 @@ import sys
 from typing import Any, Dict, List
 
 from tfaccel.bench.config import BenchConfig, contender_rows, last_json, round_order, summary
+from tfaccel.bench.real_zero_run import ZERO_PATHS
 from tfaccel.bench.timing import Stopwatch
 from tfaccel.errors import invalid_choice
 from tfaccel.launch import run_local
@@ -39,7 +40,7 @@ def check_real_config(config: BenchConfig) -> None:
         ConfigError: the first unknown value, with the valid ones.
     """
     for what, values, valid in (("--real-models", config.real_models, REAL_MODEL_NAMES),
-                                ("--real-paths", config.real_paths, REAL_PATHS),
+                                ("--real-paths", config.real_paths, ZERO_PATHS if config.real_zero else REAL_PATHS),
                                 ("--real-size", [config.real_size], SIZES),
                                 ("--real-limits", config.real_limits, REAL_LIMITS)):
         for value in values:

@@ -1,6 +1,6 @@
 """The ZeRO row of ``tfaccel bench --suite real --real-zero``: optimizer-state sharding (ZeRO-1) against the
 unsharded state on the real models, in one process per replica count (mirrored virtual CPUs) or one launch of
-worker processes (multi_worker, one replica each).
+worker processes (multi_worker, one replica each) or of Horovod ranks (one replica each).
 
 In each process, for each model, unsharded and sharded ``tfaccel.fit`` alternate ``rounds`` times (the same initial
 weights, data and order), so the step-time ratio sharded / unsharded is measured side by side on the same load. Per
@@ -8,13 +8,14 @@ run: the steady step time (median epoch after the first, over its steps), the op
 process's replicas holds, and the real allocator's peak of this process during the run (TensorFlow's BFC allocator,
 ``tf.config.experimental.get_memory_info``, which needs ``TF_CPU_ALLOCATOR_USE_BFC=true`` before TensorFlow starts
 on a CPU; virtual CPUs of one process share one allocator, so the per-replica peak is read per worker process under
-multi_worker). Beside them: ``tfaccel memory``'s prediction of each replica's optimizer bytes, and the bytes each
+multi_worker and per rank under Horovod). Beside them: ``tfaccel memory``'s prediction of each replica's optimizer bytes, and the bytes each
 replica sends per step (:func:`tfaccel.bench.zero_traffic.bytes_per_step`).
 
-    python -m tfaccel.bench.real_zero MODEL[,MODEL] SIZE ROUNDS [REPLICAS]
+    python -m tfaccel.bench.real_zero MODEL[,MODEL] SIZE ROUNDS [REPLICAS | horovod]
 
-REPLICAS: virtual CPUs of a mirrored run; without it the process is one worker of a multi_worker job (TF_CONFIG).
-The last line printed is the JSON result.
+REPLICAS: virtual CPUs of a mirrored run; ``horovod``: the process is one Horovod rank, and rank 0 prints every
+rank's result (``{"ranks": [...]}``); without either it is one worker of a multi_worker job (TF_CONFIG). The last line printed is
+the JSON result.
 """
 
 import gc
@@ -33,6 +34,7 @@ from tfaccel.bench.zero_traffic import bytes_per_step
 from tfaccel.compat.keras_zero import slot_bytes_per_device
 from tfaccel.memory import estimate_memory
 from tfaccel.real_suite import get_real_model
+from tfaccel.strategies.horovod import import_horovod
 
 __all__ = ["zero_run", "zero_rows", "main"]
 
@@ -76,10 +78,11 @@ def _predicted(name: str, size: str, replicas: int, strategy: str) -> Dict[str, 
     with tf.distribute.get_strategy().scope():  # outside the job's strategy: the estimate builds its own copy
         model = spec.build(size)
     out: Dict[str, Any] = {"bytes_per_step": {mode: bytes_per_step(model, replicas, sharded=mode == "sharded",
-                                                                   workers=strategy == "multi_worker")
+                                                                   path=strategy)
                                               for mode in ("unsharded", "sharded")}}
-    try:
-        estimate = estimate_memory(model, batch_size=job.batch_size, strategy=strategy, replicas=replicas,
+    try:  # a Horovod rank holds what a multi_worker worker holds
+        estimate = estimate_memory(model, batch_size=job.batch_size, replicas=replicas,
+                                   strategy="multi_worker" if strategy == "horovod" else strategy,
                                    optimizer=model.optimizer, recompute=False, shard_optimizer_state=True,
                                    input_shape=job.model_options.get("input_shape"))
     except Exception as error:  # noqa: BLE001 - the estimate's own limits (its traced step) are reported, not fatal
@@ -92,7 +95,8 @@ def _predicted(name: str, size: str, replicas: int, strategy: str) -> Dict[str, 
 
 def zero_rows(names: List[str], size: str, rounds: int, strategy: str) -> Dict[str, Any]:
     """Every model: unsharded and sharded runs alternating ``rounds`` times in this process."""
-    replicas = tfaccel.get_strategy(strategy).num_replicas_in_sync
+    backend = tfaccel.get_backend(strategy)
+    replicas = backend.num_replicas_in_sync  # Horovod: its ranks, each on the default strategy
     rows: Dict[str, Any] = {}
     for name in names:
         predicted = _predicted(name, size, replicas, strategy)  # before the runs: its model's memory is not in theirs
@@ -107,18 +111,24 @@ def zero_rows(names: List[str], size: str, rounds: int, strategy: str) -> Dict[s
                       "load_average": [round(min(load), 2), round(max(load), 2)],
                       "predicted": predicted}
     return {"replicas": replicas, "strategy": strategy, "size": size, "rows": rows,
+            "rank": backend.worker_index,
             "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
 def main(argv: List[str]) -> int:
     """The module's command line (see the module doc)."""
     names, size, rounds = argv[0].split(","), argv[1], int(argv[2])
-    if len(argv) > 3:
-        tfaccel.configure_devices(virtual_cpus=int(argv[3]))
-        strategy = "mirrored"
-    else:
-        strategy = "multi_worker"
-    sys.stdout.write(json.dumps(zero_rows(names, size, rounds, strategy)) + "\n")
+    where = argv[3] if len(argv) > 3 else "multi_worker"
+    if where.isdigit():
+        tfaccel.configure_devices(virtual_cpus=int(where))
+        where = "mirrored"
+    result = zero_rows(names, size, rounds, where)
+    if where == "horovod":
+        every = import_horovod().allgather_object(result)  # rank order
+        if result["rank"] != 0:
+            return 0
+        result = {"ranks": every}
+    sys.stdout.write(json.dumps(result) + "\n")
     return 0
 
 

@@ -1,6 +1,7 @@
 """``tfaccel bench --suite real --real-zero 2,4``: the ZeRO rows of the real suite, one child process per replica
-count under mirrored (virtual CPUs) and one launch of that many worker processes under multi_worker; each child
-measures unsharded and sharded side by side (:mod:`tfaccel.bench.real_zero`)."""
+count under mirrored (virtual CPUs), one launch of that many worker processes under multi_worker and of that many
+Horovod ranks under horovod; each child measures unsharded and sharded side by side
+(:mod:`tfaccel.bench.real_zero`)."""
 
 import os
 import subprocess
@@ -8,12 +9,13 @@ import sys
 from typing import Any, Dict, List
 
 from tfaccel.bench.config import BenchConfig, last_json
-from tfaccel.errors import ConfigError
+from tfaccel.errors import BackendUnavailableError, ConfigError
 from tfaccel.launch import run_local
+from tfaccel.launch.horovod import run_horovod
 
 __all__ = ["ZERO_PATHS", "check_zero_config", "measure_real_zero", "format_real_zero"]
 
-ZERO_PATHS = ("mirrored", "multi_worker")
+ZERO_PATHS = ("mirrored", "multi_worker", "horovod")
 
 
 def check_zero_config(config: BenchConfig) -> None:
@@ -29,7 +31,7 @@ def check_zero_config(config: BenchConfig) -> None:
     for path in config.real_paths:
         if path not in ZERO_PATHS:
             raise ConfigError(f"--real-zero with --real-paths {path!r}: the ZeRO rows run on {', '.join(ZERO_PATHS)}; "
-                              "pass --real-paths mirrored,multi_worker")
+                              f"pass --real-paths {','.join(ZERO_PATHS)}")
 
 
 def _env() -> Dict[str, str]:
@@ -48,6 +50,12 @@ def _child(config: BenchConfig, path: str, replicas: int) -> List[Dict[str, Any]
             raise RuntimeError(f"bench real zero multi_worker x{replicas}: exit {result.returncode}\n"
                                f"{result.tasks[0].stdout[-1500:]}")
         return [last_json(task.stdout) for task in result.tasks]
+    if path == "horovod":  # rank 0 prints every rank's result
+        result = run_horovod(replicas, cmd + ["horovod"], env=_env(), timeout=config.real_timeout, echo=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"bench real zero horovod x{replicas}: exit {result.returncode}\n"
+                               f"{result.tasks[0].stdout[-1500:]}")
+        return last_json(result.tasks[0].stdout)["ranks"]
     proc = subprocess.run(cmd + [str(replicas)], capture_output=True, text=True, timeout=config.real_timeout,
                           env=_env())
     if proc.returncode != 0:
@@ -65,7 +73,7 @@ def measure_real_zero(config: BenchConfig) -> Dict[str, Any]:
         for n in config.real_zero:
             try:
                 rows[f"{path} x{n}"] = _child(config, path, n)
-            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            except (RuntimeError, subprocess.TimeoutExpired, BackendUnavailableError) as exc:  # Horovod not built
                 rows[f"{path} x{n}"] = {"error": str(exc)[-2000:]}
     return rows
 

@@ -9,6 +9,10 @@ For a gradient of ``b`` bytes over ``N`` replicas:
 * sharded under multi_worker (``tfaccel.compat.keras_zero_collective``: an all-to-all of the gradient rows, each
   padded to the largest owner's share ``s``, then an all-gather of the updated shares): ``2 (N-1) s``, the bytes of
   one all-reduce when the owners' shares are equal (owners are whole variables, partitioned as the optimizer does);
+* sharded under Horovod (``tfaccel.compat.keras_zero_ranks``: every gradient averaged by one grouped all-reduce, as
+  unsharded, then the owners' updated values all-gathered, each rank sending ``(N-1) / N * b`` on average as
+  nccl-tests count an all-gather): ``3 (N-1) / N * b``, 1.5 times the all-reduce: Horovod 0.28.1 has no
+  reduce-scatter to the owners;
 * the Embedding tables left unsharded move as they do unsharded, counted as dense (an upper bound: an
   ``IndexedSlices`` gradient all-gathers only the rows the batch touched).
 """
@@ -30,21 +34,24 @@ def _nbytes(variable: Any) -> int:
     return count * tf.as_dtype(str(variable.dtype)).size
 
 
-def bytes_per_step(model: Any, replicas: int, *, sharded: bool, workers: bool) -> Dict[str, int]:
+def bytes_per_step(model: Any, replicas: int, *, sharded: bool, path: str) -> Dict[str, int]:
     """``{"dense", "embedding", "total"}``: the bytes one replica sends per step (see the module doc).
 
     Args:
         model: a built Keras model.
         replicas: N.
         sharded: optimizer state sharded (ZeRO-1) or not.
-        workers: multi_worker (one replica per worker process) rather than one host's mirrored devices.
+        path: ``"mirrored"`` (one host's devices), ``"multi_worker"`` (one replica per worker process) or
+            ``"horovod"`` (one replica per rank).
     """
     sparse = sparse_gradient_variables(model)
     sizes = [_nbytes(v) for v in model.trainable_variables if v.path not in sparse]
     tables = sum(_nbytes(v) for v in model.trainable_variables if v.path in sparse)
     factor = 2 * (replicas - 1) / replicas
-    if sharded and workers:
+    if sharded and path == "multi_worker":
         dense_sent = 2 * (replicas - 1) * max(shard_loads(sizes, replicas))
+    elif sharded and path == "horovod":
+        dense_sent = int(sum(sizes) * factor * 1.5)
     else:
         dense_sent = int(sum(sizes) * factor)
     table_sent = int(tables * factor)

@@ -35,8 +35,8 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
                         help="limit contenders on the default path: xla, noxla (default: both; 'none': neither)")
     parser.add_argument("--real-zero", default=None, metavar="2,4",
                         help="with --suite real: the ZeRO rows instead (optimizer-state sharding against the "
-                             "unsharded state at these replica counts, on --real-paths mirrored,multi_worker), JSON "
-                             "key real_zero")
+                             "unsharded state at these replica counts, on --real-paths mirrored,multi_worker,horovod), "
+                             "JSON key real_zero")
     parser.set_defaults(func=run)
 
 
@@ -62,7 +62,7 @@ def real_config(config: Any, args: argparse.Namespace) -> Any:
 
 
 def _zero_config(config: Any, args: argparse.Namespace) -> Any:
-    """``--real-zero N,M``: the ZeRO rows' replica counts; their paths default to mirrored and multi_worker."""
+    """``--real-zero N,M``: the ZeRO rows' replica counts; their paths default to mirrored, multi_worker and horovod."""
     try:
         counts = tuple(int(v) for v in args.real_zero.split(",") if v.strip())
     except ValueError:
