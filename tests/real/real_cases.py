@@ -44,9 +44,16 @@ def _lamb(rate: float) -> Any:
     return keras.optimizers.Lamb(rate)
 
 
+def _rmsprop(rate: float) -> Any:
+    """Centered RMSprop with momentum: three slots per variable."""
+    import keras
+
+    return keras.optimizers.RMSprop(rate, momentum=0.9, centered=True)
+
+
 # name -> a fresh optimizer at the suite's learning rate, for the cases that train with another one than the model
 # file's Adam
-OPTIMIZERS: Dict[str, Callable[[float], Any]] = {"adamw": _adamw, "sgd": _sgd, "lamb": _lamb}
+OPTIMIZERS: Dict[str, Callable[[float], Any]] = {"adamw": _adamw, "sgd": _sgd, "lamb": _lamb, "rmsprop": _rmsprop}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +129,8 @@ MUTANTS: Dict[str, Case] = {c.name: c for c in [
 # ZeRO cases below that train with it.
 OTHER_OPTIMIZERS: Dict[str, Case] = {c.name: c for c in [
     Case(f"{model}:{optimizer}", model, 1e-4, optimizer=optimizer)
-    for model, optimizer in (("bert_classifier", "adamw"), ("gpt2_causal_lm", "sgd"), ("recommender", "lamb"))
+    for model, optimizer in (("bert_classifier", "adamw"), ("gpt2_causal_lm", "sgd"), ("recommender", "lamb"),
+                             ("recommender", "rmsprop"))
 ]}
 
 # The suite's model trained by tfaccel with its optimizer state sharded (ZeRO-1): "<model>:zero" with the model
