@@ -123,6 +123,23 @@ def test_an_embedding_table_stays_unsharded_and_trains_as_plain_fit(runs, replic
     assert sorted(run["estimate"]) == sorted(run["held"].values())  # the estimate counts the table on every device
 
 
+@pytest.mark.parametrize("replicas", [2, 4])
+@pytest.mark.parametrize("case", ["adamw", "sgd_nesterov_clipnorm"])
+def test_mixed_bfloat16_trains_as_the_unsharded_job_and_keras(runs, replicas, case):
+    """Under mixed_bfloat16 (bfloat16 compute, float32 variables and slots) the sharded job ends where the same job
+    unsharded ends and, with AdamW, where plain ``model.fit`` under TF's MirroredStrategy ends."""
+    run = runs[replicas][f"{case}_mixed_bfloat16"]
+    assert run["policy"] == "mixed_bfloat16" and run["sharded"]["compute"] == "bfloat16"
+    assert run["sharded"]["note"].startswith(f"optimizer {'AdamW' if case == 'adamw' else 'SGD'}: state sharded over "
+                                             f"{replicas} replicas")
+    references = [run["unsharded"]] + ([run["keras_mirrored"]] if case == "adamw" else [])
+    for reference in references:
+        for key, values in reference["history"].items():
+            np.testing.assert_allclose(run["sharded"]["history"][key], values, rtol=1e-5, atol=1e-5, err_msg=key)
+        for got, want in zip(run["sharded"]["weights"], reference["weights"], strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_cli_flag_trains_sharded(runs):
     assert runs[2]["cli_rc"] == 0
     summary = runs[2]["cli"]
@@ -184,7 +201,8 @@ def _custom_step_class():
 @pytest.mark.parametrize("make,accumulation,message", [
     (lambda k: _compiled(k.optimizers.LossScaleOptimizer(k.optimizers.Adam())), 1,
      r"LossScaleOptimizer \(mixed_float16\): loss scaling is not sharded yet; use precision='float32'"),
-    (lambda k: _compiled(policy="mixed_bfloat16"), 1, r"'mixed_bfloat16' dtype policy; sharding is tested for float32"),
+    (lambda k: _compiled(policy="bfloat16"), 1,
+     r"'bfloat16' dtype policy; sharding is tested for float32 and mixed_bfloat16 only"),
     (lambda k: _compiled(), 2, r"gradient accumulation \(2 micro-batches\) is not sharded yet; use "
                                r"gradient_accumulation_steps=1"),
     (lambda k: _compiled(k.optimizers.SGD(gradient_accumulation_steps=3)), 1, r"gradient accumulation \(3 micro"),

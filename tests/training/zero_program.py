@@ -27,6 +27,7 @@ import zero_cases as zc  # noqa: E402
 # zero_cases' optimizers, and two controls: Keras' own loop, and the same Adam unsharded
 CASES = {**zc.OPTIMIZERS, "adam_keras_loop": lambda: keras.optimizers.Adam(0.01),
          "adam_unsharded": lambda: keras.optimizers.Adam(0.01)}
+BFLOAT16 = ("adamw", "sgd_nesterov_clipnorm")  # also trained under mixed_bfloat16
 
 
 def _embedding_case(mirrored, optimizer) -> dict:
@@ -53,6 +54,34 @@ def _embedding_case(mirrored, optimizer) -> dict:
             "estimate": list(estimate.optimizer_shard_bytes),
             "copies": [[c.numpy().tolist() for c in mirrored.experimental_local_results(v.value)]
                        for v in model.trainable_variables]}
+
+
+def _bfloat16_case(mirrored, name: str) -> dict:
+    """mixed_bfloat16 (float32 variables, gradients and slots; bfloat16 compute): sharded against the same job
+    unsharded on the same N replicas (each replica's bfloat16 arithmetic differs from one device's over the whole
+    batch, so one device is no reference here) and, for AdamW, against plain ``model.fit`` under TF's own
+    MirroredStrategy over the same devices (Keras clips each replica's gradient before the all-reduce, tfaccel after
+    it, so the clipping case has tfaccel's unsharded path as its reference)."""
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        x, y = zc.data()
+        optimizer = zc.OPTIMIZERS[name]
+        initial = zc.model(optimizer).get_weights()
+        out = {"policy": keras.mixed_precision.global_policy().name}
+        for mode in ("sharded", "unsharded"):
+            model = zc.model(optimizer, initial, scope=tfaccel.scope(strategy="mirrored"), metrics=["mae"])
+            result = tfaccel.fit(model, x, y, batch_size=zc.BATCH, epochs=zc.EPOCHS, shuffle=False, verbose=0,
+                                 shard_optimizer_state=mode == "sharded")
+            out[mode] = {"history": result.history, "weights": [w.tolist() for w in model.get_weights()],
+                         "note": result.details.get("optimizer_state"), "compute": model.layers[0].compute_dtype}
+        if name == "adamw":
+            devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+            plain = zc.model(optimizer, initial, scope=tf.distribute.MirroredStrategy(devices).scope(), metrics=["mae"])
+            history = plain.fit(x, y, batch_size=zc.BATCH, epochs=zc.EPOCHS, shuffle=False, verbose=0).history
+            out["keras_mirrored"] = {"history": history, "weights": [w.tolist() for w in plain.get_weights()]}
+        return out
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
 
 
 def main() -> None:
@@ -90,6 +119,8 @@ def main() -> None:
                 shard_optimizer_state=True).optimizer_shard_bytes)
     for name, optimizer in zc.EMBEDDING_OPTIMIZERS.items():
         out[name] = _embedding_case(mirrored, optimizer)
+    for name in BFLOAT16:
+        out[f"{name}_mixed_bfloat16"] = _bfloat16_case(mirrored, name)
     if N == 2:  # the CLI's flag, end to end, on this process's mirrored strategy
         from tfaccel.cli.main import main as cli
 

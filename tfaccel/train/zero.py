@@ -11,7 +11,8 @@ Under the ``horovod`` backend the ranks are the replicas and the backend shards 
 ``tfaccel.strategies.horovod.zero``), after the checks here on the model.
 
 What would not train exactly as ``model.fit`` is refused before training, with the reason: other strategies (one
-device, multi_worker with several devices per worker, parameter_server, TPU), mixed precision, gradient
+device, multi_worker with several devices per worker, parameter_server, TPU), mixed_float16's loss scaling and
+any dtype policy but float32 and mixed_bfloat16 (whose variables, gradients and slots are float32), gradient
 accumulation, a model's own ``train_step``, an optimizer's moving average (``use_ema``), an optimizer built
 unsharded. Under mirrored, multi_worker and Horovod the tables of Embedding layers (sparse ``IndexedSlices``
 gradients) stay unsharded: their gradients averaged as ``model.fit`` averages them (the replicas' slices
@@ -43,6 +44,9 @@ __all__ = ["shard_optimizer_state", "xla_fallback", "UNEVEN"]
 
 _FIX = "train with shard_optimizer_state=False (the default)"
 UNEVEN = 1.25  # the plan says how uneven the shards are above this largest share / mean share
+# Dtype policies whose variables, gradients and slots are float32 (mixed_bfloat16 computes in bfloat16 without
+# loss scaling): the sharded update is the same as under float32.
+SHARDED_POLICIES = ("float32", "mixed_bfloat16")
 
 
 def _refuse(reason: str, fix: str = _FIX) -> ConfigError:
@@ -68,9 +72,9 @@ def _check_model(model: Any, optimizer: Any, accumulation_steps: int) -> None:
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         raise _refuse("the optimizer is a LossScaleOptimizer (mixed_float16): loss scaling is not sharded yet",
                       f"use precision='float32', or {_FIX}")
-    if model.dtype_policy.name != "float32":
+    if model.dtype_policy.name not in SHARDED_POLICIES:
         raise _refuse(f"the model trains under the {model.dtype_policy.name!r} dtype policy; sharding is tested for "
-                      "float32 only", f"use precision='float32', or {_FIX}")
+                      f"{' and '.join(SHARDED_POLICIES)} only", f"use precision='float32', or {_FIX}")
     if accumulation_steps > 1 or optimizer.gradient_accumulation_steps:
         raise _refuse(f"gradient accumulation ({max(accumulation_steps, optimizer.gradient_accumulation_steps or 1)} "
                       "micro-batches) is not sharded yet", f"use gradient_accumulation_steps=1, or {_FIX}")
