@@ -38,7 +38,7 @@ def reference(work: Path, *, timeout: float = 300) -> Dict[str, Any]:
     run.wait(timeout)
     reports = run.json_lines()
     ok = run.returncode == 0 and len(reports) == 3 and (work / "res-worker0.npz").exists()
-    return rs._result(ok, "" if ok else f"reference run failed (rc={run.returncode}):\n{run.tail()}",
+    return rs.outcome(ok, "" if ok else f"reference run failed (rc={run.returncode}):\n{run.tail()}",
                       weights=str(work / "res-worker0.npz"), history=reports[0]["history"] if reports else None,
                       iterations=reports[0]["iterations"] if reports else None, seconds=round(run.seconds, 1))
 
@@ -55,7 +55,7 @@ def _allowed(epoch: int, step: int, victim_is_chief: bool) -> List[List[int]]:
 def _verdict(run: "rs.Run", work: Path, ref: Dict[str, Any], *, sizes: List[int], kill: List[int], victim: str,
              measured: Dict[str, Any]) -> Dict[str, Any]:
     if run.returncode != 0:
-        return rs._result(False, f"job failed (rc={run.returncode}, timed out={run.timed_out}):\n{run.tail()}",
+        return rs.outcome(False, f"job failed (rc={run.returncode}, timed out={run.timed_out}):\n{run.tail()}",
                           **measured)
     reports = run.json_lines()
     resumed = sorted({tuple(r["resumed_from"] or ()) for r in reports})
@@ -80,13 +80,13 @@ def _verdict(run: "rs.Run", work: Path, ref: Dict[str, Any], *, sizes: List[int]
     problems += _restarts_problems(reports, sizes, list(resumed[0]) if resumed and resumed[0] else None)
     problems += _history_problems([r["history"] for r in reports], ref["history"])
     if problems:
-        return rs._result(False, "; ".join(problems) + f"\n{run.tail()}", **measured)
+        return rs.outcome(False, "; ".join(problems) + f"\n{run.tail()}", **measured)
     tasks = [f"worker{i}" for i in range(sizes[1])]
     mismatch, max_diff = rs.compare_weights(Path(ref["weights"]), work, tasks, rtol=0.0, atol=ATOL)
     measured["max_abs_diff"] = max_diff
     if mismatch or (work / "backup").exists():
-        return rs._result(False, mismatch or "the backup directory was not removed", **measured)
-    return rs._result(True, **measured)
+        return rs.outcome(False, mismatch or "the backup directory was not removed", **measured)
+    return rs.outcome(True, **measured)
 
 
 def _restarts_problems(reports: List[Dict[str, Any]], sizes: List[int], resumed: Optional[List[int]]) -> List[str]:

@@ -28,7 +28,7 @@ _RESTARTS_RE = re.compile(r"job finished OK in [\d.]+ s after (\d+) restart")
 
 
 def _env(work: Path, **extra: Any) -> Dict[str, str]:
-    return rs._job_env(work, REL_EPOCHS=EPOCHS, **extra)
+    return rs.job_env(work, REL_EPOCHS=EPOCHS, **extra)
 
 
 def leftover_ranks(work: Path) -> List[int]:
@@ -63,7 +63,7 @@ def r1_horovod_reference(work: Path, *, timeout: float = 240) -> Dict[str, Any]:
     left = _finish(run, work, timeout)
     weights = work / "ref-rank0.npz"
     ok = run.returncode == 0 and weights.exists() and (work / "ref-rank1.npz").exists() and not left
-    return rs._result(ok, "" if ok else f"reference run failed (rc={run.returncode}, ranks left {left}):\n{run.tail()}",
+    return rs.outcome(ok, "" if ok else f"reference run failed (rc={run.returncode}, ranks left {left}):\n{run.tail()}",
                       weights=str(weights), seconds=round(run.seconds, 1),
                       backup_left=(work / "ref-backup").exists())
 
@@ -94,12 +94,12 @@ def r1_horovod_trial(work: Path, reference: Path, *, rng: random.Random, timeout
     if per_rank_dirs:
         measured["per_rank_dirs"] = True
     if left:
-        return rs._result(False, f"rank processes outlived the launch: {left}", **measured)
+        return rs.outcome(False, f"rank processes outlived the launch: {left}", **measured)
     if run.returncode != 0:
-        return rs._result(False, f"job failed (rc={run.returncode}, timed out={run.timed_out}):\n{run.tail()}",
+        return rs.outcome(False, f"job failed (rc={run.returncode}, timed out={run.timed_out}):\n{run.tail()}",
                           **measured)
     if not (work / "killed").exists():
-        return rs._result(False, "the victim was never killed", **measured)
+        return rs.outcome(False, "the victim was never killed", **measured)
     restarts = [int(m) for m in _RESTARTS_RE.findall(run.text)]
     reports = run.json_lines()
     resumed = {tuple(r["resumed_from"]) if r["resumed_from"] else None for r in reports}
@@ -107,14 +107,14 @@ def r1_horovod_trial(work: Path, reference: Path, *, rng: random.Random, timeout
                     reports=len(reports))
     allowed = rs.expected_resume(epoch, step, victim_is_chief=victim == "rank:0")
     if measured["restarts"] != 1 or len(reports) != NP or len(resumed) != 1 or next(iter(resumed)) not in allowed:
-        return rs._result(False, f"expected one restart, {NP} ranks resuming from one of {allowed}; got {measured}\n"
+        return rs.outcome(False, f"expected one restart, {NP} ranks resuming from one of {allowed}; got {measured}\n"
                           f"{run.tail()}", **measured)
     if per_rank_dirs and next(iter(resumed)) is not None and "resumes at rank 0's backup" not in run.text:
-        return rs._result(False, f"rank 1 did not say it resumes at rank 0's backup:\n{run.tail()}", **measured)
+        return rs.outcome(False, f"rank 1 did not say it resumes at rank 0's backup:\n{run.tail()}", **measured)
     mismatch, max_diff = rs.compare_weights(reference, work, ("rank0", "rank1"), rtol=rtol, atol=atol)
     if mismatch:
-        return rs._result(False, mismatch, **measured, max_abs_diff=max_diff)
+        return rs.outcome(False, mismatch, **measured, max_abs_diff=max_diff)
     if (work / "backup" / "rank0" if per_rank_dirs else work / "backup").exists():
-        return rs._result(False, "the backup directory was not removed after training completed", **measured,
+        return rs.outcome(False, "the backup directory was not removed after training completed", **measured,
                           max_abs_diff=max_diff)
-    return rs._result(True, **measured, max_abs_diff=max_diff)
+    return rs.outcome(True, **measured, max_abs_diff=max_diff)

@@ -81,7 +81,7 @@ def preempt_trial(work: Path, reference: Path, *, rng: random.Random, launch: Se
     epoch = rng.randrange(int((env or {}).get("REL_EPOCHS", rs.EPOCHS)) - 1)
     step = rng.randrange(1, rs.STEPS_PER_EPOCH - 1)
     run = rs.Run([*launch, "--max-restarts", "0", "--timeout", str(timeout - 10), "--", str(rs.JOB)],
-                 env=rs._job_env(work, REL_BACKUP_DIR=work / "backup", REL_WEIGHTS_OUT=work / "res-{task}.npz",
+                 env=rs.job_env(work, REL_BACKUP_DIR=work / "backup", REL_WEIGHTS_OUT=work / "res-{task}.npz",
                                  REL_PREEMPT_AT=f"{victim}:{epoch}:{step}", REL_STEP_SLEEP="0.02", **(env or {})))
     signalled = _signal_when_ready(run, processes=len(tasks), timeout=timeout)
     run.wait(max(5.0, timeout - run.seconds if run.seconds else timeout))
@@ -93,14 +93,14 @@ def preempt_trial(work: Path, reference: Path, *, rng: random.Random, launch: Se
 def _verdict(run: rs.Run, work: Path, reference: Path, measured: Dict[str, Any], *, tasks: Sequence[str],
              atol: float) -> Dict[str, Any]:
     if not measured.get("exit_s"):
-        return rs._result(False, f"the victim never announced its step (rc={run.returncode}):\n{run.tail()}",
+        return rs.outcome(False, f"the victim never announced its step (rc={run.returncode}):\n{run.tail()}",
                           **measured)
     slow = {name: s for name, s in measured["exit_s"].items() if s is None or s > GRACE_S}
     stops = sorted({(int(m.group(2)), int(m.group(3))) for m in _STOP_RE.finditer(run.text)})
     measured.update(stopped_at=[list(s) for s in stops], rc=run.returncode,
                     max_exit_s=max((s for s in measured["exit_s"].values() if s is not None), default=None))
     if slow:
-        return rs._result(False, f"processes still alive {GRACE_S:g} s after the signal: {slow}\n{run.tail()}",
+        return rs.outcome(False, f"processes still alive {GRACE_S:g} s after the signal: {slow}\n{run.tail()}",
                           **measured)
     # tfaccel's launcher logs every task's exit status (under Ray: each worker's, then the driver's); horovodrun
     # names the first rank that exited
@@ -111,10 +111,10 @@ def _verdict(run: rs.Run, work: Path, reference: Path, measured: Dict[str, Any],
     every_75 = sum(line.count(f"exit code {EXIT_PREEMPTED}") for line in statuses) >= len(tasks) or \
         not statuses and horovod[:1] == [str(EXIT_PREEMPTED)]
     if len(stops) != 1 or len(_STOP_RE.findall(run.text)) != len(tasks) or not every_75:
-        return rs._result(False, f"expected every process to stop at one step and exit {EXIT_PREEMPTED}; got stops "
+        return rs.outcome(False, f"expected every process to stop at one step and exit {EXIT_PREEMPTED}; got stops "
                           f"{stops}, exits {measured['exit_statuses']}:\n{run.tail(60)}", **measured)
     if run.returncode != 0 or not _RESTART_RE.search(run.text):
-        return rs._result(False, f"the launcher did not restart the preempted job to completion (rc={run.returncode}"
+        return rs.outcome(False, f"the launcher did not restart the preempted job to completion (rc={run.returncode}"
                           f", timed out={run.timed_out}):\n{run.tail(60)}", **measured)
     reports = run.json_lines()
     resumed = {tuple(r["resumed_from"]) if r["resumed_from"] else None for r in reports}
@@ -122,20 +122,20 @@ def _verdict(run: rs.Run, work: Path, reference: Path, measured: Dict[str, Any],
     measured["steps_lost"] = None if len(resumed) != 1 or None in resumed else \
         (stops[0][0] - next(iter(resumed))[0]) * rs.STEPS_PER_EPOCH + stops[0][1] - next(iter(resumed))[1]
     if len(reports) != len(tasks) or measured["steps_lost"] != 0:
-        return rs._result(False, f"expected {len(tasks)} reports resuming at {stops[0]}; got {measured}", **measured)
+        return rs.outcome(False, f"expected {len(tasks)} reports resuming at {stops[0]}; got {measured}", **measured)
     restarts = [r.get("restarts") for r in reports]
     measured["restarts_reported"] = restarts[0]
     if any(not r or r[-1].get("why") != "preemption" or r[-1].get("steps_lost") != 0
            or r[-1].get("resumed_from") != list(stops[0]) for r in restarts):
-        return rs._result(False, f"FitResult.details['restarts'] does not say: a preemption, resumed from "
+        return rs.outcome(False, f"FitResult.details['restarts'] does not say: a preemption, resumed from "
                           f"{stops[0]}, 0 steps lost: {restarts}", **measured)
     mismatch, max_diff = rs.compare_weights(reference, work, tasks, rtol=0.0, atol=atol)
     measured["max_abs_diff"] = max_diff
     if mismatch:
-        return rs._result(False, mismatch, **measured)
+        return rs.outcome(False, mismatch, **measured)
     if (work / "backup").exists():
-        return rs._result(False, "the backup directory was not removed after training completed", **measured)
-    return rs._result(True, **measured)
+        return rs.outcome(False, "the backup directory was not removed after training completed", **measured)
+    return rs.outcome(True, **measured)
 
 
 def summary(results: List[Dict[str, Any]]) -> Dict[str, Any]:
@@ -159,11 +159,11 @@ def ps_reference(work: Path, *, timeout: float = 300) -> Dict[str, Any]:
     """The uninterrupted parameter-server job (``--ps 1 --workers 2``, backups on): the chief's final weights."""
     work.mkdir(parents=True, exist_ok=True)
     run = rs.Run(["--ps", "1", "--workers", "2", "--timeout", str(timeout - 10), "--", str(rs.JOB)],
-                 env=rs._job_env(work, REL_BACKUP_DIR=work / "ref-backup", REL_WEIGHTS_OUT=work / "ref-{task}.npz",
+                 env=rs.job_env(work, REL_BACKUP_DIR=work / "ref-backup", REL_WEIGHTS_OUT=work / "ref-{task}.npz",
                                  REL_STRATEGY="parameter_server"))
     run.wait(timeout)
     ok = run.returncode == 0 and (work / "ref-chief0.npz").exists()
-    return rs._result(ok, "" if ok else f"reference run failed (rc={run.returncode}):\n{run.tail()}",
+    return rs.outcome(ok, "" if ok else f"reference run failed (rc={run.returncode}):\n{run.tail()}",
                       weights=str(work / "ref-chief0.npz"), seconds=round(run.seconds, 1))
 
 
@@ -171,10 +171,10 @@ def ray_reference(work: Path, *, timeout: float = 300) -> Dict[str, Any]:
     """The uninterrupted job on 2 Ray Train workers (a private local Ray instance), backups on."""
     work.mkdir(parents=True, exist_ok=True)
     run = rs.Run(["--backend", "ray", "--workers", "2", "--timeout", str(timeout - 10), "--", str(rs.JOB)],
-                 env=rs._job_env(work, REL_BACKUP_DIR=work / "ref-backup", REL_WEIGHTS_OUT=work / "ref-{task}.npz"))
+                 env=rs.job_env(work, REL_BACKUP_DIR=work / "ref-backup", REL_WEIGHTS_OUT=work / "ref-{task}.npz"))
     run.wait(timeout)
     ok = run.returncode == 0 and (work / "ref-worker0.npz").exists()
-    return rs._result(ok, "" if ok else f"reference run failed (rc={run.returncode}):\n{run.tail()}",
+    return rs.outcome(ok, "" if ok else f"reference run failed (rc={run.returncode}):\n{run.tail()}",
                       weights=str(work / "ref-worker0.npz"), seconds=round(run.seconds, 1))
 
 

@@ -165,13 +165,13 @@ def with_suppress_kill(pid: int) -> None:
         pass
 
 
-def _job_env(work: Path, **extra: str) -> Dict[str, str]:
+def job_env(work: Path, **extra: str) -> Dict[str, str]:
     env = {"REL_EPOCHS": str(EPOCHS), "REL_BACKUP_FREQ": str(BACKUP_FREQ), "REL_KILL_MARKER": str(work / "killed")}
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
 
-def _result(ok: bool, why: str = "", **measured: Any) -> Dict[str, Any]:
+def outcome(ok: bool, why: str = "", **measured: Any) -> Dict[str, Any]:
     return {"ok": bool(ok), "why": why, **measured}
 
 
@@ -192,11 +192,11 @@ def r1_reference(work: Path, *, timeout: float = 300) -> Dict[str, Any]:
     for path in (cwd, tmp, home):
         path.mkdir(exist_ok=True)
     run = Run(["--workers", "2", "--timeout", str(timeout - 10), "--", str(JOB)], cwd=cwd,
-              env=_job_env(work, REL_BACKUP_DIR=work / "ref-backup", REL_WEIGHTS_OUT=work / "ref-{task}.npz",
+              env=job_env(work, REL_BACKUP_DIR=work / "ref-backup", REL_WEIGHTS_OUT=work / "ref-{task}.npz",
                            REL_CHECKPOINT_DIR=work / "ckpt", TMPDIR=tmp, HOME=home))
     run.wait(timeout)
     ok = run.returncode == 0 and (work / "ref-worker0.npz").exists()
-    return _result(ok, "" if ok else f"reference run failed (rc={run.returncode}):\n{run.tail()}",
+    return outcome(ok, "" if ok else f"reference run failed (rc={run.returncode}):\n{run.tail()}",
                    weights=str(work / "ref-worker0.npz"), seconds=round(run.seconds, 1),
                    notes=[r.get("notes", []) for r in run.json_lines()],
                    written={"cwd": _tree(cwd), "tmp": _tree(tmp), "home": _tree(home), "ckpt": _tree(work / "ckpt"),
@@ -224,34 +224,34 @@ def r1_trial(work: Path, reference: Path, *, rng: random.Random, timeout: float 
     victim = rng.choice(["worker:0", "worker:1"])
     epoch, step = rng.randrange(EPOCHS), rng.randrange(1, STEPS_PER_EPOCH)
     run = Run(["--workers", "2", "--max-restarts", "1", "--timeout", str(timeout - 10), "--", str(JOB)],
-              env=_job_env(work, REL_BACKUP_DIR=work / "backup", REL_WEIGHTS_OUT=work / "res-{task}.npz",
+              env=job_env(work, REL_BACKUP_DIR=work / "backup", REL_WEIGHTS_OUT=work / "res-{task}.npz",
                            REL_KILL_AT=f"{victim}:{epoch}:{step}"))
     run.wait(timeout)
     measured = {"victim": victim, "kill_at": [epoch, step], "seconds": round(run.seconds, 1)}
     if run.returncode != 0:
-        return _result(False, f"job failed (rc={run.returncode}, timed out={run.timed_out}):\n{run.tail()}", **measured)
+        return outcome(False, f"job failed (rc={run.returncode}, timed out={run.timed_out}):\n{run.tail()}", **measured)
     if not (work / "killed").exists():
-        return _result(False, "the victim was never killed", **measured)
+        return outcome(False, "the victim was never killed", **measured)
     restarted = "restarting the whole job" in run.text
     reports = run.json_lines()
     resumed = {tuple(r["resumed_from"]) if r["resumed_from"] else None for r in reports}
     measured.update(restarted=restarted, resumed_from=sorted(resumed, key=str), reports=len(reports))
     allowed = expected_resume(epoch, step, victim_is_chief=victim == "worker:0")
     if not restarted or len(reports) != 2 or len(resumed) != 1 or next(iter(resumed)) not in allowed:
-        return _result(False, f"expected one restart resuming from one of {allowed}; got {measured}", **measured)
+        return outcome(False, f"expected one restart resuming from one of {allowed}; got {measured}", **measured)
     told = [r.get("restarts") or [{}] for r in reports]  # issue 25: FitResult.details["restarts"]
     measured["restarts_reported"] = told[0]
     if any(t[-1].get("why") != "failure" or t[-1].get("resumed_from") != (list(next(iter(resumed)) or []) or None)
            for t in told):
-        return _result(False, f"details['restarts'] does not say: a failure, resumed from {resumed}: {told}",
+        return outcome(False, f"details['restarts'] does not say: a failure, resumed from {resumed}: {told}",
                        **measured)
     mismatch, max_diff = compare_weights(reference, work, ("worker0", "worker1"), rtol=rtol, atol=atol)
     if mismatch:
-        return _result(False, mismatch, **measured, max_abs_diff=max_diff)
+        return outcome(False, mismatch, **measured, max_abs_diff=max_diff)
     backup_left = (work / "backup").exists()
     if backup_left:
-        return _result(False, "the backup directory was not removed after training completed", **measured)
-    return _result(True, **measured, max_abs_diff=max_diff)
+        return outcome(False, "the backup directory was not removed after training completed", **measured)
+    return outcome(True, **measured, max_abs_diff=max_diff)
 
 
 def compare_weights(reference: Path, work: Path, tasks: Sequence[str], *, rtol: float,
@@ -276,23 +276,23 @@ def _lost_peer_verdict(run: Run, *, lost: str, limit_from: float, patterns: Sequ
     measured = {"rc": run.returncode, "seconds": round(run.seconds, 1),
                 "exit_after_loss_s": round(run.seconds - limit_from, 1), "timed_out": run.timed_out}
     if run.timed_out:
-        return _result(False, f"hang: still running after {run.seconds:.0f} s:\n{run.tail()}", **measured)
+        return outcome(False, f"hang: still running after {run.seconds:.0f} s:\n{run.tail()}", **measured)
     if run.returncode in (0, None):
-        return _result(False, f"exit status {run.returncode}, expected non-zero:\n{run.tail()}", **measured)
+        return outcome(False, f"exit status {run.returncode}, expected non-zero:\n{run.tail()}", **measured)
     missing = [p for p in patterns if not re.search(p, run.text)]
     if missing:
-        return _result(False, f"output does not name the lost task {lost} (no match for {missing}):\n{run.tail()}",
+        return outcome(False, f"output does not name the lost task {lost} (no match for {missing}):\n{run.tail()}",
                        **measured)
     if run.seconds - limit_from > limit:
-        return _result(False, f"exited {run.seconds - limit_from:.0f} s after {lost} was lost at {limit_from:.1f} s "
+        return outcome(False, f"exited {run.seconds - limit_from:.0f} s after {lost} was lost at {limit_from:.1f} s "
                        f"(limit {limit:g} s); the last lines, seconds after the launch:\n{run.timeline()}", **measured)
-    return _result(True, **measured)
+    return outcome(True, **measured)
 
 
 def r2_local_dies(work: Path, *, timeout: float = 180) -> Dict[str, Any]:
     """Local mode: worker:1 is SIGKILLed mid-epoch; the job exits non-zero naming worker:1."""
     work.mkdir(parents=True, exist_ok=True)
-    run = Run(["--workers", "2", "--", str(JOB)], env=_job_env(work, REL_KILL_AT="worker:1:0:4", REL_EPOCHS=1))
+    run = Run(["--workers", "2", "--", str(JOB)], env=job_env(work, REL_KILL_AT="worker:1:0:4", REL_EPOCHS=1))
     run.wait(timeout)
     killed = run.first(r"REL: worker:1 kills itself") or run.seconds
     return _lost_peer_verdict(run, lost="worker:1", limit_from=killed,
@@ -303,7 +303,7 @@ def r2_local_never_joins(work: Path, *, startup: float = 12, timeout: float = 18
     """Local mode: worker:1 runs but never starts TensorFlow; worker:0 gives up after the start-up timeout."""
     work.mkdir(parents=True, exist_ok=True)
     run = Run(["--workers", "2", "--", str(JOB)],
-              env=_job_env(work, REL_HANG_BEFORE_START="worker:1", TFACCEL_STARTUP_TIMEOUT=startup))
+              env=job_env(work, REL_HANG_BEFORE_START="worker:1", TFACCEL_STARTUP_TIMEOUT=startup))
     run.wait(timeout)
     hung = run.first(r"REL: worker:1 hangs") or 0.0
     return _lost_peer_verdict(run, lost="worker:1", limit_from=hung, limit=startup + 40,
@@ -323,7 +323,7 @@ def r2_host_never_starts(work: Path, *, startup: float = 12, timeout: float = 18
     work.mkdir(parents=True, exist_ok=True)
     cluster = _cluster_file(work)
     run = Run(["--cluster", str(cluster), "--task", "worker:0", "--", str(JOB)],
-              env=_job_env(work, TFACCEL_STARTUP_TIMEOUT=startup))
+              env=job_env(work, TFACCEL_STARTUP_TIMEOUT=startup))
     run.wait(timeout)
     return _lost_peer_verdict(run, lost="worker:1", limit_from=0.0, limit=startup + 40,
                               patterns=[r"did not come up within the start-up timeout of .*waited for: worker:1"])
@@ -334,13 +334,13 @@ def r2_host_dies(work: Path, *, timeout: float = 240) -> Dict[str, Any]:
     worker:1 (TensorFlow's aborted collective names /job:worker/replica:0/task:1) within the limit."""
     work.mkdir(parents=True, exist_ok=True)
     cluster = _cluster_file(work)
-    env = _job_env(work, REL_KILL_AT="worker:1:0:4", REL_EPOCHS=1)
+    env = job_env(work, REL_KILL_AT="worker:1:0:4", REL_EPOCHS=1)
     runs = [Run(["--cluster", str(cluster), "--task", f"worker:{i}", "--", str(JOB)], env=env) for i in (0, 1)]
     runs[1].wait(timeout)
     runs[0].wait(max(5.0, timeout - runs[0].seconds if runs[0].seconds else timeout))
     killed = runs[1].first(r"REL: worker:1 kills itself")
     if killed is None:
-        return _result(False, f"worker:1 never reached its kill step:\n{runs[1].tail()}\n---\n{runs[0].tail()}")
+        return outcome(False, f"worker:1 never reached its kill step:\n{runs[1].tail()}\n---\n{runs[0].tail()}")
     killed += runs[1].begun - runs[0].begun  # on worker:0's clock
     verdict = _lost_peer_verdict(runs[0], lost="worker:1", limit_from=killed,
                                  patterns=[r"/job:worker/replica:0/task:1", r"worker:0 \(pid \d+\) failed"])
@@ -352,7 +352,7 @@ def r2_horovod_dies(work: Path, *, timeout: float = 180) -> Dict[str, Any]:
     """Horovod: rank 1 is SIGKILLed mid-epoch; horovodrun ends rank 0 and the launch exits non-zero naming rank 1."""
     work.mkdir(parents=True, exist_ok=True)
     run = Run(["--backend", "horovod", "-np", "2", "--", str(JOB)],
-              env=_job_env(work, REL_KILL_AT="rank:1:0:4", REL_EPOCHS=1))
+              env=job_env(work, REL_KILL_AT="rank:1:0:4", REL_EPOCHS=1))
     run.wait(timeout)
     killed = run.first(r"REL: rank:1 kills itself") or 0.0
     return _lost_peer_verdict(run, lost="rank 1", limit_from=killed,
@@ -363,7 +363,7 @@ def r2_horovod_never_joins(work: Path, *, gloo_timeout: int = 12, timeout: float
     """Horovod: rank 1 never calls hvd.init; rank 0's Gloo rendezvous times out naming rank 1 (key 1)."""
     work.mkdir(parents=True, exist_ok=True)
     run = Run(["--backend", "horovod", "-np", "2", "--gloo-timeout", str(gloo_timeout), "--", str(JOB)],
-              env=_job_env(work, REL_HANG_BEFORE_START="rank:1"))
+              env=job_env(work, REL_HANG_BEFORE_START="rank:1"))
     run.wait(timeout)
     hung = run.first(r"REL: rank:1 hangs") or 0.0
     return _lost_peer_verdict(run, lost="rank 1", limit_from=hung, limit=gloo_timeout + 40,
@@ -443,9 +443,9 @@ def r3_ps_task_lost(work: Path, *, victim: str = "worker:1", after_epoch: int = 
     measured = {"victim": victim, "rc": rc, "timed_out": timed_out, "seconds": round(time.monotonic() - chief.begun, 1),
                 "exit_after_loss_s": round(time.monotonic() - killed_at, 1) if killed_at else None}
     if killed_at is None:
-        return _result(False, f"the chief never logged epoch {after_epoch}:\n{chief.text[-3000:]}", **measured)
+        return outcome(False, f"the chief never logged epoch {after_epoch}:\n{chief.text[-3000:]}", **measured)
     if timed_out:
-        return _result(False, f"hang: the chief still ran {timeout:g} s after start:\n{chief.text[-3000:]}", **measured)
+        return outcome(False, f"hang: the chief still ran {timeout:g} s after start:\n{chief.text[-3000:]}", **measured)
     if victim.startswith("worker"):
         reports = [json.loads(line[line.find("{\"task\""):]) for _, line in chief.lines if "{\"task\"" in line]
         ok = rc == 0 and reports and reports[-1]["steps"] > 0
@@ -453,14 +453,14 @@ def r3_ps_task_lost(work: Path, *, victim: str = "worker:1", after_epoch: int = 
         # At-least-once: a closure that was running on the lost worker is re-run in full elsewhere, and the
         # updates it had already applied on the ps stay; so more steps than scheduled may be counted.
         measured["steps_scheduled"] = 4 * reports[-1]["steps_per_epoch"] if reports else None
-        return _result(ok, "" if ok else f"job did not complete after losing {victim}:\n{chief.text[-3000:]}",
+        return outcome(ok, "" if ok else f"job did not complete after losing {victim}:\n{chief.text[-3000:]}",
                        **measured)
     naming = [line for _, line in chief.lines if re.search(r"/job:ps/replica:0/task:0|\bps:0\b", line)
               and "TF_CONFIG" not in line]
     names = bool(naming)
     measured["message"] = naming[-1][:300] if naming else None
     ok = rc not in (0, None) and names and measured["exit_after_loss_s"] <= LOST_PEER_LIMIT_S
-    return _result(ok, "" if ok else f"expected a non-zero exit naming ps:0 within {LOST_PEER_LIMIT_S:g} s:\n"
+    return outcome(ok, "" if ok else f"expected a non-zero exit naming ps:0 within {LOST_PEER_LIMIT_S:g} s:\n"
                    f"{chief.text[-3000:]}", **measured)
 
 
@@ -484,6 +484,6 @@ def r3_launch_ps_worker_lost(work: Path, *, after_epoch: int = 1, timeout: float
                 "steps": reports[-1]["steps"] if reports else None,
                 "steps_scheduled": 4 * reports[-1]["steps_per_epoch"] if reports else None}
     if killed is None:
-        return _result(False, f"the chief never logged epoch {after_epoch}:\n{run.tail()}", **measured)
+        return outcome(False, f"the chief never logged epoch {after_epoch}:\n{run.tail()}", **measured)
     ok = run.returncode == 0 and bool(reports) and "a parameter-server worker, exited" in run.text
-    return _result(ok, "" if ok else f"the job did not go on after losing worker:1:\n{run.tail()}", **measured)
+    return outcome(ok, "" if ok else f"the job did not go on after losing worker:1:\n{run.tail()}", **measured)

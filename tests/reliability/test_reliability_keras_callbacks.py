@@ -28,7 +28,7 @@ def _launch(work, backend, *, kill=None, timeout=300):
     if kill:
         env["REL_KILL_AT"] = kill
     args = BACKENDS[backend][0] + ["--timeout", str(timeout - 10)] + (["--max-restarts", "1"] if kill else [])
-    run = rs.Run(args + ["--", str(rs.JOB)], env=rs._job_env(work, **env))
+    run = rs.Run(args + ["--", str(rs.JOB)], env=rs.job_env(work, **env))
     run.wait(timeout)
     assert run.returncode == 0, f"rc={run.returncode} timed out={run.timed_out}\n{run.tail(60)}"
     return run

@@ -18,6 +18,7 @@ tfaccel.configure_devices(virtual_cpus=N)
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from tfaccel.compat.keras_zero import slot_bytes_per_device  # noqa: E402
 from tfaccel.memory import estimate_memory  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: zero_cases
@@ -40,11 +41,7 @@ def _embedding_case(mirrored, optimizer) -> dict:
     model.set_weights(plain.get_weights())
     ref = plain.fit(x, y, batch_size=zc.BATCH, epochs=zc.EPOCHS, shuffle=False, verbose=0).history
     result = tfaccel.fit(model, x, y, batch_size=zc.BATCH, epochs=zc.EPOCHS, shuffle=False, verbose=0, shard_optimizer_state=True)
-    held = {}
-    for v in model.optimizer.variables:
-        for c in mirrored.experimental_local_results(v.value):
-            device = tf.DeviceSpec.from_string(c.device).to_string()
-            held[device] = held.get(device, 0) + int(np.prod(c.shape)) * c.dtype.size
+    held = slot_bytes_per_device(model.optimizer, mirrored)
     estimate = estimate_memory(zc.embedding_layers(), batch_size=zc.BATCH, strategy="mirrored", replicas=N,
                                optimizer=keras.optimizers.Adam(0.01), recompute=False, shard_optimizer_state=True)
     return {"plain_history": ref, "history": result.history, "note": result.details.get("optimizer_state"),
@@ -101,11 +98,7 @@ def main() -> None:
                              shard_optimizer_state=shard, loop="keras" if name == "adam_keras_loop" else "auto")
         copies = [[c.numpy().tolist() for c in mirrored.experimental_local_results(v.value)]
                   for v in model.trainable_variables]
-        held = {}
-        for v in model.optimizer.variables:
-            for c in mirrored.experimental_local_results(v.value):
-                device = tf.DeviceSpec.from_string(c.device).to_string()
-                held[device] = held.get(device, 0) + int(np.prod(c.shape)) * c.dtype.size
+        held = slot_bytes_per_device(model.optimizer, mirrored)
         out[name] = {"history": result.history, "initial": [w.tolist() for w in initial],
                      "weights": [w.tolist() for w in model.get_weights()], "copies": copies,
                      "slot_sizes": [int(np.prod(v.shape)) * 4 for v in model.trainable_variables],
