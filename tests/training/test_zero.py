@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -124,20 +125,28 @@ def test_an_embedding_table_stays_unsharded_and_trains_as_plain_fit(runs, replic
 
 
 @pytest.mark.parametrize("replicas", [2, 4])
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
 @pytest.mark.parametrize("case", ["adamw", "sgd_nesterov_clipnorm"])
-def test_mixed_bfloat16_trains_as_the_unsharded_job_and_keras(runs, replicas, case):
-    """Under mixed_bfloat16 (bfloat16 compute, float32 variables and slots) the sharded job ends where the same job
-    unsharded ends and, with AdamW, where plain ``model.fit`` under TF's MirroredStrategy ends."""
-    run = runs[replicas][f"{case}_mixed_bfloat16"]
-    assert run["policy"] == "mixed_bfloat16" and run["sharded"]["compute"] == "bfloat16"
+def test_mixed_precision_trains_as_the_unsharded_job_and_keras(runs, replicas, policy, case):
+    """Under mixed_bfloat16 and mixed_float16 (16-bit compute, float32 variables and slots) the sharded job ends where
+    the same job unsharded ends and, with AdamW, where plain ``model.fit`` under TF's MirroredStrategy ends. Under
+    mixed_float16 the inner optimizer of the LossScaleOptimizer is sharded; its first scale overflows, so steps are
+    skipped and the scale halved, then doubled every 2 finite steps: the same skips and scale as unsharded."""
+    run = runs[replicas][f"{case}_{policy}"]
+    assert run["policy"] == policy and run["sharded"]["compute"] == policy.split("_")[1]
     assert run["sharded"]["note"].startswith(f"optimizer {'AdamW' if case == 'adamw' else 'SGD'}: state sharded over "
                                              f"{replicas} replicas")
+    assert len(run["sharded"]["held"]) == replicas and len(set(run["sharded"]["held"].values())) > 1  # shares
     references = [run["unsharded"]] + ([run["keras_mirrored"]] if case == "adamw" else [])
     for reference in references:
         for key, values in reference["history"].items():
             np.testing.assert_allclose(run["sharded"]["history"][key], values, rtol=1e-5, atol=1e-5, err_msg=key)
         for got, want in zip(run["sharded"]["weights"], reference["weights"], strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        if policy == "mixed_float16":
+            assert (run["sharded"]["scale"], run["sharded"]["updates"]) == (reference["scale"], reference["updates"])
+    if policy == "mixed_float16":
+        assert 0 < run["sharded"]["updates"] < 16 and run["sharded"]["scale"] < 2.0 ** 16  # skipped, then updated
 
 
 def test_cli_flag_trains_sharded(runs):
@@ -199,10 +208,8 @@ def _custom_step_class():
 
 
 @pytest.mark.parametrize("make,accumulation,message", [
-    (lambda k: _compiled(k.optimizers.LossScaleOptimizer(k.optimizers.Adam())), 1,
-     r"LossScaleOptimizer \(mixed_float16\): loss scaling is not sharded yet; use precision='float32'"),
     (lambda k: _compiled(policy="bfloat16"), 1,
-     r"'bfloat16' dtype policy; sharding is tested for float32 and mixed_bfloat16 only"),
+     r"'bfloat16' dtype policy; sharding is tested for float32, mixed_bfloat16, mixed_float16 only"),
     (lambda k: _compiled(), 2, r"gradient accumulation \(2 micro-batches\) is not sharded yet; use "
                                r"gradient_accumulation_steps=1"),
     (lambda k: _compiled(k.optimizers.SGD(gradient_accumulation_steps=3)), 1, r"gradient accumulation \(3 micro"),
@@ -216,6 +223,21 @@ def test_what_is_not_exact_is_refused(make, accumulation, message, clean_tf_conf
         shard_optimizer_state(make(keras), True, accumulation_steps=accumulation)
     with pytest.raises(ConfigError, match="shard_optimizer_state=False"):  # the fix names the way out
         shard_optimizer_state(make(keras), True, accumulation_steps=accumulation)
+
+
+def test_loss_scaling_is_refused_where_processes_shard(clean_tf_config, cpu_replicas):
+    """mixed_float16's LossScaleOptimizer under a backend whose processes are the replicas (Horovod's): refused before
+    the backend shards anything (each process would decide alone whether its gradients are finite)."""
+    import keras
+
+    sharded = []
+    backend = SimpleNamespace(num_replicas_in_sync=2, shard_optimizer=lambda model, **_: sharded.append(model))
+    model = _compiled(keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam()))
+    with pytest.raises(ConfigError, match=r"^shard_optimizer_state=True: the optimizer is a LossScaleOptimizer "
+                                          r"\(mixed_float16\): its loss scaling is sharded on one host's mirrored "
+                                          r"devices only .*use precision='mixed_bfloat16'"):
+        shard_optimizer_state(model, True, accumulation_steps=1, backend=backend)
+    assert not sharded
 
 
 def test_other_strategies_and_built_optimizers_are_refused(clean_tf_config, cpu_replicas):

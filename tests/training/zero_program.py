@@ -28,7 +28,7 @@ import zero_cases as zc  # noqa: E402
 # zero_cases' optimizers, and two controls: Keras' own loop, and the same Adam unsharded
 CASES = {**zc.OPTIMIZERS, "adam_keras_loop": lambda: keras.optimizers.Adam(0.01),
          "adam_unsharded": lambda: keras.optimizers.Adam(0.01)}
-BFLOAT16 = ("adamw", "sgd_nesterov_clipnorm")  # also trained under mixed_bfloat16
+MIXED = ("adamw", "sgd_nesterov_clipnorm")  # also trained under mixed_bfloat16 and mixed_float16
 
 
 def _embedding_case(mirrored, optimizer) -> dict:
@@ -53,16 +53,23 @@ def _embedding_case(mirrored, optimizer) -> dict:
                        for v in model.trainable_variables]}
 
 
-def _bfloat16_case(mirrored, name: str) -> dict:
-    """mixed_bfloat16 (float32 variables, gradients and slots; bfloat16 compute): sharded against the same job
-    unsharded on the same N replicas (each replica's bfloat16 arithmetic differs from one device's over the whole
-    batch, so one device is no reference here) and, for AdamW, against plain ``model.fit`` under TF's own
-    MirroredStrategy over the same devices (Keras clips each replica's gradient before the all-reduce, tfaccel after
-    it, so the clipping case has tfaccel's unsharded path as its reference)."""
-    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+def _loss_scaled(name: str):
+    """The case's optimizer in a LossScaleOptimizer whose first scale overflows float16 (the first steps are skipped
+    and the scale halved) and which doubles its scale every 2 finite steps: both of its branches run."""
+    return lambda: keras.optimizers.LossScaleOptimizer(zc.OPTIMIZERS[name](), initial_scale=2.0 ** 16,
+                                                       dynamic_growth_steps=2)
+
+
+def _mixed_precision_case(policy: str, name: str) -> dict:
+    """mixed_bfloat16 or mixed_float16 (float32 variables, gradients and slots; 16-bit compute; mixed_float16 with
+    loss scaling): sharded against the same job unsharded on the same N replicas (each replica's 16-bit arithmetic
+    differs from one device's over the whole batch, so one device is no reference here) and, for AdamW, against
+    plain ``model.fit`` under TF's own MirroredStrategy over the same devices (Keras clips each replica's gradient
+    before the all-reduce, tfaccel after it, so the clipping case has tfaccel's unsharded path as its reference)."""
+    keras.mixed_precision.set_global_policy(policy)
     try:
         x, y = zc.data()
-        optimizer = zc.OPTIMIZERS[name]
+        optimizer = _loss_scaled(name) if policy == "mixed_float16" else zc.OPTIMIZERS[name]
         initial = zc.model(optimizer).get_weights()
         out = {"policy": keras.mixed_precision.global_policy().name}
         for mode in ("sharded", "unsharded"):
@@ -70,15 +77,25 @@ def _bfloat16_case(mirrored, name: str) -> dict:
             result = tfaccel.fit(model, x, y, batch_size=zc.BATCH, epochs=zc.EPOCHS, shuffle=False, verbose=0,
                                  shard_optimizer_state=mode == "sharded")
             out[mode] = {"history": result.history, "weights": [w.tolist() for w in model.get_weights()],
-                         "note": result.details.get("optimizer_state"), "compute": model.layers[0].compute_dtype}
+                         "note": result.details.get("optimizer_state"), "compute": model.layers[0].compute_dtype,
+                         "held": result.details.get("optimizer_state_bytes"), **_scaling(model.optimizer)}
         if name == "adamw":
             devices = [d.name for d in tf.config.list_logical_devices("CPU")]
             plain = zc.model(optimizer, initial, scope=tf.distribute.MirroredStrategy(devices).scope(), metrics=["mae"])
             history = plain.fit(x, y, batch_size=zc.BATCH, epochs=zc.EPOCHS, shuffle=False, verbose=0).history
-            out["keras_mirrored"] = {"history": history, "weights": [w.tolist() for w in plain.get_weights()]}
+            out["keras_mirrored"] = {"history": history, "weights": [w.tolist() for w in plain.get_weights()],
+                                     **_scaling(plain.optimizer)}
         return out
     finally:
         keras.mixed_precision.set_global_policy("float32")
+
+
+def _scaling(optimizer) -> dict:
+    """A LossScaleOptimizer's scale and its inner optimizer's updates after the job (nothing for another one)."""
+    if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return {}
+    return {"scale": float(optimizer.dynamic_scale.numpy()),
+            "updates": int(optimizer.inner_optimizer.iterations.numpy())}
 
 
 def main() -> None:
@@ -112,8 +129,9 @@ def main() -> None:
                 shard_optimizer_state=True).optimizer_shard_bytes)
     for name, optimizer in zc.EMBEDDING_OPTIMIZERS.items():
         out[name] = _embedding_case(mirrored, optimizer)
-    for name in BFLOAT16:
-        out[f"{name}_mixed_bfloat16"] = _bfloat16_case(mirrored, name)
+    for policy in ("mixed_bfloat16", "mixed_float16"):
+        for name in MIXED:
+            out[f"{name}_{policy}"] = _mixed_precision_case(policy, name)
     if N == 2:  # the CLI's flag, end to end, on this process's mirrored strategy
         from tfaccel.cli.main import main as cli
 

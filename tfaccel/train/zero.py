@@ -11,9 +11,9 @@ Under the ``horovod`` backend the ranks are the replicas and the backend shards 
 ``tfaccel.strategies.horovod.zero``), after the checks here on the model.
 
 What would not train exactly as ``model.fit`` is refused before training, with the reason: other strategies (one
-device, multi_worker with several devices per worker, parameter_server, TPU), mixed_float16's loss scaling and
-any dtype policy but float32 and mixed_bfloat16 (whose variables, gradients and slots are float32), gradient
-accumulation, a model's own ``train_step``, an optimizer's moving average (``use_ema``), an optimizer built
+device, multi_worker with several devices per worker, parameter_server, TPU), any dtype policy but float32,
+mixed_bfloat16 and mixed_float16 (whose variables, gradients and slots are float32; under mixed_float16 the
+``LossScaleOptimizer``'s inner optimizer is sharded, on one host's mirrored devices only), gradient accumulation, a model's own ``train_step``, an optimizer's moving average (``use_ema``), an optimizer built
 unsharded. Under mirrored, multi_worker and Horovod the tables of Embedding layers (sparse ``IndexedSlices``
 gradients) stay unsharded: their gradients averaged as ``model.fit`` averages them (the replicas' slices
 concatenated) and applied on every replica, with replicated slots (exact by construction); the plan names them.
@@ -40,13 +40,13 @@ from tfaccel.errors import ConfigError
 from tfaccel.memory.estimate import estimate_memory
 from tfaccel.memory.shards import largest_share, partition_by_bytes
 
-__all__ = ["shard_optimizer_state", "xla_fallback", "UNEVEN"]
+__all__ = ["shard_optimizer_state", "xla_fallback", "inner_optimizer", "UNEVEN", "SHARDED_POLICIES"]
 
 _FIX = "train with shard_optimizer_state=False (the default)"
 UNEVEN = 1.25  # the plan says how uneven the shards are above this largest share / mean share
-# Dtype policies whose variables, gradients and slots are float32 (mixed_bfloat16 computes in bfloat16 without
-# loss scaling): the sharded update is the same as under float32.
-SHARDED_POLICIES = ("float32", "mixed_bfloat16")
+# Dtype policies whose variables, gradients and slots are float32: the sharded update is the same as under float32
+# (mixed_float16's loss scaling wraps it: the inner optimizer is sharded).
+SHARDED_POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
 
 
 def _refuse(reason: str, fix: str = _FIX) -> ConfigError:
@@ -68,13 +68,23 @@ def _check_strategy(strategy: Any) -> None:
                       f"use strategy='mirrored' over several devices, or {_FIX}")
 
 
+def _check_loss_scaling(model: Any, own_backend: bool) -> None:
+    """mixed_float16's ``LossScaleOptimizer`` is sharded (its inner optimizer) on one host's mirrored devices only:
+    Keras decides whether a step's gradients are finite from the first local replica's own gradients, before they are
+    reduced, so processes could disagree and take different branches around the exchange's collectives."""
+    if not isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer):
+        return
+    if own_backend or isinstance(model.distribute_strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        raise _refuse("the optimizer is a LossScaleOptimizer (mixed_float16): its loss scaling is sharded on one "
+                      "host's mirrored devices only (Keras checks the gradients for inf/NaN on each process's first "
+                      "replica before the all-reduce, so processes could take different branches around the "
+                      "exchange)", f"use precision='mixed_bfloat16' (no loss scaling) or 'float32', or {_FIX}")
+
+
 def _check_model(model: Any, optimizer: Any, accumulation_steps: int) -> None:
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        raise _refuse("the optimizer is a LossScaleOptimizer (mixed_float16): loss scaling is not sharded yet",
-                      f"use precision='float32', or {_FIX}")
     if model.dtype_policy.name not in SHARDED_POLICIES:
         raise _refuse(f"the model trains under the {model.dtype_policy.name!r} dtype policy; sharding is tested for "
-                      f"{' and '.join(SHARDED_POLICIES)} only", f"use precision='float32', or {_FIX}")
+                      f"{', '.join(SHARDED_POLICIES)} only", f"use precision='float32', or {_FIX}")
     if accumulation_steps > 1 or optimizer.gradient_accumulation_steps:
         raise _refuse(f"gradient accumulation ({max(accumulation_steps, optimizer.gradient_accumulation_steps or 1)} "
                       "micro-batches) is not sharded yet", f"use gradient_accumulation_steps=1, or {_FIX}")
@@ -150,9 +160,10 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
                         ranks=backend.num_replicas_in_sync if own else None, input_shape=input_shape)
         if not on:
             return f"optimizer state not sharded: {why}"
-    strategy, optimizer = model.distribute_strategy, model.optimizer
+    strategy, optimizer = model.distribute_strategy, inner_optimizer(model)
     if own is None:
         _check_strategy(strategy)
+    _check_loss_scaling(model, own is not None)
     _check_model(model, optimizer, accumulation_steps)
     if own is not None:
         done = own(model, checkpoint_dir=checkpoint_dir)
@@ -164,6 +175,12 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
                  f"them and applied on every replica, replicated slots): {', '.join(sorted(sparse))}" if sparse else "")
     replicas = backend.num_replicas_in_sync if own is not None else strategy.num_replicas_in_sync
     return f"{done}{unsharded}{_uneven(model, sparse, replicas)}; {why}"
+
+
+def inner_optimizer(model: Any) -> Any:
+    """The optimizer that holds the slots: the model's, or the one its ``LossScaleOptimizer`` wraps."""
+    optimizer = getattr(model, "optimizer", None)
+    return optimizer.inner_optimizer if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else optimizer
 
 
 def _uneven(model: Any, sparse: Any, replicas: int) -> str:
@@ -200,7 +217,7 @@ def xla_fallback(model: Any, jit: bool) -> Optional[str]:
     TensorFlow 2.21: "No registered 'CollectiveAllToAllV2' OpKernel for XLA_CPU_JIT devices"); under Horovod
     through Horovod's own ops, which XLA compiles only in a Horovod built with HOROVOD_ENABLE_XLA_OPS.
     """
-    if not jit or not is_sharded(getattr(model, "optimizer", None)):
+    if not jit or not is_sharded(inner_optimizer(model)):
         return None
     strategy = model.distribute_strategy
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
