@@ -159,6 +159,13 @@ def test_checkpoint_dir_under_sharded_multi_worker_is_refused(worker_runs):
             w["checkpoint_dir_refusal"] and "keep backup_dir" in w["checkpoint_dir_refusal"], w["checkpoint_dir_refusal"]
 
 
+def test_loss_scaling_under_sharded_multi_worker_is_refused(worker_runs):
+    for w in worker_runs:
+        assert w["loss_scaling_refusal"].startswith(
+            "shard_optimizer_state=True: the optimizer is a LossScaleOptimizer (mixed_float16): its loss scaling is "
+            "sharded on one host's mirrored devices only"), w["loss_scaling_refusal"]
+
+
 def _close(got, want, atol=1e-5):
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(np.asarray(a, "float64"), np.asarray(b, "float64"), rtol=0, atol=atol)

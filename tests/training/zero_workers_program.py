@@ -60,6 +60,7 @@ def main() -> None:
         out[name] = _embedding_case(optimizer, chief)
     if not parity_only:
         out["checkpoint_dir_refusal"] = _checkpoint_dir_refusal(x, y, initial)
+        out["loss_scaling_refusal"] = _loss_scaling_refusal(x, y, initial)
     print(json.dumps(out))
 
 
@@ -89,6 +90,17 @@ def _checkpoint_dir_refusal(x, y, initial):
     try:
         tfaccel.fit(model, x, y, batch_size=zc.BATCH, epochs=1, verbose=0, shard_optimizer_state=True,
                     checkpoint_dir=os.path.join(sys.argv[1], "ckpt"))
+    except tfaccel.ConfigError as exc:
+        return str(exc)
+    return "trained"
+
+
+def _loss_scaling_refusal(x, y, initial):
+    """What a sharded multi_worker fit of a LossScaleOptimizer says (refused before training: nothing to run)."""
+    model = zc.model(lambda: keras.optimizers.LossScaleOptimizer(CASES["adamw"]()), initial,
+                     scope=tfaccel.scope(strategy="multi_worker"))
+    try:
+        tfaccel.fit(model, x, y, batch_size=zc.BATCH, epochs=1, verbose=0, shard_optimizer_state=True)
     except tfaccel.ConfigError as exc:
         return str(exc)
     return "trained"
