@@ -57,6 +57,38 @@ def test_accumulation_equals_large_batch_on_one_device_and_two_replicas(cpu_repl
     assert ref_iters == iters_default == iters_mirrored == 4  # iterations count updates, not micro-batches
 
 
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_accumulation_applies_weight_decay_as_keras_accumulation_does(optimizer, cpu_replicas):
+    """An optimizer's ``weight_decay`` (AdamW's, or any Keras optimizer's own) on every update, as Keras' own
+    ``gradient_accumulation_steps`` on one device applies it, the bias excluded by name as there (a bias decayed by
+    mistake would change the kernel's later gradients)."""
+    import keras
+    import tensorflow as tf
+
+    def make(**accumulate):
+        if optimizer == "adamw":
+            opt = keras.optimizers.AdamW(0.01, weight_decay=0.5, **accumulate)
+        else:
+            opt = keras.optimizers.SGD(0.1, momentum=0.9, weight_decay=0.5, **accumulate)
+        opt.exclude_from_weight_decay(var_names=["bias"])
+        return opt
+
+    reference, ref_iters = _train(tf.distribute.get_strategy(), batch=8, adapt=False,
+                                  keras_optimizer=lambda: make(gradient_accumulation_steps=2))
+    acc_default, iters_default = _train(tf.distribute.get_strategy(), batch=8, accumulation=2, keras_optimizer=make)
+    acc_mirrored, iters_mirrored = _train(_mirrored(), batch=8, accumulation=2, keras_optimizer=make)
+    undecayed, _ = _train(tf.distribute.get_strategy(), batch=8, adapt=False,
+                          keras_optimizer=lambda: (keras.optimizers.AdamW(0.01, weight_decay=0.0,
+                                                                          gradient_accumulation_steps=2)
+                                                   if optimizer == "adamw" else
+                                                   keras.optimizers.SGD(0.1, momentum=0.9,
+                                                                        gradient_accumulation_steps=2)))
+    assert np.max(np.abs(reference - undecayed)) > 1e-3  # the decay matters here
+    np.testing.assert_allclose(acc_default, reference, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(acc_mirrored, reference, rtol=1e-5, atol=1e-6)
+    assert ref_iters == iters_default == iters_mirrored == 4
+
+
 def test_keras_own_accumulation_fails_under_mirrored(cpu_replicas):
     """Upstream: Keras 3.15 gradient_accumulation_steps + MirroredStrategy -> merge_call error.
 

@@ -9,10 +9,11 @@ Upstream (seen on Keras 3.15.1 / TensorFlow 2.21.0; no upstream issue filed, so 
   ``_all_reduce_sum_gradients``).
 * Keras' ``gradient_accumulation_steps`` fails under MirroredStrategy (``merge_call called while defining a new
   graph``). The subclass reduces every micro-step, accumulates the reduced gradients and applies the update in
-  ``extended.update`` under a condition (``tf.__internal__``'s ``maybe_merge_call``, as Keras' optimizers do).
+  ``extended.update`` under a condition (``tf.__internal__``'s ``maybe_merge_call``, as Keras' optimizers do),
+  with the optimizer's ``weight_decay`` applied first on update steps, as Keras' own accumulation applies it.
 
-It reads the optimizer's private ``_trainable_variables``, ``_get_variable_index``, ``_iterations`` and
-``_distribution_strategy``; tests/training/test_training_optim.py fails when one of them moves.
+It reads the optimizer's private ``_trainable_variables``, ``_get_variable_index``, ``_iterations``,
+``_use_weight_decay`` and ``_distribution_strategy``; tests/training/test_training_optim.py fails when one of them moves.
 """
 
 from typing import Any, Dict, List
@@ -100,6 +101,7 @@ class _ClipAfterReduceAccumulate:
 
                 def step(v: Any, g: Any) -> Any:
                     def do() -> Any:
+                        self._tfaccel_decay(v, learning_rate)
                         self.update_step(g, v, learning_rate)
                         return tf.constant(True)
 
@@ -108,6 +110,17 @@ class _ClipAfterReduceAccumulate:
                 distribution.extended.update(var, step, args=(grad,), group=False)
 
         return update
+
+
+    def _tfaccel_decay(self, variable: Any, learning_rate: Any) -> None:
+        """The optimizer's ``weight_decay`` on one variable before its update, as Keras' ``apply`` decays every
+        variable it does not exclude (``_apply_weight_decay``: ``variable -= variable * weight_decay * rate``)."""
+        import tensorflow as tf
+
+        if self.weight_decay is None or not self._use_weight_decay(variable):  # type: ignore[attr-defined]
+            return
+        decay = tf.cast(self.weight_decay, variable.dtype)  # type: ignore[attr-defined]
+        variable.assign_sub(variable * decay * tf.cast(learning_rate, variable.dtype))
 
 
 def adapted_class(base: type) -> type:
