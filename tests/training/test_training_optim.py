@@ -23,20 +23,22 @@ def _xy():
     return x, (x @ np.array([1.0, -2.0, 3.0, 0.5], dtype="float32"))[:, None]
 
 
-def _model(strategy, optimizer):
+def _model(strategy, optimizer, constraint=None):
     import keras
 
     keras.utils.set_random_seed(1)
     with strategy.scope():
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, kernel_constraint=constraint)])
         model.compile(optimizer(), "mse")
     return model
 
 
-def _train(strategy, *, batch, accumulation=1, global_clipnorm=None, keras_optimizer=None, adapt=True):
+def _train(strategy, *, batch, accumulation=1, global_clipnorm=None, keras_optimizer=None, adapt=True,
+           constraint=None):
     import keras
 
-    model = _model(strategy, keras_optimizer or (lambda: keras.optimizers.SGD(0.1, global_clipnorm=global_clipnorm)))
+    model = _model(strategy, keras_optimizer or (lambda: keras.optimizers.SGD(0.1, global_clipnorm=global_clipnorm)),
+                   constraint)
     opt = model.optimizer
     if adapt:
         adapt_optimizer(model, replicas=strategy.num_replicas_in_sync, accumulation_steps=accumulation)
@@ -87,6 +89,28 @@ def test_accumulation_applies_weight_decay_as_keras_accumulation_does(optimizer,
     np.testing.assert_allclose(acc_default, reference, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(acc_mirrored, reference, rtol=1e-5, atol=1e-6)
     assert ref_iters == iters_default == iters_mirrored == 4
+
+
+@pytest.mark.parametrize("what", ["kernel_constraint", "loss_scale_factor"])
+def test_accumulation_keeps_constraints_and_loss_scale_factor_as_keras_apply(what, cpu_replicas):
+    """What Keras' ``apply`` does around the update: a kernel constraint (MaxNorm 0.5, below the norm the kernel
+    trains to, so it clamps) after every call, and the gradients divided by ``loss_scale_factor``; as Keras' own
+    accumulation."""
+    import keras
+    import tensorflow as tf
+
+    constraint = keras.constraints.MaxNorm(0.5) if what == "kernel_constraint" else None
+    scale = {"loss_scale_factor": 4.0} if what == "loss_scale_factor" else {}
+    kind = keras.optimizers.Adam if constraint is not None else keras.optimizers.SGD  # SGD: the scale shows
+    reference, _ = _train(tf.distribute.get_strategy(), batch=8, adapt=False, constraint=constraint,
+                          keras_optimizer=lambda: kind(0.05, gradient_accumulation_steps=2, **scale))
+    got = {name: _train(strategy, batch=8, accumulation=2, constraint=constraint,
+                        keras_optimizer=lambda: kind(0.05, **scale))[0]
+           for name, strategy in (("one device", tf.distribute.get_strategy()), ("mirrored", _mirrored()))}
+    if constraint is not None:
+        assert abs(np.linalg.norm(reference) - 0.5) < 1e-4  # the constraint clamped the kernel
+    for name, weights in got.items():
+        np.testing.assert_allclose(weights, reference, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
 def test_keras_own_accumulation_fails_under_mirrored(cpu_replicas):

@@ -9,8 +9,9 @@ Upstream (seen on Keras 3.15.1 / TensorFlow 2.21.0; no upstream issue filed, so 
   ``_all_reduce_sum_gradients``).
 * Keras' ``gradient_accumulation_steps`` fails under MirroredStrategy (``merge_call called while defining a new
   graph``). The subclass reduces every micro-step, accumulates the reduced gradients and applies the update in
-  ``extended.update`` under a condition (``tf.__internal__``'s ``maybe_merge_call``, as Keras' optimizers do),
-  with the optimizer's ``weight_decay`` applied first on update steps, as Keras' own accumulation applies it.
+  ``extended.update`` under a condition (``tf.__internal__``'s ``maybe_merge_call``, as Keras' optimizers do).
+  What Keras' ``apply`` does around its update is kept: the gradients divided by ``loss_scale_factor``, the
+  optimizer's ``weight_decay`` on update steps, each variable's ``constraint`` after every call.
 
 It reads the optimizer's private ``_trainable_variables``, ``_get_variable_index``, ``_iterations``,
 ``_use_weight_decay`` and ``_distribution_strategy``; tests/training/test_training_optim.py fails when one of them moves.
@@ -70,6 +71,8 @@ class _ClipAfterReduceAccumulate:
                                    else trainable_variables)
         if not self.built:
             self.build(trainable_variables)
+        if self.loss_scale_factor is not None:  # as Keras' apply
+            grads = [g if g is None else g / self.loss_scale_factor for g in grads]
         steps = self.tfaccel_accumulation_steps
         reduced = [g for g, _ in super()._all_reduce_sum_gradients(  # type: ignore[misc]
             list(zip(grads, trainable_variables)))]
@@ -87,6 +90,9 @@ class _ClipAfterReduceAccumulate:
             acc.assign(tf.where(is_update, tf.zeros_like(acc), acc))
         self._iterations.assign_add(tf.cast(is_update, "int64"))
         self._tfaccel_micro_step.assign_add(1)
+        for variable in trainable_variables:  # as Keras' apply, after every call
+            if variable.constraint is not None:
+                variable.assign(variable.constraint(variable))
 
     def _tfaccel_update(self, is_update: Any) -> Any:
         """``(distribution, pairs) -> None``: each variable's update, run only on an update step."""
