@@ -15,7 +15,7 @@ from tfaccel.errors import ConfigError, invalid_choice
 from tfaccel.log import get_logger
 
 __all__ = ["PrecisionName", "PRECISION_NAMES", "POLICY_NAMES", "resolve_precision", "set_precision",
-           "precision_warning", "user_global_policy", "wrap_loss_scale", "check_output_dtype"]
+           "precision_warning", "user_global_policy", "wrap_loss_scale", "unwrap_loss_scale", "check_output_dtype"]
 
 PrecisionName = Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"]
 # The one list of precision names (validation, CLI choices, docs); "auto" resolves to one of the others.
@@ -192,6 +192,21 @@ def wrap_loss_scale(optimizer: Any, policy: Any = None) -> Any:
     if _policy_name(policy) != "mixed_float16" or isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         return optimizer
     return keras.optimizers.LossScaleOptimizer(optimizer)
+
+
+def unwrap_loss_scale(optimizer: Any) -> Any:
+    """The optimizer that holds the slots and runs the updates: the one a ``LossScaleOptimizer`` wraps, or
+    ``optimizer`` itself.
+
+    Args:
+        optimizer: a Keras 3 optimizer (or None).
+
+    Returns:
+        Its ``inner_optimizer`` when it is a ``LossScaleOptimizer``, else ``optimizer``.
+    """
+    import keras
+
+    return optimizer.inner_optimizer if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else optimizer
 
 
 def check_output_dtype(model: Any) -> List[str]:

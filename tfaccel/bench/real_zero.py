@@ -8,14 +8,14 @@ run: the steady step time (median epoch after the first, over its steps), the op
 process's replicas holds, and the real allocator's peak of this process during the run (TensorFlow's BFC allocator,
 ``tf.config.experimental.get_memory_info``, which needs ``TF_CPU_ALLOCATOR_USE_BFC=true`` before TensorFlow starts
 on a CPU; virtual CPUs of one process share one allocator, so the per-replica peak is read per worker process under
-multi_worker and per rank under Horovod). Beside them: ``tfaccel memory``'s prediction of each replica's optimizer bytes, and the bytes each
-replica sends per step (:func:`tfaccel.bench.zero_traffic.bytes_per_step`).
+multi_worker and per rank under Horovod). Beside them: ``tfaccel memory``'s prediction of each replica's optimizer
+bytes, and the bytes each replica sends per step (:func:`tfaccel.bench.zero_traffic.bytes_per_step`).
 
     python -m tfaccel.bench.real_zero MODEL[,MODEL] SIZE ROUNDS [REPLICAS | horovod]
 
 REPLICAS: virtual CPUs of a mirrored run; ``horovod``: the process is one Horovod rank, and rank 0 prints every
-rank's result (``{"ranks": [...]}``); without either it is one worker of a multi_worker job (TF_CONFIG). The last line printed is
-the JSON result.
+rank's result (``{"ranks": [...]}``); without either it is one worker of a multi_worker job (TF_CONFIG). The last
+line printed is the JSON result.
 """
 
 import gc

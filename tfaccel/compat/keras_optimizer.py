@@ -14,7 +14,8 @@ Upstream (seen on Keras 3.15.1 / TensorFlow 2.21.0; no upstream issue filed, so 
   optimizer's ``weight_decay`` on update steps, each variable's ``constraint`` after every call.
 
 It reads the optimizer's private ``_trainable_variables``, ``_get_variable_index``, ``_iterations``,
-``_use_weight_decay`` and ``_distribution_strategy``; tests/training/test_training_optim.py fails when one of them moves.
+``_use_weight_decay`` and ``_distribution_strategy``; tests/training/test_training_optim.py fails when one of them
+moves.
 """
 
 from typing import Any, Dict, List
@@ -116,7 +117,6 @@ class _ClipAfterReduceAccumulate:
                 distribution.extended.update(var, step, args=(grad,), group=False)
 
         return update
-
 
     def _tfaccel_decay(self, variable: Any, learning_rate: Any) -> None:
         """The optimizer's ``weight_decay`` on one variable before its update, as Keras' ``apply`` decays every

@@ -23,7 +23,7 @@ from tfaccel.errors import ConfigError
 from tfaccel.integrations.ray_train import report_callbacks
 from tfaccel.log import get_logger
 from tfaccel.memory import enable_recompute
-from tfaccel.precision import check_output_dtype
+from tfaccel.precision import check_output_dtype, unwrap_loss_scale
 from tfaccel.resilience import job as resilience
 from tfaccel.resilience.backups import Throughput
 from tfaccel.resilience.evaluator import evaluator_callbacks
@@ -38,7 +38,7 @@ from tfaccel.train.request import FitRequest
 from tfaccel.train.result import FitResult
 from tfaccel.train.scope import plan_for_model
 from tfaccel.train.xla_payback import job_decision
-from tfaccel.train.zero import inner_optimizer, shard_optimizer_state, xla_fallback
+from tfaccel.train.zero import shard_optimizer_state, xla_fallback
 from tfaccel.xla import decided_per_job, resolve_compile_jit
 
 if TYPE_CHECKING:
@@ -259,7 +259,7 @@ def _result(ctx: FitContext, outcome: Optional["LoopResult"], seconds: float) ->
         details.update(outcome.details)
     if not ctx.backend.uses_keras_fit:  # parameter_server: how each large variable was placed over the ps tasks
         details["variable_placement"] = placements(ctx.model.variables)
-    if is_sharded(inner_optimizer(ctx.model)):  # ZeRO-1: the bytes of optimizer state each device holds
+    if is_sharded(unwrap_loss_scale(ctx.model.optimizer)):  # ZeRO-1: the bytes of optimizer state each device holds
         details["optimizer_state_bytes"] = slot_bytes_per_device(ctx.model.optimizer, ctx.model.distribute_strategy)
     if "backup" in ctx.named:
         details["backups_written"] = ctx.named["backup"].saves

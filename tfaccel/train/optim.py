@@ -27,6 +27,7 @@ from tfaccel.compat import keras_internals
 from tfaccel.compat.keras_optimizer import adapted_class
 from tfaccel.compat.keras_zero import is_sharded
 from tfaccel.errors import ConfigError, invalid_choice
+from tfaccel.precision import unwrap_loss_scale
 from tfaccel.strategies.horovod import check_optimizer
 from tfaccel.train.request import LR_SCALING
 
@@ -113,7 +114,7 @@ def adapt_optimizer(model: Any, *, replicas: int, accumulation_steps: int) -> Op
             ``gradient_accumulation_steps``.
     """
     opt = model.optimizer
-    inner = opt.inner_optimizer if isinstance(opt, keras.optimizers.LossScaleOptimizer) else opt
+    inner = unwrap_loss_scale(opt)
     check_optimizer(inner)
     bound = keras_internals.optimizer_strategy(inner)  # Keras 3's TF optimizer binds to it when created
     if bound is not None and bound is not model.distribute_strategy and not inner.built:
@@ -150,7 +151,7 @@ def adapt_optimizer(model: Any, *, replicas: int, accumulation_steps: int) -> Op
 def restore_optimizer_class(model: Any) -> None:
     """Gives the model's optimizer its own class back after training (its state stays)."""
     opt = getattr(model, "optimizer", None)
-    inner = opt.inner_optimizer if isinstance(opt, keras.optimizers.LossScaleOptimizer) else opt
+    inner = unwrap_loss_scale(opt)
     original = getattr(inner, _ORIGINAL_CLASS, None)
     if original is not None:  # accumulators, if any, stay among its variables, unused by its own apply()
         inner.__class__ = original
@@ -175,7 +176,7 @@ def scale_learning_rate(model: Any, rule: Optional[str], *, global_batch: Option
                           f"{base_batch!r}. Pass batch_size= to fit, or scale the rate yourself")
     factor, reason = scale_factor(rule, global_batch=global_batch, base_batch=base_batch)
     opt = model.optimizer
-    inner = opt.inner_optimizer if isinstance(opt, keras.optimizers.LossScaleOptimizer) else opt
+    inner = unwrap_loss_scale(opt)
     if inner.built:
         raise ConfigError("scale_learning_rate needs an optimizer that is not built yet (its rate is wrapped before "
                           "the first step)")

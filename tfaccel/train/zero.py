@@ -13,8 +13,8 @@ Under the ``horovod`` backend the ranks are the replicas and the backend shards 
 What would not train exactly as ``model.fit`` is refused before training, with the reason: other strategies (one
 device, multi_worker with several devices per worker, parameter_server, TPU), any dtype policy but float32,
 mixed_bfloat16 and mixed_float16 (whose variables, gradients and slots are float32; under mixed_float16 the
-``LossScaleOptimizer``'s inner optimizer is sharded, on one host's mirrored devices only), gradient accumulation, a model's own ``train_step``, an optimizer's moving average (``use_ema``), an optimizer built
-unsharded. Under mirrored, multi_worker and Horovod the tables of Embedding layers (sparse ``IndexedSlices``
+``LossScaleOptimizer``'s inner optimizer is sharded, on one host's mirrored devices only), gradient accumulation, a
+model's own ``train_step``, an optimizer's moving average (``use_ema``), an optimizer built unsharded. Under mirrored, multi_worker and Horovod the tables of Embedding layers (sparse ``IndexedSlices``
 gradients) stay unsharded: their gradients averaged as ``model.fit`` averages them (the replicas' slices
 concatenated) and applied on every replica, with replicated slots (exact by construction); the plan names them.
 ``global_clipnorm`` clips every gradient by the global norm over the sharded and unsharded ones. Variables are
@@ -39,8 +39,9 @@ from tfaccel.compat.keras_zero_ranks import over_ranks
 from tfaccel.errors import ConfigError
 from tfaccel.memory.estimate import estimate_memory
 from tfaccel.memory.shards import largest_share, partition_by_bytes
+from tfaccel.precision import unwrap_loss_scale
 
-__all__ = ["shard_optimizer_state", "xla_fallback", "inner_optimizer", "UNEVEN", "SHARDED_POLICIES"]
+__all__ = ["shard_optimizer_state", "xla_fallback", "UNEVEN", "SHARDED_POLICIES"]
 
 _FIX = "train with shard_optimizer_state=False (the default)"
 UNEVEN = 1.25  # the plan says how uneven the shards are above this largest share / mean share
@@ -160,7 +161,7 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
                         ranks=backend.num_replicas_in_sync if own else None, input_shape=input_shape)
         if not on:
             return f"optimizer state not sharded: {why}"
-    strategy, optimizer = model.distribute_strategy, inner_optimizer(model)
+    strategy, optimizer = model.distribute_strategy, unwrap_loss_scale(getattr(model, "optimizer", None))
     if own is None:
         _check_strategy(strategy)
     _check_loss_scaling(model, own is not None)
@@ -175,12 +176,6 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
                  f"them and applied on every replica, replicated slots): {', '.join(sorted(sparse))}" if sparse else "")
     replicas = backend.num_replicas_in_sync if own is not None else strategy.num_replicas_in_sync
     return f"{done}{unsharded}{_uneven(model, sparse, replicas)}; {why}"
-
-
-def inner_optimizer(model: Any) -> Any:
-    """The optimizer that holds the slots: the model's, or the one its ``LossScaleOptimizer`` wraps."""
-    optimizer = getattr(model, "optimizer", None)
-    return optimizer.inner_optimizer if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else optimizer
 
 
 def _uneven(model: Any, sparse: Any, replicas: int) -> str:
@@ -217,7 +212,7 @@ def xla_fallback(model: Any, jit: bool) -> Optional[str]:
     TensorFlow 2.21: "No registered 'CollectiveAllToAllV2' OpKernel for XLA_CPU_JIT devices"); under Horovod
     through Horovod's own ops, which XLA compiles only in a Horovod built with HOROVOD_ENABLE_XLA_OPS.
     """
-    if not jit or not is_sharded(inner_optimizer(model)):
+    if not jit or not is_sharded(unwrap_loss_scale(getattr(model, "optimizer", None))):
         return None
     strategy = model.distribute_strategy
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):

@@ -41,7 +41,7 @@ import tensorflow as tf
 from tfaccel.compat.keras_ps_model import release_from_strategy
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
-from tfaccel.precision import check_output_dtype
+from tfaccel.precision import check_output_dtype, unwrap_loss_scale
 from tfaccel.resilience.backups import PS_BACKUP_FORMAT, read_backup, restore_checkpoint_backup, write_checkpoint_backup
 from tfaccel.train.data import FitData
 from tfaccel.train.fit_context import FitContext
@@ -96,7 +96,7 @@ def _refuse(model: Any, data: FitData, callbacks: Sequence[Any], accum: int, val
 def _own_optimizer(model: Any) -> None:
     """Accumulation happens in this loop's closures: the optimizer gets its own class back (tfaccel.train.optim)."""
     opt = model.optimizer
-    inner = opt.inner_optimizer if isinstance(opt, keras.optimizers.LossScaleOptimizer) else opt
+    inner = unwrap_loss_scale(opt)
     if getattr(inner, "tfaccel_accumulation_steps", 1) > 1:
         inner.tfaccel_accumulation_steps = 1
         restore_optimizer_class(model)
