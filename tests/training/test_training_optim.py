@@ -91,16 +91,17 @@ def test_accumulation_applies_weight_decay_as_keras_accumulation_does(optimizer,
     assert ref_iters == iters_default == iters_mirrored == 4
 
 
-@pytest.mark.parametrize("what", ["kernel_constraint", "loss_scale_factor"])
-def test_accumulation_keeps_constraints_and_loss_scale_factor_as_keras_apply(what, cpu_replicas):
+@pytest.mark.parametrize("what", ["kernel_constraint", "loss_scale_factor", "use_ema"])
+def test_accumulation_keeps_what_keras_apply_does_around_the_update(what, cpu_replicas):
     """What Keras' ``apply`` does around the update: a kernel constraint (MaxNorm 0.5, below the norm the kernel
-    trains to, so it clamps) after every call, and the gradients divided by ``loss_scale_factor``; as Keras' own
-    accumulation."""
+    trains to, so it clamps) after every call, the gradients divided by ``loss_scale_factor``, the moving averages of
+    ``use_ema`` (written to the weights every 3 updates and at the end of ``fit``); as Keras' own accumulation."""
     import keras
     import tensorflow as tf
 
     constraint = keras.constraints.MaxNorm(0.5) if what == "kernel_constraint" else None
-    scale = {"loss_scale_factor": 4.0} if what == "loss_scale_factor" else {}
+    scale = {"loss_scale_factor": {"loss_scale_factor": 4.0},
+             "use_ema": {"use_ema": True, "ema_momentum": 0.5, "ema_overwrite_frequency": 3}}.get(what, {})
     kind = keras.optimizers.Adam if constraint is not None else keras.optimizers.SGD  # SGD: the scale shows
     reference, _ = _train(tf.distribute.get_strategy(), batch=8, adapt=False, constraint=constraint,
                           keras_optimizer=lambda: kind(0.05, gradient_accumulation_steps=2, **scale))

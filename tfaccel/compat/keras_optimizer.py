@@ -11,10 +11,12 @@ Upstream (seen on Keras 3.15.1 / TensorFlow 2.21.0; no upstream issue filed, so 
   graph``). The subclass reduces every micro-step, accumulates the reduced gradients and applies the update in
   ``extended.update`` under a condition (``tf.__internal__``'s ``maybe_merge_call``, as Keras' optimizers do).
   What Keras' ``apply`` does around its update is kept: the gradients divided by ``loss_scale_factor``, the
-  optimizer's ``weight_decay`` on update steps, each variable's ``constraint`` after every call.
+  optimizer's ``weight_decay`` on update steps, the moving averages of ``use_ema`` after every call (and written to
+  the variables every ``ema_overwrite_frequency`` updates), each variable's ``constraint`` after every call.
 
 It reads the optimizer's private ``_trainable_variables``, ``_get_variable_index``, ``_iterations``,
-``_use_weight_decay`` and ``_distribution_strategy``; tests/training/test_training_optim.py fails when one of them
+``_use_weight_decay``, ``_update_model_variables_moving_average``, ``_model_variables_moving_average`` and
+``_distribution_strategy``; tests/training/test_training_optim.py fails when one of them
 moves.
 """
 
@@ -89,6 +91,7 @@ class _ClipAfterReduceAccumulate:
                                          list(zip(mean, tvars)))
         for acc in accs:
             acc.assign(tf.where(is_update, tf.zeros_like(acc), acc))
+        self._tfaccel_moving_average()
         self._iterations.assign_add(tf.cast(is_update, "int64"))
         self._tfaccel_micro_step.assign_add(1)
         for variable in trainable_variables:  # as Keras' apply, after every call
@@ -117,6 +120,29 @@ class _ClipAfterReduceAccumulate:
                 distribution.extended.update(var, step, args=(grad,), group=False)
 
         return update
+
+    def _tfaccel_moving_average(self) -> None:
+        """``use_ema``: the moving averages updated after every call, as Keras' ``_backend_apply_gradients`` updates
+        them (its ``iterations``, the updates so far, is this optimizer's), and written to the model's variables every
+        ``ema_overwrite_frequency`` updates: on every replica, selected by ``tf.where`` in ``extended.update`` (Keras'
+        ``tf.cond`` around its overwrite would call ``merge_call`` inside a condition, which a replica cannot)."""
+        import tensorflow as tf
+
+        if not self.use_ema:  # type: ignore[attr-defined]
+            return
+        self._update_model_variables_moving_average(self._trainable_variables)  # type: ignore[attr-defined]
+        if not self.ema_overwrite_frequency:  # type: ignore[attr-defined]
+            return
+        overwrite = tf.equal((self.iterations + 1) % self.ema_overwrite_frequency, 0)  # type: ignore[attr-defined]
+        pairs = [(v.value if hasattr(v, "value") and not isinstance(v, tf.Variable) else v, average)
+                 for v, average in zip(self._trainable_variables,  # type: ignore[attr-defined]
+                                       self._model_variables_moving_average)]  # type: ignore[attr-defined]
+
+        def write(distribution: Any, chosen: List[Any]) -> None:
+            for var, average in chosen:
+                distribution.extended.update(var, lambda v, a: v.assign(tf.where(overwrite, a, v)), args=(average,))
+
+        keras_internals.maybe_merge_call(write, self._distribution_strategy, pairs)  # type: ignore[attr-defined]
 
     def _tfaccel_decay(self, variable: Any, learning_rate: Any) -> None:
         """The optimizer's ``weight_decay`` on one variable before its update, as Keras' ``apply`` decays every

@@ -14,7 +14,8 @@ What would not train exactly as ``model.fit`` is refused before training, with t
 device, multi_worker with several devices per worker, parameter_server, TPU), any dtype policy but float32,
 mixed_bfloat16 and mixed_float16 (whose variables, gradients and slots are float32; under mixed_float16 the
 ``LossScaleOptimizer``'s inner optimizer is sharded, on one host's mirrored devices only), gradient accumulation, a
-model's own ``train_step``, an optimizer's moving average (``use_ema``), an optimizer built unsharded. Under mirrored, multi_worker and Horovod the tables of Embedding layers (sparse ``IndexedSlices``
+model's own ``train_step``, an optimizer's moving average (``use_ema``), an optimizer built unsharded. Under
+mirrored, multi_worker and Horovod the tables of Embedding layers (sparse ``IndexedSlices``
 gradients) stay unsharded: their gradients averaged as ``model.fit`` averages them (the replicas' slices
 concatenated) and applied on every replica, with replicated slots (exact by construction); the plan names them.
 ``global_clipnorm`` clips every gradient by the global norm over the sharded and unsharded ones. Variables are
