@@ -34,7 +34,7 @@ KNOWN_BACKEND_NAME_TESTS: Set[str] = set()
 # must start without TensorFlow (`import tfaccel`, the CLI's verbs, the launcher, the cluster readers, the
 # integrations the launcher's driver side loads) and the compat fixes applied on demand; optional dependencies
 # (Horovod, matplotlib) load through tfaccel._lazy.optional_module. A package not listed has none.
-KNOWN_FUNCTION_IMPORTS: Dict[str, int] = {"(top)": 46, "cli": 51, "cluster": 3, "compat": 31, "integrations": 4,
+KNOWN_FUNCTION_IMPORTS: Dict[str, int] = {"(top)": 46, "cli": 51, "cluster": 3, "compat": 29, "integrations": 4,
                                           "launch": 19}
 # Modules that must import without TensorFlow (the CLI's parser is built too).
 LIGHT_MODULES = ("tfaccel", "tfaccel.cluster", "tfaccel.launch", "tfaccel.resilience.contract",

@@ -202,11 +202,11 @@ def unwrap_loss_scale(optimizer: Any) -> Any:
         optimizer: a Keras 3 optimizer (or None).
 
     Returns:
-        Its ``inner_optimizer`` when it is a ``LossScaleOptimizer``, else ``optimizer``.
+        Its ``inner_optimizer`` when it has one (Keras' ``LossScaleOptimizer``, the only Keras optimizer that wraps
+        another), else ``optimizer``.
     """
-    import keras
-
-    return optimizer.inner_optimizer if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else optimizer
+    inner = getattr(optimizer, "inner_optimizer", None)  # no Keras import: this module loads without TensorFlow
+    return optimizer if inner is None else inner
 
 
 def check_output_dtype(model: Any) -> List[str]:

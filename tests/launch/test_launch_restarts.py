@@ -113,6 +113,7 @@ def test_sigusr1_to_the_launcher_reaches_the_tasks_when_it_is_the_preemption_sig
                 "result = run_job(lambda attempt: [task], echo=False, grace=5, timeout=40)\n"
                 "print('RESULT', result.returncode, result.reason, round(time.monotonic() - began, 1), flush=True)\n")
     env = {**os.environ, "TFACCEL_PREEMPTION_SIGNAL": "USR1"}
+    (tmp_path / "up").unlink(missing_ok=True)  # only this run's task may say it is up
     done = subprocess.run([sys.executable, "-c", launcher], env=env, capture_output=True, timeout=60, cwd=tmp_path)
     line = [ln for ln in done.stdout.decode().splitlines() if ln.startswith("RESULT")]
     assert line, done.stderr.decode()[-2000:]

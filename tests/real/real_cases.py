@@ -44,16 +44,9 @@ def _lamb(rate: float) -> Any:
     return keras.optimizers.Lamb(rate)
 
 
-def _rmsprop(rate: float) -> Any:
-    """Centered RMSprop with momentum: three slots per variable."""
-    import keras
-
-    return keras.optimizers.RMSprop(rate, momentum=0.9, centered=True)
-
-
 # name -> a fresh optimizer at the suite's learning rate, for the cases that train with another one than the model
 # file's Adam
-OPTIMIZERS: Dict[str, Callable[[float], Any]] = {"adamw": _adamw, "sgd": _sgd, "lamb": _lamb, "rmsprop": _rmsprop}
+OPTIMIZERS: Dict[str, Callable[[float], Any]] = {"adamw": _adamw, "sgd": _sgd, "lamb": _lamb}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,15 +122,15 @@ MUTANTS: Dict[str, Case] = {c.name: c for c in [
 # ZeRO cases below that train with it.
 OTHER_OPTIMIZERS: Dict[str, Case] = {c.name: c for c in [
     Case(f"{model}:{optimizer}", model, 1e-4, optimizer=optimizer)
-    for model, optimizer in (("bert_classifier", "adamw"), ("gpt2_causal_lm", "sgd"), ("recommender", "lamb"),
-                             ("recommender", "rmsprop"))
+    for model, optimizer in (("bert_classifier", "adamw"), ("gpt2_causal_lm", "sgd"), ("recommender", "lamb"))
 ]}
 
 # The suite's model trained by tfaccel with its optimizer state sharded (ZeRO-1): "<model>:zero" with the model
-# file's Adam, "<model>:zero_<optimizer>" with another. The Embedding tables (token, position, user) stay unsharded;
-# the dense rest is sharded.
+# file's Adam (BERT: its unsharded run is the memory test's reference), "<model>:zero_<optimizer>" with another
+# (CI's time: each costs 5 processes' traces; Adam on GPT-2 is in the bench's --real-zero rows).
+# The Embedding tables (token, segment, user, item) stay unsharded; the dense rest is sharded.
 ZERO: Dict[str, Case] = {c.name: c for c in [
-    *(Case(f"{model}:zero", model, 1e-4, shard=True) for model in ("bert_classifier", "gpt2_causal_lm", "recommender")),
+    Case("bert_classifier:zero", "bert_classifier", 1e-4, shard=True),
     *(Case(f"{c.model}:zero_{c.optimizer}", c.model, 1e-4, shard=True, optimizer=c.optimizer)
       for c in OTHER_OPTIMIZERS.values()),
 ]}

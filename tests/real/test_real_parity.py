@@ -4,9 +4,9 @@ Paths: one device (against plain Keras on one device at the XLA setting tfaccel'
 virtual CPUs, multi_worker with 2 real worker processes on loopback and horovod with 2 real ranks over Gloo (all
 three against plain Keras under TF's own MirroredStrategy over 2 virtual CPUs). Every case starts from the same
 initial weights (checked by digest) and keeps the rule stated in real_cases: weights after the first step and the
-first epoch at rel 1e-5 / abs 1e-5, the last epoch within the model's stated tolerance. The ZeRO-1 cases (BERT,
-GPT-2 and the recommender with shard_optimizer_state=True) run on the mirrored, multi_worker and horovod paths
-against the same references. The mutants prove the rule would catch tfaccel training another model (a learning
+first epoch at rel 1e-5 / abs 1e-5, the last epoch within the model's stated tolerance. The ZeRO-1 cases
+(shard_optimizer_state=True: BERT with Adam and with AdamW, GPT-2 with SGD, the recommender with LAMB) run on the
+mirrored, multi_worker and horovod paths against plain Keras under mirrored with the same optimizer. The mutants prove the rule would catch tfaccel training another model (a learning
 rate 5% off, a dropped L2 regulariser). The paths run in three phases of two processes each (both cores busy):
 tfaccel one device + Keras mirrored; Keras one device (at tfaccel's XLA choice) + tfaccel mirrored; the two
 multi_worker processes; the two Horovod ranks.

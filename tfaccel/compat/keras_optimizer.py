@@ -22,6 +22,8 @@ moves.
 
 from typing import Any, Dict, List
 
+import tensorflow as tf
+
 from tfaccel.compat import keras_internals
 
 __all__ = ["adapted_class"]
@@ -68,8 +70,6 @@ class _ClipAfterReduceAccumulate:
         return self._tfaccel_accumulate_apply(list(grads), trainable_variables)
 
     def _tfaccel_accumulate_apply(self, grads: Any, trainable_variables: Any) -> None:
-        import tensorflow as tf
-
         trainable_variables = list(self._trainable_variables if trainable_variables is None
                                    else trainable_variables)
         if not self.built:
@@ -100,8 +100,6 @@ class _ClipAfterReduceAccumulate:
 
     def _tfaccel_update(self, is_update: Any) -> Any:
         """``(distribution, pairs) -> None``: each variable's update, run only on an update step."""
-        import tensorflow as tf
-
         learning_rate = self.learning_rate
 
         def update(distribution: Any, pairs: List[Any]) -> None:
@@ -126,8 +124,6 @@ class _ClipAfterReduceAccumulate:
         them (its ``iterations``, the updates so far, is this optimizer's), and written to the model's variables every
         ``ema_overwrite_frequency`` updates: on every replica, selected by ``tf.where`` in ``extended.update`` (Keras'
         ``tf.cond`` around its overwrite would call ``merge_call`` inside a condition, which a replica cannot)."""
-        import tensorflow as tf
-
         if not self.use_ema:  # type: ignore[attr-defined]
             return
         self._update_model_variables_moving_average(self._trainable_variables)  # type: ignore[attr-defined]
@@ -147,8 +143,6 @@ class _ClipAfterReduceAccumulate:
     def _tfaccel_decay(self, variable: Any, learning_rate: Any) -> None:
         """The optimizer's ``weight_decay`` on one variable before its update, as Keras' ``apply`` decays every
         variable it does not exclude (``_apply_weight_decay``: ``variable -= variable * weight_decay * rate``)."""
-        import tensorflow as tf
-
         if self.weight_decay is None or not self._use_weight_decay(variable):  # type: ignore[attr-defined]
             return
         decay = tf.cast(self.weight_decay, variable.dtype)  # type: ignore[attr-defined]
