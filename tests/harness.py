@@ -20,11 +20,14 @@ from tfaccel.launch.procs import LOOPBACK, free_ports, start_process, terminate
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STARTED_PIDS: List[int] = []
 
-# Quiet, small, 2-core-friendly children.
+# Quiet, small, 2-core-friendly children. Two inter-op threads, not more: an idle thread of TensorFlow's pools spins
+# before it sleeps, and with several processes on 2 cores the spinning is CPU the others lose (the keras-io corpus's
+# one-device process took 108-111 CPU s with 2, 119-131 s with 4, idle machine; the 4-replica ZeRO tests pass with
+# 2). Parameter-server tasks set their own (workers + 1).
 CHILD_ENV = {
     "TF_CPP_MIN_LOG_LEVEL": "2",
     "TF_NUM_INTRAOP_THREADS": "1",
-    "TF_NUM_INTEROP_THREADS": "4",
+    "TF_NUM_INTEROP_THREADS": "2",
     "OMP_NUM_THREADS": "1",
     "PYTHONUNBUFFERED": "1",
     "PYTHONHASHSEED": "0",

@@ -20,14 +20,13 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent.parent
 JOB = HERE / "scripts" / "rel_job.py"
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+for _path in (REPO_ROOT, HERE.parent):  # tfaccel; tests/ (the harness)
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
+from harness import CHILD_ENV  # noqa: E402  (quiet, 2-core friendly children)
 from tfaccel.launch.procs import free_ports, pid_alive, start_process, terminate  # noqa: E402
 
-# Quiet, 2-core friendly children (as tests/harness.CHILD_ENV).
-CHILD_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "4",
-             "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONHASHSEED": "0"}
 EPOCHS = 3
 BACKUP_FREQ = 5
 STEPS_PER_EPOCH = 23  # digits train split (1437 examples) / global batch 64, rounded up

@@ -19,14 +19,15 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-from tfaccel.launch.procs import pid_alive, start_process, terminate
+if str(Path(__file__).resolve().parents[1]) not in sys.path:  # tests/ (the harness), for scripts/ too
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from harness import CHILD_ENV  # noqa: E402  (quiet, small, 2-core-friendly tasks)
+from tfaccel.launch.procs import pid_alive, start_process, terminate  # noqa: E402
 
 PROGRAM = Path(__file__).resolve().with_name("strategies_two_strategies_program.py")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ROUTES = ("compile_and_fit", "scope_fit")
-# Quiet, small, 2-core-friendly tasks (as tests/harness.py gives its children).
-TASK_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "4",
-            "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONHASHSEED": "0"}
 _STARTED_RE = re.compile(r"started (\w+:\d+) pid=(\d+)")
 _REPORT_RE = re.compile(r"^\[worker (\d+)\] (\{.*\})\s*$")
 
@@ -52,7 +53,7 @@ class RunOutcome:
 
 def _env(extra: Optional[Dict[str, str]]) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    env.update(TASK_ENV)
+    env.update(CHILD_ENV)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     env.update(extra or {})
     return env
