@@ -26,9 +26,15 @@ import tensorflow as tf
 
 from tfaccel.compat import keras_internals
 
-__all__ = ["adapted_class"]
+__all__ = ["adapted_class", "backing_variables"]
 
 _ADAPTED: Dict[type, type] = {}
+
+
+def backing_variables(variables: Any) -> List[Any]:
+    """The ``tf.Variable`` behind each Keras variable (``.value``); a ``tf.Variable`` (a distributed one too) as it
+    is. What the TF backend's ``_backend_update_step`` hands to ``extended.update``."""
+    return [v.value if hasattr(v, "value") and not isinstance(v, tf.Variable) else v for v in variables]
 
 
 class _ClipAfterReduceAccumulate:
@@ -85,8 +91,7 @@ class _ClipAfterReduceAccumulate:
                 acc.assign_add(tf.cast(g, acc.dtype))
         is_update = tf.equal((self._tfaccel_micro_step + 1) % steps, 0)
         mean = self._tfaccel_clip([acc / steps if g is not None else None for acc, g in zip(accs, reduced)])
-        tvars = [v.value if hasattr(v, "value") and not isinstance(v, tf.Variable) else v
-                 for v in trainable_variables]
+        tvars = backing_variables(trainable_variables)
         keras_internals.maybe_merge_call(self._tfaccel_update(is_update), self._distribution_strategy,
                                          list(zip(mean, tvars)))
         for acc in accs:
@@ -130,9 +135,8 @@ class _ClipAfterReduceAccumulate:
         if not self.ema_overwrite_frequency:  # type: ignore[attr-defined]
             return
         overwrite = tf.equal((self.iterations + 1) % self.ema_overwrite_frequency, 0)  # type: ignore[attr-defined]
-        pairs = [(v.value if hasattr(v, "value") and not isinstance(v, tf.Variable) else v, average)
-                 for v, average in zip(self._trainable_variables,  # type: ignore[attr-defined]
-                                       self._model_variables_moving_average)]  # type: ignore[attr-defined]
+        pairs = list(zip(backing_variables(self._trainable_variables),  # type: ignore[attr-defined]
+                         self._model_variables_moving_average))  # type: ignore[attr-defined]
 
         def write(distribution: Any, chosen: List[Any]) -> None:
             for var, average in chosen:

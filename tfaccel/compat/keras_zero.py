@@ -42,6 +42,7 @@ from keras.src.backend.tensorflow.optimizer import TFOptimizer
 from tensorflow.python.distribute import numpy_dataset
 
 from tfaccel.compat import keras_internals, keras_zero_collective
+from tfaccel.compat.keras_optimizer import backing_variables
 
 __all__ = ["ShardOptimizerState", "sharded_class", "is_sharded", "sparse_gradient_variables", "leave_unsharded",
            "slot_bytes_per_device", "shard_layout", "held_slots", "load_held_slots", "slots_apart"]
@@ -149,8 +150,7 @@ class ShardOptimizerState:
         return grads  # clipped once reduced (in _tfaccel_update), with the global norm
 
     def _backend_update_step(self, grads: Any, trainable_variables: Any, learning_rate: Any) -> None:
-        tvars = [v.value if hasattr(v, "value") and not isinstance(v, tf.Variable) else v
-                 for v in trainable_variables]
+        tvars = backing_variables(trainable_variables)
         keras_internals.maybe_merge_call(self._tfaccel_update, self._distribution_strategy,
                                          list(grads), tvars, learning_rate)
 
