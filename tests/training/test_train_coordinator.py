@@ -17,6 +17,7 @@ import pytest
 import harness
 import tfaccel
 from tfaccel.errors import ConfigError
+from tfaccel.train.optim import scaled_schedule
 
 PARITY_JOB = Path(__file__).parent / "scripts" / "ps_parity_job.py"
 
@@ -138,6 +139,31 @@ def test_metrics_that_are_not_means_are_refused(ps_shaped, metric, name):
                                           r"parameter_server: Keras metric objects miscount .* mean metrics "
                                           r"\(accuracy variants, mae, mse"):
         tfaccel.fit(model, x, y, batch_size=8)
+
+
+@pytest.mark.parametrize("what", ["schedule", "use_ema", "scaled schedule"])
+def test_accumulation_with_what_keras_does_per_micro_batch_is_refused(ps_shaped, what):
+    """Keras' own accumulation reads a schedule and updates use_ema's averages at every micro-batch; the coordinator
+    loop's closures apply one update per 2 micro-batches, so it refuses instead of training something else. A
+    constant rate, scaled by tfaccel (a ScaledSchedule around a number), is no schedule of the user's."""
+    import keras
+
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=2, decay_rate=0.5)
+    optimizer = {"schedule": lambda: keras.optimizers.SGD(schedule),
+                 "use_ema": lambda: keras.optimizers.SGD(0.1, use_ema=True),
+                 "scaled schedule": lambda: keras.optimizers.SGD(scaled_schedule(schedule, 2.0))}[what]()
+    model = _model(optimizer=optimizer)
+    x, y = _data()
+    kept = "use_ema" if what == "use_ema" else "a learning-rate schedule"
+    with pytest.raises(ConfigError, match=rf"strategy parameter_server: gradient_accumulation_steps=2 with {kept} "
+                                          r"\(SGD\): Keras' own accumulation reads the schedule and updates the "
+                                          r"moving averages at every micro-batch.* Use gradient_accumulation_steps=1 "
+                                          r"with a 2x batch, or strategy 'multi_worker'"):
+        tfaccel.fit(model, x[:32], y[:32], batch_size=8, gradient_accumulation_steps=2)
+    assert int(model.optimizer.iterations.numpy()) == 0
+    constant = _model(optimizer=keras.optimizers.SGD(scaled_schedule(0.1, 2.0)))
+    with pytest.raises(ConfigError, match=r"no ClusterCoordinator"):  # past the check: nothing to refuse
+        tfaccel.fit(constant, x[:32], y[:32], batch_size=8, gradient_accumulation_steps=2)
 
 
 def test_mean_metrics_pass_the_check_and_the_missing_coordinator_is_named(ps_shaped):

@@ -91,11 +91,13 @@ def test_accumulation_applies_weight_decay_as_keras_accumulation_does(optimizer,
     assert ref_iters == iters_default == iters_mirrored == 4
 
 
-@pytest.mark.parametrize("what", ["kernel_constraint", "loss_scale_factor", "use_ema"])
+@pytest.mark.parametrize("what", ["kernel_constraint", "loss_scale_factor", "use_ema", "learning_rate_schedule"])
 def test_accumulation_keeps_what_keras_apply_does_around_the_update(what, cpu_replicas):
     """What Keras' ``apply`` does around the update: a kernel constraint (MaxNorm 0.5, below the norm the kernel
     trains to, so it clamps) after every call, the gradients divided by ``loss_scale_factor``, the moving averages of
-    ``use_ema`` (written to the weights every 3 updates and at the end of ``fit``); as Keras' own accumulation."""
+    ``use_ema`` (written to the weights every 3 updates and at the end of ``fit``), a learning-rate schedule read at
+    the micro-batches counted so far (halved every step: read at the updates instead, the rates of the 4 updates
+    would be 0.05 x 2^-0..3, not Keras' 0.05 x 2^-1,3,5,7); as Keras' own accumulation."""
     import keras
     import tensorflow as tf
 
@@ -103,10 +105,16 @@ def test_accumulation_keeps_what_keras_apply_does_around_the_update(what, cpu_re
     scale = {"loss_scale_factor": {"loss_scale_factor": 4.0},
              "use_ema": {"use_ema": True, "ema_momentum": 0.5, "ema_overwrite_frequency": 3}}.get(what, {})
     kind = keras.optimizers.Adam if constraint is not None else keras.optimizers.SGD  # SGD: the scale shows
+
+    def rate():
+        if what == "learning_rate_schedule":
+            return keras.optimizers.schedules.ExponentialDecay(0.05, decay_steps=1, decay_rate=0.5)
+        return 0.05
+
     reference, _ = _train(tf.distribute.get_strategy(), batch=8, adapt=False, constraint=constraint,
-                          keras_optimizer=lambda: kind(0.05, gradient_accumulation_steps=2, **scale))
+                          keras_optimizer=lambda: kind(rate(), gradient_accumulation_steps=2, **scale))
     got = {name: _train(strategy, batch=8, accumulation=2, constraint=constraint,
-                        keras_optimizer=lambda: kind(0.05, **scale))[0]
+                        keras_optimizer=lambda: kind(rate(), **scale))[0]
            for name, strategy in (("one device", tf.distribute.get_strategy()), ("mirrored", _mirrored()))}
     if constraint is not None:
         assert abs(np.linalg.norm(reference) - 0.5) < 1e-4  # the constraint clamped the kernel
@@ -235,6 +243,19 @@ def test_scale_learning_rate_on_the_model():
     model.optimizer.build(model.trainable_variables)
     with pytest.raises(ConfigError, match=r"scale_learning_rate needs an optimizer that is not built yet"):
         scale_learning_rate(model, "sqrt", global_batch=64, base_batch=32, warmup_steps=0)
+
+
+def test_warmup_under_accumulation_lasts_the_updates_it_announces():
+    """The accumulating optimizer reads its schedule at micro-batches (as Keras' own accumulation does): a warmup of
+    5 updates of 2 micro-batches ends at micro-batch 10, not 5."""
+    import keras
+    import tensorflow as tf
+
+    model = _model(tf.distribute.get_strategy(), lambda: keras.optimizers.SGD(0.1))
+    note = scale_learning_rate(model, "linear", global_batch=64, base_batch=32, warmup_steps=5, steps_per_update=2)
+    assert note == "linear: x2 (global batch 64 / base batch 32), warmup over 5 updates"
+    schedule = model.optimizer._learning_rate
+    assert [_lr(schedule, s) for s in (0, 5, 10, 20)] == pytest.approx([0.1, 0.15, 0.2, 0.2])
 
 
 # --------------------------------------------------------------- through compile_and_fit / tfaccel.fit

@@ -12,16 +12,19 @@ Upstream (seen on Keras 3.15.1 / TensorFlow 2.21.0; no upstream issue filed, so 
   ``extended.update`` under a condition (``tf.__internal__``'s ``maybe_merge_call``, as Keras' optimizers do).
   What Keras' ``apply`` does around its update is kept: the gradients divided by ``loss_scale_factor``, the
   optimizer's ``weight_decay`` on update steps, the moving averages of ``use_ema`` after every call (and written to
-  the variables every ``ema_overwrite_frequency`` updates), each variable's ``constraint`` after every call.
+  the variables every ``ema_overwrite_frequency`` updates), each variable's ``constraint`` after every call, and a
+  learning-rate schedule read at the micro-batches counted so far (Keras' ``_get_current_learning_rate`` reads it at
+  ``_iterations``, which its accumulation advances every call, while ``iterations`` counts updates).
 
 It reads the optimizer's private ``_trainable_variables``, ``_get_variable_index``, ``_iterations``,
-``_use_weight_decay``, ``_update_model_variables_moving_average``, ``_model_variables_moving_average`` and
-``_distribution_strategy``; tests/training/test_training_optim.py fails when one of them
-moves.
+``_use_weight_decay``, ``_update_model_variables_moving_average``, ``_model_variables_moving_average``,
+``_learning_rate`` and ``_distribution_strategy``, and overrides ``_get_current_learning_rate``;
+tests/training/test_training_optim.py fails when one of them moves.
 """
 
 from typing import Any, Dict, List
 
+import keras
 import tensorflow as tf
 
 from tfaccel.compat import keras_internals
@@ -50,6 +53,14 @@ class _ClipAfterReduceAccumulate:
                                           for v in variables]
             self._tfaccel_micro_step = self.add_variable((), initializer="zeros", dtype="int64",
                                                          name="tfaccel_micro_step")
+
+    def _get_current_learning_rate(self) -> Any:
+        """A schedule at the micro-batches so far, as Keras' own accumulation reads it (see the module doc)."""
+        schedule = self._learning_rate  # type: ignore[attr-defined]
+        micro_step = getattr(self, "_tfaccel_micro_step", None)  # None before build: 0 micro-batches, as _iterations
+        if micro_step is not None and isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+            return schedule(micro_step)
+        return super()._get_current_learning_rate()  # type: ignore[misc]
 
     # Clipping is deferred until the gradients have been all-reduced (see module docstring).
     def _clip_gradients(self, grads: Any) -> Any:

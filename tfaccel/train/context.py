@@ -127,8 +127,12 @@ def _adapt(ctx: FitContext, loop_name: str) -> Dict[str, Any]:
     updates = max(1, (data.steps_per_epoch or 1) // accumulation)
     lr = request.learning_rate
     base = lr.base_batch_size or (data.batch_size // backend.num_replicas_in_sync if data.batch_size else None)
+    # The coordinator loop (parameter_server) applies once per update; every other loop's accumulating optimizer
+    # reads a schedule at the micro-batches so far (tfaccel.compat.keras_optimizer).
+    per_update = accumulation if backend.uses_keras_fit else 1
     changes["learning_rate"] = scale_lr(model, lr.rule, global_batch=data.batch_size, base_batch=base,
-                                        warmup_steps=int(round(lr.warmup_epochs * updates)))
+                                        warmup_steps=int(round(lr.warmup_epochs * updates)),
+                                        steps_per_update=per_update)
     backend.wrap_optimizer(model.optimizer)  # in place (Horovod): the user keeps their object
     if backend.optimizer_change:
         changes[backend.optimizer_change[0]] = backend.optimizer_change[1]

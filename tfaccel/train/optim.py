@@ -31,7 +31,7 @@ from tfaccel.precision import unwrap_loss_scale
 from tfaccel.strategies.horovod import check_optimizer
 from tfaccel.train.request import LR_SCALING
 
-__all__ = ["scale_factor", "scaled_schedule", "adapt_optimizer",
+__all__ = ["scale_factor", "scaled_schedule", "users_schedule", "adapt_optimizer",
            "restore_optimizer_class"]
 
 
@@ -97,6 +97,14 @@ def scaled_schedule(inner: Any, factor: float, warmup_steps: int = 0) -> Any:
     return _schedule_class()(inner, factor, warmup_steps)
 
 
+def users_schedule(optimizer: Any) -> Optional[Any]:
+    """The user's own learning-rate schedule (inside tfaccel's ``ScaledSchedule`` too), or None for a constant rate."""
+    given = keras_internals.learning_rate_or_schedule(unwrap_loss_scale(optimizer))
+    if isinstance(given, _schedule_class()):
+        given = given.inner
+    return given if isinstance(given, keras.optimizers.schedules.LearningRateSchedule) else None
+
+
 _ORIGINAL_CLASS = "_tfaccel_original_class"
 
 
@@ -159,8 +167,13 @@ def restore_optimizer_class(model: Any) -> None:
 
 
 def scale_learning_rate(model: Any, rule: Optional[str], *, global_batch: Optional[int], base_batch: Optional[int],
-                        warmup_steps: int) -> str:
+                        warmup_steps: int, steps_per_update: int = 1) -> str:
     """Wraps the optimizer's rate in a ``ScaledSchedule`` when scaling or warmup was asked for.
+
+    Args:
+        warmup_steps: the optimizer updates the warmup lasts.
+        steps_per_update: the steps the optimizer reads its schedule at per update (the micro-batches of tfaccel's
+            gradient accumulation, as Keras' own accumulation reads it; 1 where the schedule is read per update).
 
     Returns:
         The learning-rate note for the plan.
@@ -182,5 +195,5 @@ def scale_learning_rate(model: Any, rule: Optional[str], *, global_batch: Option
                           "the first step)")
     given = keras_internals.learning_rate_or_schedule(inner)
     current = given if callable(given) else float(keras.ops.convert_to_numpy(inner.learning_rate))
-    inner.learning_rate = scaled_schedule(current, factor, warmup_steps)
+    inner.learning_rate = scaled_schedule(current, factor, warmup_steps * steps_per_update)
     return reason + (f", warmup over {warmup_steps} updates" if warmup_steps else "")

@@ -50,7 +50,7 @@ from tfaccel.train.loops.base import (EpochHooks, Loop, LoopResult, evaluation_p
 from tfaccel.train.loops.compiled import compiled_blockers
 from tfaccel.train.loops.ps_step import (STEPS_PER_CLOSURE, WHY_NO_METRIC_OBJECTS, Accounting, Schedule, WorkerStep,
                                          build_on_ps, check_metrics)
-from tfaccel.train.optim import restore_optimizer_class
+from tfaccel.train.optim import restore_optimizer_class, users_schedule
 
 if TYPE_CHECKING:
     from tfaccel.train.request import FitRequest
@@ -84,6 +84,7 @@ def _refuse(model: Any, data: FitData, callbacks: Sequence[Any], accum: int, val
             f"strategy parameter_server: gradient_accumulation_steps={accum} does not divide the "
             f"{data.steps_per_epoch} steps of an epoch; an update cannot span two epochs of closures. Choose a batch "
             "size or gradient_accumulation_steps so that they divide (e.g. gradient_accumulation_steps=1)")
+    _refuse_accumulation(model.optimizer, accum)
     per_batch = [b for b in compiled_blockers(model, callbacks=[cb for cb in callbacks
                                                                 if not type(cb).__module__.startswith("tfaccel.")])
                  if b.startswith("callback ")]
@@ -91,6 +92,20 @@ def _refuse(model: Any, data: FitData, callbacks: Sequence[Any], accum: int, val
         raise ConfigError("strategy parameter_server: " + "; ".join(per_batch) + ". The coordinator loop runs "
                           "batches in closures on the workers and calls callbacks once per epoch; use epoch-level "
                           "callbacks (EarlyStopping, ModelCheckpoint(save_freq='epoch'), CSVLogger, ...)")
+
+
+def _refuse_accumulation(optimizer: Any, accum: int) -> None:
+    """What Keras' own accumulation does at every micro-batch and this loop's closures, which apply one update from
+    ``accum`` micro-batches, cannot: read a schedule at the micro-batches so far, update ``use_ema``'s averages."""
+    inner = unwrap_loss_scale(optimizer)
+    kept = [what for what, used in (("a learning-rate schedule", users_schedule(optimizer) is not None),
+                                    ("use_ema", bool(inner.use_ema))) if used]
+    if accum > 1 and kept:
+        raise ConfigError(
+            f"strategy parameter_server: gradient_accumulation_steps={accum} with {' and '.join(kept)} "
+            f"({type(inner).__name__}): Keras' own accumulation reads the schedule and updates the moving averages at "
+            f"every micro-batch, and the coordinator loop applies each update from {accum} micro-batches in one "
+            f"closure. Use gradient_accumulation_steps=1 with a {accum}x batch, or strategy 'multi_worker'")
 
 
 def _own_optimizer(model: Any) -> None:
