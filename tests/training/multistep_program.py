@@ -6,6 +6,9 @@ several models under it) and prints one JSON line with each run's history, weigh
   auto:    tfaccel.fit with steps_per_execution="auto" (the multi-step loop, every batch in one call here)
   k3:      the multi-step loop, 3 steps per call (an epoch of 5 batches: calls of 3 and 2, the partial one inside)
   plain:   plain Keras model.fit on one device (no strategy) at the same global batch, same order (shuffle=False)
+  accumulated / plain_accumulated: tfaccel.fit(gradient_accumulation_steps=2), and plain Keras on one device with
+           the optimizer's own gradient_accumulation_steps=2, both with AdamW, a warmup-cosine schedule, use_ema and
+           global_clipnorm (an update spans the end of an epoch: 5 batches an epoch)
 Argv: STRATEGY (multi_worker or mirrored).
 """
 
@@ -23,12 +26,20 @@ def _data(n: int, seed: int) -> tuple:
     return x, ((x[:, 0] > 0).astype("int32") + (x[:, 1] > 0).astype("int32"))
 
 
-def _build() -> object:
+def _accumulating_optimizer(**accumulate: int) -> object:
+    import keras
+
+    schedule = keras.optimizers.schedules.CosineDecay(0.02, decay_steps=12, warmup_target=0.05, warmup_steps=4)
+    return keras.optimizers.AdamW(schedule, weight_decay=0.1, use_ema=True, ema_momentum=0.8,
+                                  ema_overwrite_frequency=2, global_clipnorm=0.5, **accumulate)
+
+
+def _build(optimizer: object = None) -> object:
     import keras
 
     model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh"),
                               keras.layers.Dense(3, activation="softmax")])
-    model.compile(optimizer=keras.optimizers.Adam(0.05), loss="sparse_categorical_crossentropy",
+    model.compile(optimizer=optimizer or keras.optimizers.Adam(0.05), loss="sparse_categorical_crossentropy",
                   metrics=["accuracy"])
     rng = np.random.default_rng(11)  # the same initial weights in every process and every run
     model.set_weights([(0.3 * rng.standard_normal(w.shape)).astype("float32") for w in model.get_weights()])
@@ -58,9 +69,16 @@ def main(strategy: str) -> int:
                              **kwargs)
         runs[name] = _record(result.history, model, loop=result.details["loop"], steps=result.steps,
                              spe=result.details.get("steps_per_execution"))
-    plain = _build()  # built outside any strategy scope: one device, Keras' own fit
-    runs["plain"] = _record(plain.fit(x, y, batch_size=BATCH, epochs=EPOCHS, validation_data=val, shuffle=False,
-                                      verbose=0).history, plain)
+    with tfaccel.scope(strategy=strategy):
+        model = _build(_accumulating_optimizer())
+    result = tfaccel.fit(model, x, y, batch_size=BATCH, epochs=EPOCHS, validation_data=val, shuffle=False, verbose=0,
+                         gradient_accumulation_steps=2)
+    runs["accumulated"] = _record(result.history, model, loop=result.details["loop"])
+    keras_accumulation = _accumulating_optimizer(gradient_accumulation_steps=2)
+    for name, optimizer in (("plain", None), ("plain_accumulated", keras_accumulation)):
+        plain = _build(optimizer)  # built outside any strategy scope: one device, Keras' own fit
+        runs[name] = _record(plain.fit(x, y, batch_size=BATCH, epochs=EPOCHS, validation_data=val, shuffle=False,
+                                       verbose=0).history, plain)
     print(json.dumps(runs))
     return 0
 

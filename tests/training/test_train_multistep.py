@@ -1,6 +1,7 @@
 """The multi-step loop (tfaccel.train.loops.multi_step): K steps of the model's train_step per call under
 multi_worker (two real worker processes on loopback) and mirrored (2 virtual CPUs in this process), the same
-weights as one step per call and as plain Keras fit; when "auto" uses it, and why not when it does not."""
+weights as one step per call and as plain Keras fit (with gradient accumulation too, against Keras' own); when
+"auto" uses it, and why not when it does not."""
 
 from pathlib import Path
 
@@ -45,6 +46,10 @@ def test_two_workers_k_steps_per_call_train_like_one_step_and_plain_fit():
     _assert_same_training(w0["auto_shuffled"], w0["keras1_shuffled"])  # the same (seed, epoch) order as Keras fit
     assert _max_diff(w0["auto_shuffled"], w0["auto"]) > 1e-3  # ... and the order was shuffled
     _assert_same_training(w0["auto"], w0["plain"], weights_atol=1e-5)  # plain model.fit on one device
+    # tfaccel's accumulation under multi_worker trains what Keras' own accumulation trains on one device
+    assert w0["accumulated"]["loop"].startswith("tfaccel's multi-step loop"), w0["accumulated"]["loop"]
+    _assert_same_training(w0["accumulated"], w0["plain_accumulated"], weights_atol=1e-5)
+    assert _max_diff(w0["accumulated"], w0["plain"]) > 1e-3  # another optimizer: the check is not vacuous
 
 
 def test_replica_splits_as_tf_distribute_splits_a_batch():
