@@ -141,24 +141,28 @@ def test_metrics_that_are_not_means_are_refused(ps_shaped, metric, name):
         tfaccel.fit(model, x, y, batch_size=8)
 
 
-@pytest.mark.parametrize("what", ["schedule", "use_ema", "scaled schedule"])
+@pytest.mark.parametrize("what", ["schedule", "use_ema", "scaled schedule", "loss scaling"])
 def test_accumulation_with_what_keras_does_per_micro_batch_is_refused(ps_shaped, what):
-    """Keras' own accumulation reads a schedule and updates use_ema's averages at every micro-batch; the coordinator
-    loop's closures apply one update per 2 micro-batches, so it refuses instead of training something else. A
-    constant rate, scaled by tfaccel (a ScaledSchedule around a number), is no schedule of the user's."""
+    """Keras' own accumulation reads a schedule, updates use_ema's averages and skips an overflowing loss-scaled
+    gradient at every micro-batch; the coordinator loop's closures apply one update per 2 micro-batches, so it
+    refuses instead of training something else. A constant rate, scaled by tfaccel (a ScaledSchedule around a
+    number), is no schedule of the user's."""
     import keras
 
     schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=2, decay_rate=0.5)
     optimizer = {"schedule": lambda: keras.optimizers.SGD(schedule),
                  "use_ema": lambda: keras.optimizers.SGD(0.1, use_ema=True),
-                 "scaled schedule": lambda: keras.optimizers.SGD(scaled_schedule(schedule, 2.0))}[what]()
+                 "scaled schedule": lambda: keras.optimizers.SGD(scaled_schedule(schedule, 2.0)),
+                 "loss scaling": lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))}[what]()
     model = _model(optimizer=optimizer)
     x, y = _data()
-    kept = "use_ema" if what == "use_ema" else "a learning-rate schedule"
+    kept = {"use_ema": "use_ema", "loss scaling": "loss scaling"}.get(what, "a learning-rate schedule")
+    name = "LossScaleOptimizer" if what == "loss scaling" else "SGD"
     with pytest.raises(ConfigError, match=rf"strategy parameter_server: gradient_accumulation_steps=2 with {kept} "
-                                          r"\(SGD\): Keras' own accumulation reads the schedule and updates the "
-                                          r"moving averages at every micro-batch.* Use gradient_accumulation_steps=1 "
-                                          r"with a 2x batch, or strategy 'multi_worker'"):
+                                          rf"\({name}\): Keras' own accumulation reads the schedule, updates the "
+                                          r"moving averages and skips an overflowing loss-scaled gradient at every "
+                                          r"micro-batch.* Use gradient_accumulation_steps=1 with a 2x batch, or "
+                                          r"strategy 'multi_worker'"):
         tfaccel.fit(model, x[:32], y[:32], batch_size=8, gradient_accumulation_steps=2)
     assert int(model.optimizer.iterations.numpy()) == 0
     constant = _model(optimizer=keras.optimizers.SGD(scaled_schedule(0.1, 2.0)))

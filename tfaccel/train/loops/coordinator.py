@@ -96,16 +96,20 @@ def _refuse(model: Any, data: FitData, callbacks: Sequence[Any], accum: int, val
 
 def _refuse_accumulation(optimizer: Any, accum: int) -> None:
     """What Keras' own accumulation does at every micro-batch and this loop's closures, which apply one update from
-    ``accum`` micro-batches, cannot: read a schedule at the micro-batches so far, update ``use_ema``'s averages."""
+    ``accum`` micro-batches, cannot: read a schedule at the micro-batches so far, update ``use_ema``'s averages, skip
+    a micro-batch whose loss-scaled gradients are not finite (the others still count towards the update)."""
     inner = unwrap_loss_scale(optimizer)
     kept = [what for what, used in (("a learning-rate schedule", users_schedule(optimizer) is not None),
-                                    ("use_ema", bool(inner.use_ema))) if used]
+                                    ("use_ema", bool(inner.use_ema)),
+                                    ("loss scaling", isinstance(optimizer, keras.optimizers.LossScaleOptimizer)))
+            if used]
     if accum > 1 and kept:
         raise ConfigError(
             f"strategy parameter_server: gradient_accumulation_steps={accum} with {' and '.join(kept)} "
-            f"({type(inner).__name__}): Keras' own accumulation reads the schedule and updates the moving averages at "
-            f"every micro-batch, and the coordinator loop applies each update from {accum} micro-batches in one "
-            f"closure. Use gradient_accumulation_steps=1 with a {accum}x batch, or strategy 'multi_worker'")
+            f"({type(optimizer).__name__}): Keras' own accumulation reads the schedule, updates the moving averages "
+            "and skips an overflowing loss-scaled gradient at every micro-batch, and the coordinator loop applies "
+            f"each update from {accum} micro-batches in one closure. Use gradient_accumulation_steps=1 with a "
+            f"{accum}x batch, or strategy 'multi_worker'")
 
 
 def _own_optimizer(model: Any) -> None:
