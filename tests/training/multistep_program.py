@@ -9,9 +9,12 @@ several models under it) and prints one JSON line with each run's history, weigh
   accumulated / plain_accumulated: tfaccel.fit(gradient_accumulation_steps=2), and plain Keras on one device with
            the optimizer's own gradient_accumulation_steps=2, both with AdamW, a warmup-cosine schedule, use_ema and
            global_clipnorm (an update spans the end of an epoch: 5 batches an epoch)
+  overflow / plain_overflow: mixed_float16, the first batch's second half (worker 1's part) inf in float16: tfaccel
+           over the replicas, and plain Keras on one device (which skips that step)
 Argv: STRATEGY (multi_worker or mirrored).
 """
 
+import contextlib
 import json
 import sys
 
@@ -51,6 +54,30 @@ def _record(history: dict, model: object, **extra: object) -> dict:
             "weights": [w.tolist() for w in model.get_weights()], **extra}
 
 
+def _overflow_runs(strategy: str) -> dict:
+    """The overflow runs (module doc): final weights, loss scale and updates applied of each."""
+    import keras
+
+    import tfaccel
+
+    x = np.random.default_rng(0).random((32, 4)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    x[12:16] = 1e5
+    runs = {}
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    for name in ("overflow", "plain_overflow"):
+        keras.utils.set_random_seed(1)
+        with tfaccel.scope(strategy=strategy) if name == "overflow" else contextlib.nullcontext():
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1, dtype="float32")])
+            model.compile(keras.optimizers.SGD(0.01), "mse")
+        fit = tfaccel.fit if name == "overflow" else type(model).fit
+        history = fit(model, x, y, batch_size=16, epochs=1, shuffle=False, verbose=0).history
+        runs[name] = _record(history, model, scale=float(model.optimizer.dynamic_scale.numpy()),
+                             updates=int(model.optimizer.iterations.numpy()))
+    keras.mixed_precision.set_global_policy("float32")
+    return runs
+
+
 def main(strategy: str) -> int:
     import tfaccel
 
@@ -79,6 +106,7 @@ def main(strategy: str) -> int:
         plain = _build(optimizer)  # built outside any strategy scope: one device, Keras' own fit
         runs[name] = _record(plain.fit(x, y, batch_size=BATCH, epochs=EPOCHS, validation_data=val, shuffle=False,
                                        verbose=0).history, plain)
+    runs.update(_overflow_runs(strategy))
     print(json.dumps(runs))
     return 0
 

@@ -1,7 +1,8 @@
 """The multi-step loop (tfaccel.train.loops.multi_step): K steps of the model's train_step per call under
 multi_worker (two real worker processes on loopback) and mirrored (2 virtual CPUs in this process), the same
-weights as one step per call and as plain Keras fit (with gradient accumulation too, against Keras' own); when
-"auto" uses it, and why not when it does not."""
+weights as one step per call and as plain Keras fit (with gradient accumulation too, against Keras' own; and
+under mixed_float16 a step that overflows on one worker only is skipped, as one device skips it); when "auto" uses
+it, and why not when it does not."""
 
 from pathlib import Path
 
@@ -50,6 +51,10 @@ def test_two_workers_k_steps_per_call_train_like_one_step_and_plain_fit():
     assert w0["accumulated"]["loop"].startswith("tfaccel's multi-step loop"), w0["accumulated"]["loop"]
     _assert_same_training(w0["accumulated"], w0["plain_accumulated"], weights_atol=1e-5)
     assert _max_diff(w0["accumulated"], w0["plain"]) > 1e-3  # another optimizer: the check is not vacuous
+    # mixed_float16, worker 1's half of the first batch overflowing: both workers skip that step, as one device does
+    assert (w0["overflow"]["scale"], w0["overflow"]["updates"]) == (w0["plain_overflow"]["scale"],
+                                                                   w0["plain_overflow"]["updates"]) == (16384.0, 1)
+    assert _max_diff(w0["overflow"], w0["plain_overflow"]) <= 1e-5
 
 
 def test_replica_splits_as_tf_distribute_splits_a_batch():

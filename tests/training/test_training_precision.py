@@ -190,3 +190,76 @@ def test_parameter_server_loop_scales_the_loss(tmp_path):
     assert out["loss"][-1] < out["loss"][0], out["loss"]
     assert out["warnings"][0] == CPU_WARNING.format("mixed_float16")
     assert re.fullmatch(OUTPUT_WARNING.format("float16"), out["warnings"][1]), out["warnings"]
+
+
+
+def _overflow_on_one_replica(fit, scope):
+    """Trains 2 batches of 16 under mixed_float16, the model built and compiled inside ``scope()``; the first batch's
+    second half (the second replica's, under 2) holds 1e5, which is inf in float16. Returns the final weights, the
+    loss scale, the updates applied and the optimizer's class after training."""
+    import keras
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    x = np.random.default_rng(0).random((32, 4)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    x[12:16] = 1e5
+    keras.utils.set_random_seed(1)
+    with scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1, dtype="float32")])
+        model.compile(keras.optimizers.SGD(0.01), "mse")
+    fit(model, x, y)
+    opt = model.optimizer
+    return (np.concatenate([w.ravel() for w in model.get_weights()]), float(opt.dynamic_scale.numpy()),
+            int(opt.iterations.numpy()), type(opt))
+
+
+@pytest.mark.parametrize("loop", ["auto", "keras"])
+def test_loss_scaling_skips_a_step_that_overflows_on_one_replica_as_one_device_does(cpu_replicas, loop):
+    """Keras on one device sees the overflow in the whole batch and skips the step (the scale halves, one update of
+    two); Keras 3.15's own LossScaleOptimizer under MirroredStrategy asks the first replica only, before the
+    all-reduce, and applies the inf/NaN sum to every weight (keras-team/keras#18691, checked here so that the test
+    says when upstream changes). tfaccel over 2 replicas decides over both and trains what one device trains."""
+    import contextlib
+
+    import keras
+    import tensorflow as tf
+
+    def plain(model, x, y):
+        model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+
+    def with_tfaccel(model, x, y):
+        result = tfaccel.fit(model, x, y, batch_size=16, epochs=1, shuffle=False, verbose=0, loop=loop)
+        assert "loss scaling skips a step when any replica's gradients overflow" in result.details["optimizer"]
+
+    one, one_scale, one_updates, _ = _overflow_on_one_replica(plain, contextlib.nullcontext)
+    assert (one_scale, one_updates) == (16384.0, 1) and np.all(np.isfinite(one))
+    mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    assert np.all(np.isnan(_overflow_on_one_replica(plain, mirrored.scope)[0])), (
+        "Keras' own loss scaling under MirroredStrategy no longer lets a replica's overflow through: re-check "
+        "keras-team/keras#18691 and the fix's version window")
+    got, scale, updates, cls = _overflow_on_one_replica(with_tfaccel, lambda: tfaccel.scope(strategy="mirrored"))
+    assert (scale, updates) == (one_scale, one_updates)
+    np.testing.assert_allclose(got, one, rtol=1e-5, atol=1e-5)
+    assert cls is keras.optimizers.LossScaleOptimizer  # its own class given back after training
+
+
+def test_the_loss_scale_fix_is_switched_off_and_version_guarded(monkeypatch):
+    import keras
+
+    from tfaccel.compat import keras_loss_scale
+
+    optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
+    assert keras_loss_scale.why_not_needed() is None
+    monkeypatch.setenv("TFACCEL_DISABLE_COMPAT", "keras_loss_scale")
+    assert keras_loss_scale.why_not_needed() == "switched off by TFACCEL_DISABLE_COMPAT (keras_loss_scale)"
+    assert not keras_loss_scale.apply(optimizer) and type(optimizer) is keras.optimizers.LossScaleOptimizer
+    monkeypatch.delenv("TFACCEL_DISABLE_COMPAT")
+    monkeypatch.setattr(keras, "__version__", "3.16.0")
+    assert keras_loss_scale.why_not_needed().startswith("Keras 3.16.0 is outside the versions this fix is known")
+    monkeypatch.undo()
+    assert keras_loss_scale.apply(optimizer) and keras_loss_scale.is_applied(optimizer)
+    assert type(optimizer).__name__ == "LossScaleOptimizer"  # a saved .keras file names Keras' class
+    assert isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    keras_loss_scale.remove(optimizer)
+    assert type(optimizer) is keras.optimizers.LossScaleOptimizer and not keras_loss_scale.is_applied(optimizer)
+    assert not keras_loss_scale.apply(keras.optimizers.SGD(0.1))  # only a LossScaleOptimizer

@@ -129,24 +129,32 @@ def test_an_embedding_table_stays_unsharded_and_trains_as_plain_fit(runs, replic
 @pytest.mark.parametrize("case", ["adamw", "sgd_nesterov_clipnorm"])
 def test_mixed_precision_trains_as_the_unsharded_job_and_keras(runs, replicas, policy, case):
     """Under mixed_bfloat16 and mixed_float16 (16-bit compute, float32 variables and slots) the sharded job ends where
-    the same job unsharded ends and, with AdamW, where plain ``model.fit`` under TF's MirroredStrategy ends. Under
-    mixed_float16 the inner optimizer of the LossScaleOptimizer is sharded; its first scale overflows, so steps are
-    skipped and the scale halved, then doubled every 2 finite steps: the same skips and scale as unsharded."""
+    the same job unsharded ends and, under mixed_bfloat16 with AdamW, where plain ``model.fit`` under TF's
+    MirroredStrategy ends. Under mixed_float16 the inner optimizer of the LossScaleOptimizer is sharded; its first
+    scale overflows, so steps are skipped and the scale halved, then doubled every 2 finite steps: the same skips and
+    scale as unsharded, every weight finite. Keras' own LossScaleOptimizer under MirroredStrategy lets one replica's
+    overflow reach the weights (tfaccel.compat.keras_loss_scale): its run ends NaN, so it is no reference there (and
+    no NaN passes for equal here)."""
     run = runs[replicas][f"{case}_{policy}"]
     assert run["policy"] == policy and run["sharded"]["compute"] == policy.split("_")[1]
     assert run["sharded"]["note"].startswith(f"optimizer {'AdamW' if case == 'adamw' else 'SGD'}: state sharded over "
                                              f"{replicas} replicas")
     assert len(run["sharded"]["held"]) == replicas and len(set(run["sharded"]["held"].values())) > 1  # shares
-    references = [run["unsharded"]] + ([run["keras_mirrored"]] if case == "adamw" else [])
+    assert all(np.all(np.isfinite(w)) for w in run["sharded"]["weights"])
+    keras_ok = case == "adamw" and policy == "mixed_bfloat16"
+    references = [run["unsharded"]] + ([run["keras_mirrored"]] if keras_ok else [])
     for reference in references:
         for key, values in reference["history"].items():
-            np.testing.assert_allclose(run["sharded"]["history"][key], values, rtol=1e-5, atol=1e-5, err_msg=key)
+            np.testing.assert_allclose(run["sharded"]["history"][key], values, rtol=1e-5, atol=1e-5, err_msg=key,
+                                       equal_nan=False)
         for got, want in zip(run["sharded"]["weights"], reference["weights"], strict=True):
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=False)
         if policy == "mixed_float16":
             assert (run["sharded"]["scale"], run["sharded"]["updates"]) == (reference["scale"], reference["updates"])
     if policy == "mixed_float16":
-        assert 0 < run["sharded"]["updates"] < 16 and run["sharded"]["scale"] < 2.0 ** 16  # skipped, then updated
+        assert 0 < run["sharded"]["updates"] < 16  # some of the 16 steps skipped, the others applied
+        if case == "adamw":  # upstream, checked so that the test says when it changes
+            assert np.isnan(run["keras_mirrored"]["history"]["loss"][-1])
 
 
 def test_cli_flag_trains_sharded(runs):

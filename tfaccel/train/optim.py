@@ -23,7 +23,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import keras
 
-from tfaccel.compat import keras_internals
+from tfaccel.compat import keras_internals, keras_loss_scale
 from tfaccel.compat.keras_optimizer import adapted_class
 from tfaccel.compat.keras_zero import is_sharded
 from tfaccel.errors import ConfigError, invalid_choice
@@ -111,7 +111,8 @@ _ORIGINAL_CLASS = "_tfaccel_original_class"
 def adapt_optimizer(model: Any, *, replicas: int, accumulation_steps: int) -> Optional[str]:
     """Swaps the class of the model's (inner) optimizer where the job needs tfaccel's behaviour.
 
-    Needed for clipping under several replicas and for gradient accumulation; otherwise nothing changes.
+    Needed for clipping under several replicas and for gradient accumulation, and (the ``LossScaleOptimizer``'s
+    class, tfaccel.compat.keras_loss_scale) for loss scaling over several replicas; otherwise nothing changes.
     ``restore_optimizer_class`` undoes it.
 
     Returns:
@@ -137,9 +138,13 @@ def adapt_optimizer(model: Any, *, replicas: int, accumulation_steps: int) -> Op
             f"optimizer {type(inner).__name__}(gradient_accumulation_steps={inner.gradient_accumulation_steps}): "
             "Keras' own accumulation fails under MirroredStrategy ('merge_call called while defining a new graph'). "
             "Compile without it and pass gradient_accumulation_steps= to tfaccel.fit")
+    scaling = ""
+    if model.distribute_strategy.num_replicas_in_sync > 1 and keras_loss_scale.apply(opt):
+        scaling = ("loss scaling skips a step when any replica's gradients overflow (Keras 3.15 asks the first "
+                   f"replica only, before the all-reduce: {keras_loss_scale.UPSTREAM_ISSUES[0]})")
     clips = any(getattr(inner, k, None) is not None for k in ("clipnorm", "clipvalue", "global_clipnorm"))
     if is_sharded(inner) or not ((clips and replicas > 1) or accumulation_steps > 1):  # sharded: clips when reduced
-        return None
+        return f"optimizer {type(inner).__name__}: {scaling}" if scaling else None
     if accumulation_steps > 1 and inner.built:
         raise ConfigError("gradient_accumulation_steps needs an optimizer that is not built yet; compile a fresh "
                           "optimizer (tfaccel.fit builds it)")
@@ -148,7 +153,7 @@ def adapt_optimizer(model: Any, *, replicas: int, accumulation_steps: int) -> Op
         setattr(inner, _ORIGINAL_CLASS, original)
         inner.__class__ = adapted_class(original)
     inner.tfaccel_accumulation_steps = int(accumulation_steps)
-    parts = []
+    parts = [scaling] if scaling else []
     if clips and replicas > 1:
         parts.append("gradients clipped after the all-reduce (Keras 3.15 clips each replica's partial gradient)")
     if accumulation_steps > 1:
@@ -159,6 +164,7 @@ def adapt_optimizer(model: Any, *, replicas: int, accumulation_steps: int) -> Op
 def restore_optimizer_class(model: Any) -> None:
     """Gives the model's optimizer its own class back after training (its state stays)."""
     opt = getattr(model, "optimizer", None)
+    keras_loss_scale.remove(opt)
     inner = unwrap_loss_scale(opt)
     original = getattr(inner, _ORIGINAL_CLASS, None)
     if original is not None:  # accumulators, if any, stay among its variables, unused by its own apply()
