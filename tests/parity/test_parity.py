@@ -186,3 +186,16 @@ def test_parameter_server_chief_worker_ps(case: str, parameter_server_dir: Path,
 
 def teardown_module() -> None:
     harness.record_parity_outcomes(OUTCOMES)
+
+
+def test_the_rule_never_takes_a_nan_weight_on_one_side_for_equal():
+    """Where both runs end with NaN at the same places (TerminateOnNaN's case) they agree; a NaN on one side only,
+    or a finite difference above the tolerance, is a difference."""
+    record = {"status": "ok", "history": {"loss": [1.0]}, "weights": [[0.5, float("nan")]]}
+    same = {**record, "weights": [[0.5 + 1e-6, float("nan")]]}
+    one_nan = {**record, "weights": [[float("nan"), float("nan")]]}
+    far = {**record, "weights": [[0.6, float("nan")]]}
+    assert pc.differences(record, same, "x") == []
+    assert pc.differences(record, one_nan, "x") == ["final weights differ by nan (> 1e-05)"]
+    assert pc.differences(one_nan, record, "x") == ["final weights differ by nan (> 1e-05)"]
+    assert pc.differences(record, far, "x") == ["final weights differ by 0.1 (> 1e-05)"]
