@@ -242,10 +242,21 @@ def test_loss_scaling_is_refused_where_processes_shard(clean_tf_config, cpu_repl
     backend = SimpleNamespace(num_replicas_in_sync=2, shard_optimizer=lambda model, **_: sharded.append(model))
     model = _compiled(keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam()))
     with pytest.raises(ConfigError, match=r"^shard_optimizer_state=True: the optimizer is a LossScaleOptimizer "
-                                          r"\(mixed_float16\): its loss scaling is sharded on one host's mirrored "
-                                          r"devices only .*use precision='mixed_bfloat16'"):
+                                          r"\(mixed_float16\): its loss scaling is not sharded under Horovod: each "
+                                          r"process would check .*use precision='mixed_bfloat16'"):
         shard_optimizer_state(model, True, accumulation_steps=1, backend=backend)
     assert not sharded
+
+
+def test_loss_scaling_is_refused_with_the_finite_check_fix_off(clean_tf_config, cpu_replicas, monkeypatch):
+    """Sharded loss scaling needs tfaccel.compat.keras_loss_scale's finite check over every replica."""
+    import keras
+
+    monkeypatch.setenv("TFACCEL_DISABLE_COMPAT", "keras_loss_scale")
+    model = _compiled(keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam()))
+    with pytest.raises(ConfigError, match=r"its loss scaling is not sharded with tfaccel.compat.keras_loss_scale off "
+                                          r"\(switched off by TFACCEL_DISABLE_COMPAT \(keras_loss_scale\)\)"):
+        shard_optimizer_state(model, True, accumulation_steps=1)
 
 
 def test_other_strategies_and_built_optimizers_are_refused(clean_tf_config, cpu_replicas):

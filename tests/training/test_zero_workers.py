@@ -159,11 +159,19 @@ def test_checkpoint_dir_under_sharded_multi_worker_is_refused(worker_runs):
             w["checkpoint_dir_refusal"] and "keep backup_dir" in w["checkpoint_dir_refusal"], w["checkpoint_dir_refusal"]
 
 
-def test_loss_scaling_under_sharded_multi_worker_is_refused(worker_runs):
+def test_loss_scaling_sharded_over_workers_trains_as_unsharded(worker_runs):
+    """mixed_float16's LossScaleOptimizer sharded over the workers: its first scale overflows, so steps are skipped
+    on every worker alike (tfaccel.compat.keras_loss_scale's finite check over every replica) and the scale
+    halved, then doubled; the same history, weights, scale and updates as the unsharded job, every weight finite."""
     for w in worker_runs:
-        assert w["loss_scaling_refusal"].startswith(
-            "shard_optimizer_state=True: the optimizer is a LossScaleOptimizer (mixed_float16): its loss scaling is "
-            "sharded on one host's mirrored devices only"), w["loss_scaling_refusal"]
+        got, want = w["loss_scaled"]["sharded"], w["loss_scaled"]["unsharded"]
+        assert got["note"].startswith("optimizer AdamW: state sharded over 2 replicas"), got["note"]
+        assert all(np.all(np.isfinite(v)) for v in got["weights"])
+        assert (got["scale"], got["updates"]) == (want["scale"], want["updates"]) and 0 < got["updates"] < 16
+        for key, values in want["history"].items():
+            np.testing.assert_allclose(got["history"][key], values, rtol=1e-5, atol=1e-5, equal_nan=False)
+        _close(got["weights"], want["weights"])
+    assert worker_runs[0]["loss_scaled"]["sharded"]["weights"] == worker_runs[1]["loss_scaled"]["sharded"]["weights"]
 
 
 def _close(got, want, atol=1e-5):

@@ -60,7 +60,7 @@ def main() -> None:
         out[name] = _embedding_case(optimizer, chief)
     if not parity_only:
         out["checkpoint_dir_refusal"] = _checkpoint_dir_refusal(x, y, initial)
-        out["loss_scaling_refusal"] = _loss_scaling_refusal(x, y, initial)
+        out["loss_scaled"] = _loss_scaled(x, y)
     print(json.dumps(out))
 
 
@@ -95,15 +95,27 @@ def _checkpoint_dir_refusal(x, y, initial):
     return "trained"
 
 
-def _loss_scaling_refusal(x, y, initial):
-    """What a sharded multi_worker fit of a LossScaleOptimizer says (refused before training: nothing to run)."""
-    model = zc.model(lambda: keras.optimizers.LossScaleOptimizer(CASES["adamw"]()), initial,
-                     scope=tfaccel.scope(strategy="multi_worker"))
+def _loss_scaled(x, y):
+    """mixed_float16 with AdamW in a LossScaleOptimizer whose first scale overflows float16 (the first steps skipped,
+    the scale halved, then doubled every 2 finite steps), sharded and unsharded over the workers: final weights,
+    history, scale and updates of each."""
+    keras.mixed_precision.set_global_policy("mixed_float16")
     try:
-        tfaccel.fit(model, x, y, batch_size=zc.BATCH, epochs=1, verbose=0, shard_optimizer_state=True)
-    except tfaccel.ConfigError as exc:
-        return str(exc)
-    return "trained"
+        optimizer = lambda: keras.optimizers.LossScaleOptimizer(  # noqa: E731
+            CASES["adamw"](), initial_scale=2.0 ** 16, dynamic_growth_steps=2)
+        initial = zc.model(optimizer).get_weights()
+        out = {}
+        for mode in ("sharded", "unsharded"):
+            model = zc.model(optimizer, initial, scope=tfaccel.scope(strategy="multi_worker"))
+            result = tfaccel.fit(model, x, y, batch_size=zc.BATCH, epochs=zc.EPOCHS, shuffle=False, verbose=0, seed=0,
+                                 shard_optimizer_state=mode == "sharded")
+            out[mode] = {"history": result.history, "weights": [w.tolist() for w in model.get_weights()],
+                         "note": result.details.get("optimizer_state"),
+                         "scale": float(model.optimizer.dynamic_scale.numpy()),
+                         "updates": int(model.optimizer.inner_optimizer.iterations.numpy())}
+        return out
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
 
 
 def _stopped_and_resumed(x, y, optimizer, initial):

@@ -13,7 +13,7 @@ Under the ``horovod`` backend the ranks are the replicas and the backend shards 
 What would not train exactly as ``model.fit`` is refused before training, with the reason: other strategies (one
 device, multi_worker with several devices per worker, parameter_server, TPU), any dtype policy but float32,
 mixed_bfloat16 and mixed_float16 (whose variables, gradients and slots are float32; under mixed_float16 the
-``LossScaleOptimizer``'s inner optimizer is sharded, on one host's mirrored devices only), gradient accumulation, a
+``LossScaleOptimizer``'s inner optimizer is sharded under mirrored and multi_worker), gradient accumulation, a
 model's own ``train_step``, an optimizer's moving average (``use_ema``), an optimizer built unsharded. Under
 mirrored, multi_worker and Horovod the tables of Embedding layers (sparse ``IndexedSlices``
 gradients) stay unsharded: their gradients averaged as ``model.fit`` averages them (the replicas' slices
@@ -35,6 +35,7 @@ from typing import Any, Optional, Sequence, Tuple
 import keras
 import tensorflow as tf
 
+from tfaccel.compat import keras_loss_scale
 from tfaccel.compat.keras_zero import is_sharded, leave_unsharded, sharded_class, sparse_gradient_variables
 from tfaccel.compat.keras_zero_ranks import over_ranks
 from tfaccel.errors import ConfigError
@@ -71,16 +72,19 @@ def _check_strategy(strategy: Any) -> None:
 
 
 def _check_loss_scaling(model: Any, own_backend: bool) -> None:
-    """mixed_float16's ``LossScaleOptimizer`` is sharded (its inner optimizer) on one host's mirrored devices only:
-    Keras decides whether a step's gradients are finite from the first local replica's own gradients, before they are
-    reduced, so processes could disagree and take different branches around the exchange's collectives."""
+    """mixed_float16's ``LossScaleOptimizer`` is sharded (its inner optimizer) under mirrored and multi_worker, where
+    tfaccel.compat.keras_loss_scale decides each step's finiteness over every replica before the exchange (Keras
+    alone asks each process's first replica, before the all-reduce, so processes could take different branches
+    around the exchange's collectives); not under Horovod's own sharded exchange, nor with that fix off."""
     if not isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer):
         return
-    if own_backend or isinstance(model.distribute_strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        raise _refuse("the optimizer is a LossScaleOptimizer (mixed_float16): its loss scaling is sharded on one "
-                      "host's mirrored devices only (Keras checks the gradients for inf/NaN on each process's first "
-                      "replica before the all-reduce, so processes could take different branches around the "
-                      "exchange)", f"use precision='mixed_bfloat16' (no loss scaling) or 'float32', or {_FIX}")
+    fix_off = keras_loss_scale.why_not_needed()
+    if own_backend or fix_off:
+        why = "under Horovod" if own_backend else f"with tfaccel.compat.{keras_loss_scale.NAME} off ({fix_off})"
+        raise _refuse(f"the optimizer is a LossScaleOptimizer (mixed_float16): its loss scaling is not sharded {why}: "
+                      "each process would check its own gradients for inf/NaN before the all-reduce, and processes "
+                      "could take different branches around the exchange",
+                      f"use precision='mixed_bfloat16' (no loss scaling) or 'float32', or {_FIX}")
 
 
 def _check_model(model: Any, optimizer: Any, accumulation_steps: int) -> None:
