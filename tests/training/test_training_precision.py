@@ -192,7 +192,6 @@ def test_parameter_server_loop_scales_the_loss(tmp_path):
     assert re.fullmatch(OUTPUT_WARNING.format("float16"), out["warnings"][1]), out["warnings"]
 
 
-
 def _overflow_on_one_replica(fit, scope):
     """Trains 2 batches of 16 under mixed_float16, the model built and compiled inside ``scope()``; the first batch's
     second half (the second replica's, under 2) holds 1e5, which is inf in float16. Returns the final weights, the
