@@ -15,7 +15,7 @@ from typing import Mapping, Optional, Tuple
 
 VersionWindow = Tuple[Tuple[int, int], Tuple[int, int]]  # [low, high) of (major, minor)
 
-__all__ = ["DISABLE_ENV", "VersionWindow", "is_disabled", "switched_off", "major_minor", "outside_versions"]
+__all__ = ["DISABLE_ENV", "VersionWindow", "is_disabled", "switched_off", "major_minor", "outside_versions", "gate"]
 
 DISABLE_ENV = "TFACCEL_DISABLE_COMPAT"
 
@@ -71,3 +71,11 @@ def outside_versions(library: str, version: str, affected: VersionWindow, if_it_
         return None
     return (f"{library} {version} is outside the versions this fix is known to be needed on "
             f"({low[0]}.{low[1]} up to {high[0]}.{high[1] - 1}.x); not patching. If {if_it_fails}")
+
+
+def gate(name: str, library: str, version: str, affected: VersionWindow, if_it_fails: str) -> Optional[str]:
+    """The check every fix makes first: why fix ``name`` is left alone (switched off by ``TFACCEL_DISABLE_COMPAT``,
+    or ``version`` of ``library`` outside ``affected``; see outside_versions), or None when the fix may apply."""
+    if is_disabled(name):
+        return switched_off(name)
+    return outside_versions(library, version, affected, if_it_fails)

@@ -25,7 +25,7 @@ from typing import Any, Dict, Optional
 import keras
 import tensorflow as tf
 
-from tfaccel.compat import VersionWindow, is_disabled, outside_versions, switched_off
+from tfaccel.compat import VersionWindow, gate
 
 __all__ = ["NAME", "UPSTREAM_ISSUES", "AFFECTED_VERSIONS", "why_not_needed", "apply", "remove", "is_applied"]
 
@@ -68,12 +68,10 @@ class _FiniteOverReplicas:
 
 def why_not_needed() -> Optional[str]:
     """Why the fix should not be applied here, or None when it should."""
-    if is_disabled(NAME):
-        return switched_off(NAME)
-    outside = outside_versions("Keras", keras.__version__, AFFECTED_VERSIONS,
-                               f"a replica's overflow can reach the weights, see {UPSTREAM_ISSUES[0]}")
-    if outside is not None:
-        return outside
+    closed = gate(NAME, "Keras", keras.__version__, AFFECTED_VERSIONS,
+                  f"a replica's overflow can reach the weights, see {UPSTREAM_ISSUES[0]}")
+    if closed is not None:
+        return closed
     if not all(hasattr(keras.optimizers.LossScaleOptimizer, name) for name in
                ("_tf_apply", "_stateful_handle_finite_grads", "_stateful_handle_non_finite_grads")):
         return "Keras' LossScaleOptimizer no longer has the methods this fix wraps; not patching"

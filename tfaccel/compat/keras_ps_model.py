@@ -16,7 +16,7 @@ strategy (Keras then uses the strategy of the current scope: the default one out
 
 from typing import Any, Optional
 
-from tfaccel.compat import VersionWindow, is_disabled, outside_versions, switched_off
+from tfaccel.compat import VersionWindow, gate
 
 __all__ = ["NAME", "UPSTREAM_ISSUES", "AFFECTED_VERSIONS", "why_not_needed", "release_from_strategy"]
 
@@ -31,12 +31,10 @@ def why_not_needed(model: Any) -> Optional[str]:
     import keras
     import tensorflow as tf
 
-    if is_disabled(NAME):
-        return switched_off(NAME)
-    outside = outside_versions("Keras", keras.__version__, AFFECTED_VERSIONS,
-                               f"evaluate fails after parameter-server training, see {UPSTREAM_ISSUES[0]}")
-    if outside is not None:
-        return outside
+    closed = gate(NAME, "Keras", keras.__version__, AFFECTED_VERSIONS,
+                  f"evaluate fails after parameter-server training, see {UPSTREAM_ISSUES[0]}")
+    if closed is not None:
+        return closed
     strategy = getattr(model, "_distribute_strategy", None)  # Keras 3.15 TensorFlowTrainer; no public setter
     if not isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
         return f"the model's strategy is {type(strategy).__name__}, not ParameterServerStrategy"

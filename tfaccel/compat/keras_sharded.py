@@ -35,7 +35,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tfaccel.compat import VersionWindow, is_disabled, outside_versions, switched_off
+from tfaccel.compat import VersionWindow, gate
 from tfaccel.log import get_logger
 
 __all__ = ["NAME", "UPSTREAM_ISSUES", "AFFECTED_VERSIONS", "why_not_needed", "is_needed", "sharded_value",
@@ -60,10 +60,8 @@ def why_not_needed() -> Optional[str]:
     """
     import keras
 
-    if is_disabled(NAME):
-        return switched_off(NAME)
-    return outside_versions("Keras", keras.__version__, AFFECTED_VERSIONS,
-                            f"training a sharded variable fails, see {', '.join(UPSTREAM_ISSUES)}")
+    return gate(NAME, "Keras", keras.__version__, AFFECTED_VERSIONS,
+                f"training a sharded variable fails, see {', '.join(UPSTREAM_ISSUES)}")
 
 
 def is_needed() -> bool:
