@@ -55,6 +55,10 @@ def pytest_configure(config: pytest.Config) -> None:
     import tfaccel
 
     tfaccel.configure_devices(virtual_cpus=NUM_VIRTUAL_CPUS)
+    # The processes tests start get harness.LEAN_SITE; this one read its PYTHONPATH at start-up and keeps pandas and
+    # matplotlib. Not in pytest-xdist's controller, whose environment its workers inherit.
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        os.environ["PYTHONPATH"] = harness.lean_pythonpath(os.environ.get("PYTHONPATH"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:

@@ -19,6 +19,23 @@ from tfaccel.launch.procs import LOOPBACK, free_ports, start_process, terminate
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STARTED_PIDS: List[int] = []
+# First on the PYTHONPATH of every process a test starts (tests/conftest.py): pandas and matplotlib are not
+# importable there, as after `pip install tfaccel[cpu]` (tests/lean_site/README.md).
+LEAN_SITE = str(Path(__file__).resolve().parent / "lean_site")
+
+
+def lean_pythonpath(pythonpath: Optional[str]) -> str:
+    """``pythonpath`` with LEAN_SITE first (once)."""
+    rest = [p for p in (pythonpath or "").split(os.pathsep) if p and p != LEAN_SITE]
+    return os.pathsep.join([LEAN_SITE] + rest)
+
+
+def with_optional_imports(environ: Mapping[str, str]) -> Dict[str, str]:
+    """A copy of ``environ`` whose PYTHONPATH lacks LEAN_SITE: for a process that needs matplotlib or pandas."""
+    env = dict(environ)
+    kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != LEAN_SITE]
+    env["PYTHONPATH"] = os.pathsep.join(kept)
+    return env
 
 # Quiet, small, 2-core-friendly children. Two inter-op threads, not more: an idle thread of TensorFlow's pools spins
 # before it sleeps, and with several processes on 2 cores the spinning is CPU the others lose (the keras-io corpus's

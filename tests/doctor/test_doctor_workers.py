@@ -2,11 +2,13 @@
 started by tfaccel's launcher on loopback), each bounded by the CLI's timeout."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
+import harness
 from tfaccel.cli import doctor as doctor_cli_module
 from tfaccel.errors import ConfigError
 
@@ -27,7 +29,8 @@ def test_a_correct_custom_loop_is_equal_to_rounding_vs_2_worker_processes_as_jso
 
 def test_an_unsharded_dataset_fn_is_named_with_2_worker_processes_and_plotted(tmp_path: Path) -> None:
     plot = tmp_path / "doctor.png"
-    done = run_doctor("--steps", "2", "--workers", "2", "--plot", str(plot), "--", "python", SCRIPT, "unsharded")
+    done = run_doctor("--steps", "2", "--workers", "2", "--plot", str(plot), "--", "python", SCRIPT, "unsharded",
+                      env=harness.with_optional_imports(os.environ))  # the plot needs matplotlib
     assert done.returncode == 1, done.stdout + done.stderr[-2000:]
     assert "each run reading the dataset_fn" in done.stdout
     assert "the runs part at step 0: examples of the global batch: 8 of the 16 examples on 1 replica are not among " \

@@ -31,7 +31,8 @@ RAY_BIN = Path(sys.executable).parent / "ray"
 
 
 def test_env(mark: str, extra: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
-    """This process's environment for a child: quiet TF, the repo on PYTHONPATH, the mark, no stray cluster."""
+    """This process's environment for a child: quiet TF, the repo on PYTHONPATH (pandas importable: see
+    harness.LEAN_SITE), the mark, no stray cluster."""
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "RAY_ADDRESS")}
     env.update(harness.CHILD_ENV)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(harness.REPO_ROOT), os.environ.get("PYTHONPATH")]))
@@ -40,7 +41,7 @@ def test_env(mark: str, extra: Optional[Mapping[str, str]] = None) -> Dict[str, 
         env["RAY_AUTH_MODE"] = "disabled"  # see RayCluster.__init__
     env[MARK_ENV] = mark
     env.update(extra or {})
-    return env
+    return harness.with_optional_imports(env)  # Ray Train imports pandas
 
 
 def marked_pids(mark: str) -> List[int]:

@@ -24,7 +24,7 @@ for _path in (REPO_ROOT, HERE.parent):  # tfaccel; tests/ (the harness)
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from harness import CHILD_ENV  # noqa: E402  (quiet, 2-core friendly children)
+from harness import CHILD_ENV, with_optional_imports  # noqa: E402  (quiet, 2-core friendly children)
 from tfaccel.launch.procs import free_ports, pid_alive, start_process, terminate  # noqa: E402
 
 EPOCHS = 3
@@ -59,11 +59,15 @@ class Run:
                  cwd: Optional[Path] = None) -> None:
         self.begun = time.monotonic()
         args = list(args)
-        if env and "--backend" in args and args[args.index("--backend") + 1] in ("horovod", "ray"):
+        backend = args[args.index("--backend") + 1] if "--backend" in args else None
+        if env and backend in ("horovod", "ray"):
             # horovodrun ranks and Ray workers get only an allowlist of the launcher's environment: name the job's
             cut = args.index("--")
             args[cut:cut] = [word for name in env for word in ("--env", name)]
-        self.proc = start_process([sys.executable, "-m", "tfaccel", "launch", *args], env=env_for(env),
+        child_env = env_for(env)
+        if backend == "ray":  # Ray Train imports pandas
+            child_env = with_optional_imports(child_env)
+        self.proc = start_process([sys.executable, "-m", "tfaccel", "launch", *args], env=child_env,
                                   cwd=str(cwd or REPO_ROOT))
         STARTED_PIDS.append(self.proc.pid)
         self.lines: List[tuple] = []  # (seconds since start, stream, text)
