@@ -162,16 +162,25 @@ def test_checkpoint_dir_under_sharded_multi_worker_is_refused(worker_runs):
 def test_loss_scaling_sharded_over_workers_trains_as_unsharded(worker_runs):
     """mixed_float16's LossScaleOptimizer sharded over the workers: its first scale overflows, so steps are skipped
     on every worker alike (tfaccel.compat.keras_loss_scale's finite check over every replica) and the scale
-    halved, then doubled; the same history, weights, scale and updates as the unsharded job, every weight finite."""
+    halved, then doubled; the same history, weights, scale and updates as the unsharded job, every weight finite.
+    Stopped after a backup and resumed, it ends the same (each worker's shard in the backup:
+    tfaccel.compat.keras_zero_loss_scale; before, the first backup's save ran a collective on the chief alone and
+    the job failed), and its .keras file loads in plain Keras with the unsharded job's whole optimizer state."""
     for w in worker_runs:
-        got, want = w["loss_scaled"]["sharded"], w["loss_scaled"]["unsharded"]
-        assert got["note"].startswith("optimizer AdamW: state sharded over 2 replicas"), got["note"]
-        assert all(np.all(np.isfinite(v)) for v in got["weights"])
-        assert (got["scale"], got["updates"]) == (want["scale"], want["updates"]) and 0 < got["updates"] < 16
-        for key, values in want["history"].items():
-            np.testing.assert_allclose(got["history"][key], values, rtol=1e-5, atol=1e-5, equal_nan=False)
-        _close(got["weights"], want["weights"])
+        want = w["loss_scaled"]["unsharded"]
+        for mode in ("sharded", "resumed"):
+            got = w["loss_scaled"][mode]
+            assert got["note"].startswith("optimizer AdamW: state sharded over 2 replicas"), got["note"]
+            assert all(np.all(np.isfinite(v)) for v in got["weights"])
+            assert (got["scale"], got["updates"]) == (want["scale"], want["updates"]) and 0 < got["updates"] < 16
+            for key, values in want["history"].items():
+                np.testing.assert_allclose(got["history"][key], values, rtol=1e-5, atol=1e-5, equal_nan=False)
+            _close(got["weights"], want["weights"])
+        assert w["loss_scaled"]["resumed"]["resumed_from"] == [1, 3]  # the backup at step 11 (8 steps an epoch)
     assert worker_runs[0]["loss_scaled"]["sharded"]["weights"] == worker_runs[1]["loss_scaled"]["sharded"]["weights"]
+    saved, want = worker_runs[0]["loss_scaled"]["saved_state"], worker_runs[0]["loss_scaled"]["unsharded"]["state"]
+    assert [np.shape(v) for v in saved] == [np.shape(v) for v in want]  # every slot whole, none an empty stand-in
+    _close(saved, want)
 
 
 def _close(got, want, atol=1e-5):

@@ -98,24 +98,55 @@ def _checkpoint_dir_refusal(x, y, initial):
 def _loss_scaled(x, y):
     """mixed_float16 with AdamW in a LossScaleOptimizer whose first scale overflows float16 (the first steps skipped,
     the scale halved, then doubled every 2 finite steps), sharded and unsharded over the workers: final weights,
-    history, scale and updates of each."""
+    history, scale and updates of each; then the sharded job stopped at epoch 1 step 5 with a backup every 3 steps
+    and resumed by a fresh model, whose ``model.save`` (every worker) the chief loads in plain Keras."""
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
         optimizer = lambda: keras.optimizers.LossScaleOptimizer(  # noqa: E731
             CASES["adamw"](), initial_scale=2.0 ** 16, dynamic_growth_steps=2)
         initial = zc.model(optimizer).get_weights()
         out = {}
-        for mode in ("sharded", "unsharded"):
+        for mode in ("sharded", "unsharded", "resumed"):
             model = zc.model(optimizer, initial, scope=tfaccel.scope(strategy="multi_worker"))
-            result = tfaccel.fit(model, x, y, batch_size=zc.BATCH, epochs=zc.EPOCHS, shuffle=False, verbose=0, seed=0,
-                                 shard_optimizer_state=mode == "sharded")
+            result = _loss_scaled_fit(model, x, y, mode)
             out[mode] = {"history": result.history, "weights": [w.tolist() for w in model.get_weights()],
-                         "note": result.details.get("optimizer_state"),
+                         "note": result.details.get("optimizer_state"), "resumed_from": result.resumed_from,
                          "scale": float(model.optimizer.dynamic_scale.numpy()),
                          "updates": int(model.optimizer.inner_optimizer.iterations.numpy())}
+            if mode == "unsharded":
+                out[mode]["state"] = [v.numpy().tolist() for v in model.optimizer.variables]
+        out["saved_state"] = _saved_and_loaded(model, "loss_scaled")
         return out
     finally:
         keras.mixed_precision.set_global_policy("float32")
+
+
+def _loss_scaled_fit(model, x, y, mode):
+    """``unsharded``, ``sharded``, or ``resumed``: sharded, stopped after a backup, resumed by this model."""
+    kw = dict(batch_size=zc.BATCH, epochs=zc.EPOCHS, shuffle=False, verbose=0, seed=0,
+              shard_optimizer_state=mode != "unsharded")
+    if mode == "resumed":
+        backup = os.path.join(sys.argv[1], "loss_scaled_backup")
+        stopped = zc.model(lambda: keras.optimizers.LossScaleOptimizer(
+            CASES["adamw"](), initial_scale=2.0 ** 16, dynamic_growth_steps=2), model.get_weights(),
+            scope=tfaccel.scope(strategy="multi_worker"))
+        try:
+            tfaccel.fit(stopped, x, y, backup_dir=backup, backup_freq=3, callbacks=[zc.StopAt(1, 5)], **kw)
+        except RuntimeError:
+            pass
+        kw.update(backup_dir=backup, backup_freq=3)
+    return tfaccel.fit(model, x, y, **kw)
+
+
+def _saved_and_loaded(model, name):
+    """``model.save`` on every worker; the optimizer variables of the chief's file loaded in plain Keras (None
+    elsewhere)."""
+    task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    path = os.path.join(sys.argv[1], f"{name}.keras" if task == 0 else f"{name}-{task}.keras")
+    model.save(path)  # every worker: the slots are gathered from their owners
+    if task != 0:
+        return None
+    return [v.numpy().tolist() for v in keras.models.load_model(path).optimizer.variables]
 
 
 def _stopped_and_resumed(x, y, optimizer, initial):

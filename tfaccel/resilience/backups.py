@@ -18,7 +18,6 @@ import keras
 import tensorflow as tf
 
 from tfaccel.compat.keras_weights_snapshot import snapshot_weights
-from tfaccel.compat.keras_zero import slots_apart
 from tfaccel.errors import ConfigError
 from tfaccel.job_id import JOB_ID_ENV
 from tfaccel.log import get_logger
@@ -29,7 +28,8 @@ from tfaccel.resilience.backup_writer import BackupWriter, save_weights_atomical
 from tfaccel.resilience.preemption import strategy_sum
 from tfaccel.resilience.restarts import PROGRESS_FILE, RECORD_FILE
 from tfaccel.resilience.shard_backup import (SHARDS_FIELD, agree_written, check_shard_files, load_shards,
-                                             loading_context, shards_record, write_shard, writes_shards)
+                                             loading_context, saving_context, shards_record, write_shard,
+                                             writes_shards)
 
 __all__ = ["BackupState", "read_backup", "load_backup_weights", "StepBackup", "ChiefCheckpoint", "Throughput",
            "PS_BACKUP_FORMAT", "write_checkpoint_backup", "restore_checkpoint_backup"]
@@ -198,7 +198,7 @@ class StepBackup(keras.callbacks.Callback):
         try:
             write_shard(self.backup_dir, model.optimizer, global_step)
             if self.is_chief:
-                with slots_apart(model.optimizer):
+                with saving_context(model):
                     save_weights_atomically(model, os.path.join(self.backup_dir, name))
             written = True
         except Exception as exc:  # noqa: BLE001 - said, then every worker raises after the barrier below

@@ -37,6 +37,7 @@ import tensorflow as tf
 
 from tfaccel.compat import keras_loss_scale
 from tfaccel.compat.keras_zero import is_sharded, leave_unsharded, sharded_class, sparse_gradient_variables
+from tfaccel.compat.keras_zero_loss_scale import save_through_inner
 from tfaccel.compat.keras_zero_ranks import over_ranks
 from tfaccel.errors import ConfigError
 from tfaccel.memory.estimate import estimate_memory
@@ -175,6 +176,7 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
         done = own(model, checkpoint_dir=checkpoint_dir)
     else:
         done = _shard_over_replicas(strategy, optimizer, checkpoint_dir)
+    save_through_inner(model.optimizer)  # mixed_float16: the LossScaleOptimizer saves its inner part as sharded
     sparse = sparse_gradient_variables(model)
     leave_unsharded(optimizer, [v for v in model.trainable_variables if v.path in sparse])
     unsharded = (f"; left unsharded (Embedding tables, whose gradients are sparse: averaged as model.fit averages "
