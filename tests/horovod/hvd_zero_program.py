@@ -4,7 +4,8 @@ For each optimizer case: rank 0 trains the model with plain ``model.fit`` on one
 rank trains the same model from the same initial weights with ``tfaccel.fit(..., shard_optimizer_state=True)`` under
 the ``horovod`` backend. Writes ``rank<R>.json`` into OUT: histories, weights, the bytes of optimizer variables this
 rank holds, the plan's note. With 2 ranks, "adam_schedule" also runs stopped and resumed: backed up every 3 steps
-(each rank writing its shard), stopped by an exception at epoch 1 step 5 on every rank, resumed by a fresh model.
+(each rank writing its shard), stopped by an exception at epoch 1 step 5 on every rank, resumed by a fresh model;
+and mixed_float16 with one rank's gradients overflowing (``_loss_scaled``).
 Usage: ``python hvd_zero_program.py OUT``.
 """
 
@@ -62,6 +63,36 @@ def _stopped_and_resumed(out_dir: str, x, y) -> dict:
             "weights": [w.tolist() for w in model.get_weights()]}
 
 
+def _loss_scaled(rank: int) -> dict:
+    """mixed_float16 (AdamW in a LossScaleOptimizer), rows 24-27 of the data 1e5 (inf in float16): the steps whose
+    batch holds them overflow on one rank only. Plain ``model.fit`` on one process (rank 0) against tfaccel's
+    sharded and unsharded fits: weights, history, loss scale and updates applied."""
+    import keras
+
+    x, y = zc.data()
+    x[24:28] = 1e5
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        optimizer = lambda: keras.optimizers.LossScaleOptimizer(zc.OPTIMIZERS["adamw"]())  # noqa: E731
+        plain = zc.model(optimizer)
+        initial = plain.get_weights()
+        out = zc.plain_fit(plain, x, y) if rank == 0 else {}
+        if rank == 0:
+            out["plain_scale"] = float(plain.optimizer.dynamic_scale.numpy())
+            out["plain_updates"] = int(plain.optimizer.inner_optimizer.iterations.numpy())
+        for mode in ("sharded", "unsharded"):
+            model = zc.model(optimizer, initial, scope=tfaccel.scope(strategy="horovod"))
+            result = tfaccel.fit(model, x, y, batch_size=zc.BATCH, epochs=zc.EPOCHS, shuffle=False, verbose=0,
+                                 shard_optimizer_state=mode == "sharded")
+            out[mode] = {"history": result.history, "weights": [w.tolist() for w in model.get_weights()],
+                         "note": result.details.get("optimizer_state"),
+                         "scale": float(model.optimizer.dynamic_scale.numpy()),
+                         "updates": int(model.optimizer.inner_optimizer.iterations.numpy())}
+        return out
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
 def main() -> None:
     out_dir, rank = sys.argv[1], int(os.environ["HOROVOD_RANK"])
     x, y = zc.data()
@@ -83,6 +114,7 @@ def main() -> None:
         out[name] = _embedding_case(rank, optimizer)
     if os.environ.get("HOROVOD_SIZE") == "2":
         out["resume"] = _stopped_and_resumed(out_dir, x, y)
+        out["loss_scaled"] = _loss_scaled(rank)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(out, f)
 

@@ -15,19 +15,23 @@ scalar a step), and every replica takes the branch of that global answer; the br
 (``_stateful_handle_finite_grads`` / ``_stateful_handle_non_finite_grads``). It is a subclass swapped onto the
 instance (same name and module, so a saved .keras file names Keras' class), applied by
 ``tfaccel.train.optim.adapt_optimizer`` when the model trains over several replicas, undone after training, and
-switched off with ``TFACCEL_DISABLE_COMPAT=keras_loss_scale``. It reads ``tf.__internal__``'s
+switched off with ``TFACCEL_DISABLE_COMPAT=keras_loss_scale``. Under Horovod with the inner optimizer sharded over
+the ranks (each process one replica of TensorFlow's default strategy, the exchange inside the update), the count is
+summed over the ranks by the backend's collective (:func:`apply_over_ranks`): deciding alone, a rank whose gradients
+overflowed skipped the owners' all-gather that the others entered, and the job hung. It reads ``tf.__internal__``'s
 ``strategy_supports_no_merge_call`` and the optimizer's ``_tf_apply``, ``_stateful_handle_finite_grads`` and
 ``_stateful_handle_non_finite_grads``; tests/training/test_training_precision.py fails when one of them moves.
 """
 
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import keras
 import tensorflow as tf
 
 from tfaccel.compat import VersionWindow, gate
 
-__all__ = ["NAME", "UPSTREAM_ISSUES", "AFFECTED_VERSIONS", "why_not_needed", "apply", "remove", "is_applied"]
+__all__ = ["NAME", "UPSTREAM_ISSUES", "AFFECTED_VERSIONS", "why_not_needed", "apply", "apply_over_ranks", "remove",
+           "is_applied"]
 
 NAME = "keras_loss_scale"
 UPSTREAM_ISSUES = ("keras-team/keras#18691",)
@@ -40,12 +44,18 @@ _ORIGINAL = "_tfaccel_loss_scale_class"
 class _FiniteOverReplicas:
     """Mixed in before ``LossScaleOptimizer`` (see the module doc)."""
 
+    # Where every process is one replica and the exchange is not tf.distribute's (Horovod's ranks): the sum of a
+    # scalar over the processes, set by apply_over_ranks.
+    tfaccel_sum_over_ranks: Optional[Callable[[Any], Any]] = None
+
     def _tf_apply(self, grads: Any, trainable_variables: Any = None) -> None:
         context = tf.distribute.get_replica_context()
-        if context is None or context.num_replicas_in_sync < 2:
+        over_ranks = self.tfaccel_sum_over_ranks
+        if context is None or (context.num_replicas_in_sync < 2 and over_ranks is None):
             return super()._tf_apply(grads, trainable_variables)  # type: ignore[misc]
         local_bad = tf.cast(tf.logical_not(self.check_finite(grads)), tf.float32)  # type: ignore[attr-defined]
-        finite = tf.equal(context.all_reduce(tf.distribute.ReduceOp.SUM, local_bad), 0.0)
+        bad = over_ranks(local_bad) if over_ranks else context.all_reduce(tf.distribute.ReduceOp.SUM, local_bad)
+        finite = tf.equal(bad, 0.0)
 
         finite_step = self._stateful_handle_finite_grads  # type: ignore[attr-defined]
         if tf.__internal__.distribute.strategy_supports_no_merge_call():
@@ -92,12 +102,24 @@ def apply(optimizer: Any) -> bool:
     return True
 
 
+def apply_over_ranks(optimizer: Any, sum_over_ranks: Callable[[Any], Any]) -> bool:
+    """:func:`apply` where every process is one replica and ``sum_over_ranks`` sums a scalar over the processes
+    inside the train function (Horovod's ranks): the count of ranks whose gradients are not finite is summed, so
+    every rank takes the same branch around the exchange in the update. True if the fix is on."""
+    if not apply(optimizer):
+        return False
+    optimizer.tfaccel_sum_over_ranks = sum_over_ranks
+    return True
+
+
 def remove(optimizer: Any) -> None:
     """Gives ``optimizer`` its own class back (its state stays)."""
     original = getattr(optimizer, _ORIGINAL, None)
     if original is not None:
         optimizer.__class__ = original
         delattr(optimizer, _ORIGINAL)
+    if getattr(optimizer, "tfaccel_sum_over_ranks", None) is not None:
+        del optimizer.tfaccel_sum_over_ranks
 
 
 def is_applied(optimizer: Any) -> bool:

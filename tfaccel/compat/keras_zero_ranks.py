@@ -112,7 +112,8 @@ def shard_over_ranks(optimizer: Any, partition: Callable[[Sequence[int], int], L
 def unsharded_variables(optimizer: Any) -> List[Any]:
     """The optimizer's variables whose shape is the same on every rank (all but its sharded slots): what a
     broadcast from rank 0 may carry."""
-    slots = getattr(optimizer, "_tfaccel_slots", {}) if is_sharded(optimizer) else {}
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # mixed_float16: the LossScaleOptimizer's is sharded
+    slots = getattr(inner, "_tfaccel_slots", {}) if is_sharded(inner) else {}
     return [v for v in optimizer.variables if id(v) not in slots]
 
 

@@ -13,7 +13,7 @@ Under the ``horovod`` backend the ranks are the replicas and the backend shards 
 What would not train exactly as ``model.fit`` is refused before training, with the reason: other strategies (one
 device, multi_worker with several devices per worker, parameter_server, TPU), any dtype policy but float32,
 mixed_bfloat16 and mixed_float16 (whose variables, gradients and slots are float32; under mixed_float16 the
-``LossScaleOptimizer``'s inner optimizer is sharded under mirrored and multi_worker), gradient accumulation, a
+``LossScaleOptimizer``'s inner optimizer is sharded), gradient accumulation, a
 model's own ``train_step``, an optimizer's moving average (``use_ema``), an optimizer built unsharded. Under
 mirrored, multi_worker and Horovod the tables of Embedding layers (sparse ``IndexedSlices``
 gradients) stay unsharded: their gradients averaged as ``model.fit`` averages them (the replicas' slices
@@ -72,19 +72,19 @@ def _check_strategy(strategy: Any) -> None:
                       f"use strategy='mirrored' over several devices, or {_FIX}")
 
 
-def _check_loss_scaling(model: Any, own_backend: bool) -> None:
-    """mixed_float16's ``LossScaleOptimizer`` is sharded (its inner optimizer) under mirrored and multi_worker, where
-    tfaccel.compat.keras_loss_scale decides each step's finiteness over every replica before the exchange (Keras
-    alone asks each process's first replica, before the all-reduce, so processes could take different branches
-    around the exchange's collectives); not under Horovod's own sharded exchange, nor with that fix off."""
+def _check_loss_scaling(model: Any) -> None:
+    """mixed_float16's ``LossScaleOptimizer`` is sharded (its inner optimizer) where tfaccel.compat.keras_loss_scale
+    decides each step's finiteness over every replica before the exchange: over tf.distribute's replicas (mirrored,
+    multi_worker) or Horovod's ranks. Keras alone asks each process's first replica, before the all-reduce, so
+    processes could take different branches around the exchange's collectives: refused with that fix off."""
     if not isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer):
         return
     fix_off = keras_loss_scale.why_not_needed()
-    if own_backend or fix_off:
-        why = "under Horovod" if own_backend else f"with tfaccel.compat.{keras_loss_scale.NAME} off ({fix_off})"
-        raise _refuse(f"the optimizer is a LossScaleOptimizer (mixed_float16): its loss scaling is not sharded {why}: "
-                      "each process would check its own gradients for inf/NaN before the all-reduce, and processes "
-                      "could take different branches around the exchange",
+    if fix_off:
+        raise _refuse(f"the optimizer is a LossScaleOptimizer (mixed_float16): its loss scaling is not sharded with "
+                      f"tfaccel.compat.{keras_loss_scale.NAME} off ({fix_off}): each process would check its own "
+                      "gradients for inf/NaN before the all-reduce, and processes could take different branches "
+                      "around the exchange",
                       f"use precision='mixed_bfloat16' (no loss scaling) or 'float32', or {_FIX}")
 
 
@@ -170,7 +170,7 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
     strategy, optimizer = model.distribute_strategy, unwrap_loss_scale(getattr(model, "optimizer", None))
     if own is None:
         _check_strategy(strategy)
-    _check_loss_scaling(model, own is not None)
+    _check_loss_scaling(model)
     _check_model(model, optimizer, accumulation_steps)
     if own is not None:
         done = own(model, checkpoint_dir=checkpoint_dir)
@@ -225,6 +225,6 @@ def xla_fallback(model: Any, jit: bool) -> Optional[str]:
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return ("the sharded optimizer state's exchange between workers (all-to-all, all-gather) has no XLA kernels "
                 "in TensorFlow 2.21")
-    if over_ranks(model.optimizer):
+    if over_ranks(unwrap_loss_scale(model.optimizer)):
         return "the sharded optimizer state's exchange between Horovod ranks runs Horovod ops, which XLA cannot compile"
     return None

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from tfaccel.compat.keras_zero import is_sharded
 from tfaccel.errors import ConfigError, invalid_choice
+from tfaccel.precision import unwrap_loss_scale
 from tfaccel.strategies.horovod.runtime import import_horovod
 
 __all__ = ["COMPRESSION_NAMES", "check_compression", "is_distributed_optimizer", "check_optimizer",
@@ -169,14 +170,15 @@ def _averaging_class(base: type, hvd: Any, comp: Any) -> type:
 def distribute_in_place(optimizer: Any, *, compression: str = "none", _hvd: Any = None) -> Any:
     """Makes the user's compiled optimizer average gradients over all ranks, keeping the object (and its state,
     schedule and clipping): its class is swapped for an averaging subclass. An optimizer sharded over the ranks
-    (``shard_optimizer_state=True``, :mod:`tfaccel.strategies.horovod.zero`) averages in its own update: unchanged. ``tfaccel.fit`` calls it on
-    ``model.optimizer`` (a LossScaleOptimizer under mixed_float16, so every rank skips or applies the same steps).
+    (``shard_optimizer_state=True``, :mod:`tfaccel.strategies.horovod.zero`), or a LossScaleOptimizer around one,
+    averages in its own update: unchanged. ``tfaccel.fit`` calls it on ``model.optimizer`` (a LossScaleOptimizer
+    under mixed_float16, so every rank skips or applies the same steps).
 
     Returns:
         The same optimizer.
     """
     check_optimizer(optimizer)
-    if is_distributed_optimizer(optimizer) or is_sharded(optimizer):  # sharded: its own update averages
+    if is_distributed_optimizer(optimizer) or is_sharded(unwrap_loss_scale(optimizer)):  # sharded: averages itself
         return optimizer
     hvd = _hvd if _hvd is not None else import_horovod()
     optimizer.__class__ = _averaging_class(type(optimizer), hvd, _compression(compression, hvd))

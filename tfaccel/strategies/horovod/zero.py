@@ -8,6 +8,10 @@ all-gather (the mechanism: :mod:`tfaccel.compat.keras_zero_ranks`). Measured on 
 loopback (docs/guides/horovod.md): Horovod 0.28.1's reduce-scatter of a flat buffer laid out by owner cost 4-9x the
 grouped all-reduce, and one all-gather of a flat buffer less than a broadcast per variable from its owner.
 
+Under mixed_float16 the ``LossScaleOptimizer``'s inner optimizer is the one sharded, and the ranks sum the count of
+ranks whose gradients overflowed before its finite check (``tfaccel.compat.keras_loss_scale.apply_over_ranks``, one
+scalar all-reduce a step), so every rank skips or applies the same steps.
+
 What the backend adds to ``tfaccel.train.zero``'s refusals, before training: ``checkpoint_dir`` (rank 0 alone writes
 it, and its files would hold only its own slots), and Horovod's fp16 gradient compression (the all-reduce would not
 average what ``model.fit`` averages). Embedding tables stay unsharded, as under mirrored: their sparse gradients are
@@ -22,9 +26,11 @@ from typing import Any, List, Optional
 import numpy as np
 import tensorflow as tf
 
+from tfaccel.compat import keras_loss_scale
 from tfaccel.compat.keras_zero_ranks import shard_over_ranks
 from tfaccel.errors import ConfigError
 from tfaccel.memory.shards import partition_by_bytes
+from tfaccel.precision import unwrap_loss_scale
 from tfaccel.strategies.horovod.optimizer import allreduce_gradients
 
 __all__ = ["HorovodCollectives", "shard_optimizer"]
@@ -59,6 +65,10 @@ class HorovodCollectives:
     def sum(self, value: np.ndarray) -> np.ndarray:
         """``value`` summed over the ranks (saving a slot: its owner's value plus the others' zeros)."""
         return np.asarray(self.hvd.allreduce(tf.constant(value), op=self.hvd.Sum, name="tfaccel_zero_save"))
+
+    def count_bad(self, local_bad: Any) -> Any:
+        """The ranks whose gradients are not finite (each adds its 0 or 1; inside the train function)."""
+        return self.hvd.allreduce(local_bad, op=self.hvd.Sum, name="tfaccel_zero_finite", ignore_name_scope=True)
 
 
 def _refuse(reason: str, fix: str = _FIX) -> ConfigError:
@@ -100,7 +110,12 @@ def shard_optimizer(model: Any, *, hvd: Any, compression: str, checkpoint_dir: O
     """
     collectives = HorovodCollectives(hvd)
     _check(size=collectives.size, compression=compression, checkpoint_dir=checkpoint_dir)
-    shard_over_ranks(model.optimizer, partition_by_bytes, collectives)
-    return (f"optimizer {type(model.optimizer).__name__}: state sharded over {collectives.size} Horovod ranks "
+    optimizer, scaled = unwrap_loss_scale(model.optimizer), ""
+    shard_over_ranks(optimizer, partition_by_bytes, collectives)
+    if optimizer is not model.optimizer:  # mixed_float16: one decision over the ranks whether a step is finite
+        keras_loss_scale.apply_over_ranks(model.optimizer, collectives.count_bad)
+        scaled = ("; the LossScaleOptimizer skips a step when any rank's gradients overflow (the count summed over "
+                  "the ranks), so every rank skips or applies the same steps")
+    return (f"optimizer {type(optimizer).__name__}: state sharded over {collectives.size} Horovod ranks "
             "(ZeRO-1: each variable's slots on one rank, gradients averaged by one grouped all-reduce, the owners' "
-            "updates all-gathered)")
+            f"updates all-gathered){scaled}")
