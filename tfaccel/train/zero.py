@@ -172,11 +172,13 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
         _check_strategy(strategy)
     _check_loss_scaling(model)
     _check_model(model, optimizer, accumulation_steps)
+    # mixed_float16: the LossScaleOptimizer saves its inner part as sharded; swapped first, so that the classes the
+    # backend and adapt_optimizer swap on for the fit (and give back after it) sit on top of it
+    save_through_inner(model.optimizer)
     if own is not None:
         done = own(model, checkpoint_dir=checkpoint_dir)
     else:
         done = _shard_over_replicas(strategy, optimizer, checkpoint_dir)
-    save_through_inner(model.optimizer)  # mixed_float16: the LossScaleOptimizer saves its inner part as sharded
     sparse = sparse_gradient_variables(model)
     leave_unsharded(optimizer, [v for v in model.trainable_variables if v.path in sparse])
     unsharded = (f"; left unsharded (Embedding tables, whose gradients are sparse: averaged as model.fit averages "
