@@ -24,18 +24,18 @@ STARTED_PIDS: List[int] = []
 LEAN_SITE = str(Path(__file__).resolve().parent / "lean_site")
 
 
+def _without_lean_site(pythonpath: Optional[str]) -> List[str]:
+    return [p for p in (pythonpath or "").split(os.pathsep) if p and p != LEAN_SITE]
+
+
 def lean_pythonpath(pythonpath: Optional[str]) -> str:
     """``pythonpath`` with LEAN_SITE first (once)."""
-    rest = [p for p in (pythonpath or "").split(os.pathsep) if p and p != LEAN_SITE]
-    return os.pathsep.join([LEAN_SITE] + rest)
+    return os.pathsep.join([LEAN_SITE] + _without_lean_site(pythonpath))
 
 
 def with_optional_imports(environ: Mapping[str, str]) -> Dict[str, str]:
     """A copy of ``environ`` whose PYTHONPATH lacks LEAN_SITE: for a process that needs matplotlib or pandas."""
-    env = dict(environ)
-    kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != LEAN_SITE]
-    env["PYTHONPATH"] = os.pathsep.join(kept)
-    return env
+    return {**environ, "PYTHONPATH": os.pathsep.join(_without_lean_site(environ.get("PYTHONPATH")))}
 
 # Quiet, small, 2-core-friendly children. Two inter-op threads, not more: an idle thread of TensorFlow's pools spins
 # before it sleeps, and with several processes on 2 cores the spinning is CPU the others lose (the keras-io corpus's

@@ -16,7 +16,7 @@ sharded optimizer writes: the whole state in a ``.keras`` file that plain Keras 
 backup. It reads the private ``_variables``; tests/training/test_zero_workers.py fails when it moves.
 """
 
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, List
 
 import keras
 
@@ -33,9 +33,6 @@ class _Shifted:
 
     def keys(self) -> List[str]:
         return [str(k) for k in range(self.count)]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.keys())
 
     def __getitem__(self, key: str) -> Any:
         return self.store[str(self.offset + int(key))]

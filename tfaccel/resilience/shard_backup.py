@@ -31,17 +31,14 @@ __all__ = ["SHARDS_FIELD", "writes_shards", "write_shard", "shards_record", "che
            "loading_context", "saving_context", "agree_written"]
 
 SHARDS_FIELD = "optimizer_shards"
-
-
-def _sharded(optimizer: Any) -> Any:
-    """The optimizer whose slots are sharded: under mixed_float16 the one the model's ``LossScaleOptimizer`` wraps
-    (its loss scale and step counter are the same on every worker, in the weights file)."""
-    return unwrap_loss_scale(optimizer)
+# Each function below takes the model's optimizer and reads the one whose slots are sharded: under mixed_float16
+# the one its LossScaleOptimizer wraps (the loss scale and step counter, the same on every worker, go to the
+# weights file).
 
 
 def writes_shards(optimizer: Any) -> bool:
     """Whether a backup of this optimizer is written by every worker (sharded over several processes)."""
-    layout = shard_layout(_sharded(optimizer))
+    layout = shard_layout(unwrap_loss_scale(optimizer))
     return layout is not None and layout["processes"] > 1
 
 
@@ -51,7 +48,7 @@ def _shard_name(global_step: int, index: int, count: int) -> str:
 
 def write_shard(backup_dir: str, optimizer: Any, global_step: int) -> str:
     """Writes this worker's slots as its shard of the backup at ``global_step`` (atomically); the file's name."""
-    optimizer = _sharded(optimizer)
+    optimizer = unwrap_loss_scale(optimizer)
     layout = shard_layout(optimizer)
     name = _shard_name(global_step, layout["index"], layout["processes"])
     path = os.path.join(backup_dir, name)
@@ -85,7 +82,7 @@ def agree_written(total: Callable[[float], float], *, written: bool, processes: 
 
 def shards_record(optimizer: Any, global_step: int) -> Optional[Dict[str, Any]]:
     """The pointer's ``optimizer_shards`` entry for a sharded optimizer (None for any other)."""
-    layout = shard_layout(_sharded(optimizer))
+    layout = shard_layout(unwrap_loss_scale(optimizer))
     if layout is None:
         return None
     count = layout["processes"]
@@ -119,19 +116,19 @@ def loading_context(model: Any, state: Any, *, backup_dir: str) -> Any:
     """
     if not _shard_paths(backup_dir, state):
         return contextlib.nullcontext()
-    if not is_sharded(_sharded(model.optimizer)):
+    if not is_sharded(unwrap_loss_scale(model.optimizer)):
         shards = state[SHARDS_FIELD]
         raise ConfigError(f"backup_dir {backup_dir}: {state['weights']} holds optimizer state sharded over "
                           f"{shards['processes']} workers (one shard file each); this job's optimizer "
                           f"{type(model.optimizer).__name__} is not sharded. Resume with shard_optimizer_state=True, "
                           "or give this job another backup_dir")
-    return slots_apart(_sharded(model.optimizer))
+    return slots_apart(unwrap_loss_scale(model.optimizer))
 
 
 def saving_context(model: Any) -> Any:
     """The context the chief writes a backup's weights file in when every worker writes its shard: the sharded
     slots left empty (the shard files carry them), no collective run."""
-    return slots_apart(_sharded(model.optimizer))
+    return slots_apart(unwrap_loss_scale(model.optimizer))
 
 
 def load_shards(model: Any, state: Any, *, backup_dir: str) -> None:
@@ -152,7 +149,8 @@ def load_shards(model: Any, state: Any, *, backup_dir: str) -> None:
                 raise ConfigError(f"backup_dir {backup_dir}: the optimizer shard {os.path.basename(path)} is "
                                   f"unreadable ({str(exc)[:200]}); remove the directory to start from scratch") from exc
             where.update({key: shard for key in shard.files})
-        problems = load_held_slots(_sharded(model.optimizer), lambda key: where[key][key] if key in where else None)
+        problems = load_held_slots(unwrap_loss_scale(model.optimizer),
+                                   lambda key: where[key][key] if key in where else None)
     if problems:
         raise ConfigError(f"backup_dir {backup_dir}: the optimizer shards of {state['weights']} do not fit this "
                               f"optimizer: {'; '.join(problems[:4])}. Resume with the model and optimizer that wrote "
