@@ -76,7 +76,9 @@ OPEN_DIFFERENCES: Dict[str, Dict[str, str]] = {
 # the longest of them, not their sum, is the file's wall time on 2 cores).
 PART_PROGRAM = ("import os, sys, pytest; "
                 "sys.exit(pytest.main(sys.argv[1:] + os.environ['TFACCEL_CONFORMANCE_TESTS'].splitlines()))")
-RUN_SECONDS = 900
+# A bound on a hang, not a speed target: the run takes 11-12 minutes of wall time in a full suite here (658 s and
+# 706 s, session 19, beside the corpus's four processes on 2 cores); CI's machine took over 900 s once.
+RUN_SECONDS = 1800
 
 
 def run_tools(tools: List[str], out_dir: Path, *, test_ids: Optional[List[str]] = None) -> Dict[str, dict]:
