@@ -23,6 +23,9 @@ OPTIMIZERS: Dict[str, Callable[[], keras.optimizers.Optimizer]] = {
     "sgd_nesterov_clipnorm": lambda: keras.optimizers.SGD(0.05, momentum=0.9, nesterov=True, clipnorm=0.5),
     "rmsprop_global_clipnorm": lambda: keras.optimizers.RMSprop(0.01, global_clipnorm=0.3),
     "lamb": lambda: keras.optimizers.Lamb(0.01),  # its trust ratio reads each whole variable's norm
+    # the moving average of the weights: updated every step, written to the weights every 3 steps and at the end
+    "adamw_ema": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.1, use_ema=True, ema_momentum=0.8,
+                                                ema_overwrite_frequency=3),
 }
 BATCH, EPOCHS = 32, 2
 

@@ -29,8 +29,9 @@ from tfaccel.strategies.horovod import distribute_in_place, make_backend
 from tfaccel.train.zero import shard_optimizer_state
 
 PROGRAM = Path(__file__).resolve().parent / "hvd_zero_program.py"
-CASES = ("adam_schedule", "adamw", "sgd_nesterov_clipnorm", "rmsprop_global_clipnorm", "lamb")
-SLOTS = {"adam_schedule": 2, "adamw": 2, "sgd_nesterov_clipnorm": 1, "rmsprop_global_clipnorm": 1, "lamb": 2}
+CASES = ("adam_schedule", "adamw", "sgd_nesterov_clipnorm", "rmsprop_global_clipnorm", "lamb", "adamw_ema")
+SLOTS = {"adam_schedule": 2, "adamw": 2, "sgd_nesterov_clipnorm": 1, "rmsprop_global_clipnorm": 1, "lamb": 2,
+         "adamw_ema": 3}  # adamw_ema: its moments and the moving average
 
 
 def _launch(size, out):
@@ -188,7 +189,8 @@ class _OwnStep(keras.Sequential):
     (lambda: (_model(), _backend(size=1)), {}, "under Horovod: there is one rank, so nothing to shard; launch"),
     (lambda: (_model(), _backend(compression="fp16")), {}, "compression='fp16' sends float16 gradients"),
     (lambda: (_model(), _backend()), {"checkpoint_dir": "/tmp/c"}, "checkpoint_dir='/tmp/c': rank 0 alone writes"),
-    (lambda: (_model(keras.optimizers.Adam(use_ema=True)), _backend()), {}, "use_ema=True"),
+    (lambda: (_model(keras.optimizers.Adam(use_ema=True)), _backend()),
+     {"callbacks": [keras.callbacks.SwapEMAWeights()]}, "callback SwapEMAWeights: it reads and writes"),
 ])
 def test_what_is_not_exact_under_horovod_is_refused(make, where, message):
     model, backend = make()

@@ -24,9 +24,10 @@ from tfaccel.memory.shards import largest_share, partition_by_bytes, shard_loads
 from tfaccel.train.zero import shard_optimizer_state
 
 PROGRAM = Path(__file__).resolve().parent / "zero_program.py"
-SHARDED = ("adam_schedule", "adamw", "sgd_nesterov_clipnorm", "rmsprop_global_clipnorm", "lamb", "adam_keras_loop")
+SHARDED = ("adam_schedule", "adamw", "sgd_nesterov_clipnorm", "rmsprop_global_clipnorm", "lamb", "adamw_ema",
+           "adam_keras_loop")
 SLOTS = {"adam_schedule": 2, "adamw": 2, "sgd_nesterov_clipnorm": 1, "rmsprop_global_clipnorm": 1, "lamb": 2,
-         "adam_keras_loop": 2}
+         "adamw_ema": 3, "adam_keras_loop": 2}  # adamw_ema: its moments and the moving average
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +183,9 @@ def test_the_keras_and_tf_internals_it_uses_are_there():
     from keras.src.backend.tensorflow.optimizer import TFOptimizer
     from tensorflow.python.distribute import numpy_dataset
 
-    for name in ("_backend_update_step", "_var_key", "_clip_gradients", "add_variable_from_reference", "update_step"):
+    for name in ("_backend_update_step", "_var_key", "_clip_gradients", "add_variable_from_reference", "update_step",
+                 "_backend_apply_gradients", "_update_model_variables_moving_average",  # use_ema's (keras_zero_ema)
+                 "_overwrite_model_variables_with_average_value"):
         assert callable(getattr(TFOptimizer, name)), name
     assert numpy_dataset.SingleDevice("/cpu:0").device == "/cpu:0"
     from tensorflow.python.distribute.collective_all_reduce_strategy import CollectiveAllReduceExtended
@@ -221,16 +224,19 @@ def _custom_step_class():
     (lambda k: _compiled(), 2, r"gradient accumulation \(2 micro-batches\) is not sharded yet; use "
                                r"gradient_accumulation_steps=1"),
     (lambda k: _compiled(k.optimizers.SGD(gradient_accumulation_steps=3)), 1, r"gradient accumulation \(3 micro"),
-    (lambda k: _compiled(k.optimizers.Adam(use_ema=True)), 1, r"Adam\(use_ema=True\): the moving averages"),
     (lambda k: _compiled(model_class=_custom_step_class()), 1, r"OwnStep has its own train_step"),
+    (lambda k: _compiled(k.optimizers.Adam(use_ema=True)), "swap",
+     r"callback SwapEMAWeights: it reads and writes the optimizer's moving averages on every replica"),
 ])
 def test_what_is_not_exact_is_refused(make, accumulation, message, clean_tf_config, cpu_replicas):
     import keras
 
+    callbacks = [keras.callbacks.SwapEMAWeights()] if accumulation == "swap" else []
+    steps = 1 if accumulation == "swap" else accumulation
     with pytest.raises(ConfigError, match="^shard_optimizer_state=True: .*" + message):
-        shard_optimizer_state(make(keras), True, accumulation_steps=accumulation)
+        shard_optimizer_state(make(keras), True, accumulation_steps=steps, callbacks=callbacks)
     with pytest.raises(ConfigError, match="shard_optimizer_state=False"):  # the fix names the way out
-        shard_optimizer_state(make(keras), True, accumulation_steps=accumulation)
+        shard_optimizer_state(make(keras), True, accumulation_steps=steps, callbacks=callbacks)
 
 
 def test_loss_scaling_is_sharded_by_a_backend_whose_processes_are_the_replicas(clean_tf_config, cpu_replicas):

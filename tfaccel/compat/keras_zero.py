@@ -43,6 +43,7 @@ from tensorflow.python.distribute import numpy_dataset
 
 from tfaccel.compat import keras_internals, keras_zero_collective
 from tfaccel.compat.keras_optimizer import backing_variables
+from tfaccel.compat.keras_zero_ema import ShardedMovingAverage
 
 __all__ = ["ShardOptimizerState", "sharded_class", "is_sharded", "sparse_gradient_variables", "leave_unsharded",
            "slot_bytes_per_device", "shard_layout", "held_slots", "load_held_slots", "slots_apart"]
@@ -54,8 +55,9 @@ def _num_bytes(variable: Any) -> int:
     return int(tf.TensorShape(variable.shape).num_elements() or 0) * tf.as_dtype(variable.dtype).size
 
 
-class ShardOptimizerState:
-    """Mixed in before the user's optimizer class (see the module doc). ``tfaccel_partition`` is set per class:
+class ShardOptimizerState(ShardedMovingAverage):
+    """Mixed in before the user's optimizer class (see the module doc; ``use_ema``'s averages:
+    :mod:`tfaccel.compat.keras_zero_ema`). ``tfaccel_partition`` is set per class:
     ``(sizes in bytes, replicas) -> owner index of each``."""
 
     tfaccel_partition: Callable[[Sequence[int], int], List[int]]
@@ -190,15 +192,30 @@ class ShardOptimizerState:
             reduced = super()._clip_gradients(reduced)  # type: ignore[misc]
         rates = distribution.experimental_local_results(learning_rate)
         for grad, var, owner in zip(reduced, tvars, owners):
-            copies = distribution.experimental_local_results(var)
             with tf.device(self._tfaccel_devices[owner]):
-                self.update_step(grad, copies[owner], rates[owner] if len(rates) > 1 else rates[0])
+                self.update_step(grad, distribution.experimental_local_results(var)[owner],
+                                 rates[owner] if len(rates) > 1 else rates[0])
+        self._tfaccel_share(distribution, tvars)
+        return scale
+
+    def _tfaccel_share(self, distribution: Any, tvars: Sequence[Any], label: Optional[str] = "all_gather") -> None:
+        """Every replica's copy of each (sharded) variable of ``tvars`` given its owner's value: copied on one host,
+        all-gathered between workers (``label``: the gather's name in ``keras_zero_collective.exchange_bytes``)."""
+        if self._tfaccel_workers > 1:
+            owner_of = dict(zip(self._tfaccel_owner, self._tfaccel_layout["owners"]))  # both in build's order
+            keras_zero_collective.share_owned(
+                keras_zero_collective.collectives_for(distribution),
+                variables=[distribution.experimental_local_results(v)[0] for v in tvars],
+                owners=[owner_of[self._var_key(v)] for v in tvars], me=self._tfaccel_layout["index"], label=label)
+            return
+        for var in tvars:
+            owner, copies = self._tfaccel_owner[self._var_key(var)], distribution.experimental_local_results(var)
+            with tf.device(self._tfaccel_devices[owner]):
                 value = copies[owner].read_value()
             for index, copy in enumerate(copies):
                 if index != owner:
                     with tf.device(self._tfaccel_devices[index]):
                         copy.assign(value)
-        return scale
 
     def _tfaccel_update_plain(self, distribution: Any, sums: List[Any], tvars: List[Any], learning_rate: Any,
                               scale: Optional[Any]) -> None:

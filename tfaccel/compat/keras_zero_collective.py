@@ -44,7 +44,7 @@ import tensorflow as tf
 from tensorflow.python.distribute import cross_device_utils, multi_worker_util
 
 __all__ = ["GROUP_KEY", "Bucket", "plan_buckets", "rank_order", "WorkerCollectives", "collectives_for",
-           "update_across_workers", "exchange_bytes", "check_rows", "squared_norm", "clip_by_global_norm"]
+           "update_across_workers", "share_owned", "exchange_bytes", "check_rows", "squared_norm", "clip_by_global_norm"]
 
 GROUP_KEY = 1 << 24  # far above the strategy's own group keys (1, 2, ...)
 
@@ -99,24 +99,27 @@ class WorkerCollectives:
             keys.get_group_key([self.device]), self.replicas, keys, self.device, self.options)
         self.traced: List[Tuple[str, int, int]] = []
 
-    def _run(self, name: str, op: Callable[..., Any], value: Any) -> Any:
+    def _run(self, name: Optional[str], op: Callable[..., Any], value: Any) -> Any:
+        """``op`` on ``value`` as the group's next collective; ``name``: its row in :func:`exchange_bytes` (None: a
+        collective outside the training step, not counted)."""
         with tf.device(self.device):
             out = op(input=value, group_size=self.replicas, group_key=GROUP_KEY,
                      instance_key=self._launcher._next_instance_key(),
                      ordering_token=[self._launcher._get_ordering_token()],
                      communication_hint=self.options.implementation.value.lower(),
                      timeout_seconds=self.options.timeout_seconds or 0.0)
-        self.traced.append((name, _nbytes(value), _nbytes(out)))
+        if name is not None:
+            self.traced.append((name, _nbytes(value), _nbytes(out)))
         return out
 
     def all_to_all(self, rows: Any) -> Any:
         """``rows[k]`` to rank k; row k of the result came from rank k."""
         return self._run("all_to_all", tf.raw_ops.CollectiveAllToAllV2, rows)
 
-    def all_gather(self, chunk: Any) -> Any:
-        """Every rank's ``chunk``, concatenated in rank order."""
+    def all_gather(self, chunk: Any, label: Optional[str] = "all_gather") -> Any:
+        """Every rank's ``chunk``, concatenated in rank order (``label``: its row in :func:`exchange_bytes`)."""
         size = self.replicas * int(chunk.shape[0])  # the op's own output shape is unknown
-        return self._run("all_gather", lambda **kw: tf.ensure_shape(tf.raw_ops.CollectiveGatherV2(**kw), [size]), chunk)
+        return self._run(label, lambda **kw: tf.ensure_shape(tf.raw_ops.CollectiveGatherV2(**kw), [size]), chunk)
 
     def all_reduce_sum(self, value: Any) -> Any:
         return self._run("all_reduce", lambda **kw: tf.raw_ops.CollectiveReduceV2(merge_op="Add", final_op="Id", **kw),
@@ -140,7 +143,8 @@ def collectives_for(strategy: Any) -> WorkerCollectives:
 
 def exchange_bytes(strategy: Any) -> Dict[str, Dict[str, int]]:
     """``{op: {"calls", "bytes_in", "bytes_out"}}`` of the collectives of one sharded step (the last traced), counted
-    from the tensors given to them; empty before any."""
+    from the tensors given to them; empty before any. ``all_gather_ema``: the gather of ``use_ema``'s overwrite,
+    which runs on every ``ema_overwrite_frequency``-th step only."""
     totals: Dict[str, Dict[str, int]] = {}
     collectives = _COLLECTIVES.get(id(strategy))
     for name, given, got in collectives.traced if collectives else ():
@@ -183,12 +187,13 @@ def _reduce_scatter(col: WorkerCollectives, bucket: Bucket, grads: Sequence[Any]
     return {i: tf.reshape(p, shapes[i]) for i, p in zip(mine, parts)}
 
 
-def _gather_values(col: WorkerCollectives, bucket: Bucket, variables: Sequence[Any], me: int) -> None:
+def _gather_values(col: WorkerCollectives, bucket: Bucket, variables: Sequence[Any], me: int,
+                   label: Optional[str]) -> None:
     """Assigns the other replicas' variables of the bucket from their owners' updated values."""
     mine = bucket.members[me]
     local = _flat([variables[i].read_value() for i in mine], [bucket.sizes[i] for i in mine], bucket.chunk,
                   bucket.dtype)
-    rows = tf.reshape(col.all_gather(local), [col.replicas, bucket.chunk])
+    rows = tf.reshape(col.all_gather(local, label), [col.replicas, bucket.chunk])
     for rank, replica in enumerate(col.ranks):
         offset = 0
         for i in bucket.members[replica]:
@@ -256,6 +261,14 @@ def update_across_workers(col: WorkerCollectives, *, grads: Sequence[Any], varia
         owned = clip(owned)
     for i, grad in zip(mine, owned):
         update(grad, variables[i], rate)
-    for bucket in buckets:
-        _gather_values(col, bucket, variables, me)
+    share_owned(col, variables=variables, owners=owners, me=me)
     return scale
+
+
+def share_owned(col: WorkerCollectives, *, variables: Sequence[Any], owners: Sequence[int], me: int,
+                label: Optional[str] = "all_gather") -> None:
+    """The module doc's step 5: the owners' values of ``variables`` (this worker's copies; ``owners``: the owner
+    replica of each) all-gathered, one buffer per dtype, and every other worker's copy assigned from them.
+    ``label``: the gathers' row in :func:`exchange_bytes` (None: not counted, outside a training step)."""
+    for bucket in plan_buckets([v.shape for v in variables], [v.dtype for v in variables], owners, col.replicas):
+        _gather_values(col, bucket, variables, me, label)

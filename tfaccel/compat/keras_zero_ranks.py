@@ -24,7 +24,7 @@ tests/horovod/test_horovod_zero.py fails when one of them moves.
 """
 
 import contextlib
-from typing import Any, Callable, List, Protocol, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -74,15 +74,16 @@ class _RankShardState(ShardOptimizerState):
     def _tfaccel_update(self, distribution: Any, grads: List[Any], tvars: List[Any], learning_rate: Any) -> None:
         coll = self.tfaccel_collectives
         grads = super(ShardOptimizerState, self)._clip_gradients(coll.average(list(grads)))  # Keras' own clipping
-        shared = []
         for grad, var in zip(grads, tvars):
             owner = self._tfaccel_rank_owner.get(self._var_key(var))
             if owner is None or owner == coll.rank:  # None: left unsharded, every rank updates its full copy
                 self.update_step(grad, var, learning_rate)
-            if owner is not None:
-                shared.append((var, owner))
+        self._tfaccel_share(distribution, [v for v in tvars if self._var_key(v) in self._tfaccel_rank_owner])
+
+    def _tfaccel_share(self, distribution: Any, tvars: Sequence[Any], label: Optional[str] = "all_gather") -> None:
+        shared = [(v, self._tfaccel_rank_owner[self._var_key(v)]) for v in tvars]
         for dtype in sorted({v.dtype for v, _ in shared}, key=lambda d: d.name):  # one buffer per dtype
-            _share(coll, [(v, o) for v, o in shared if v.dtype == dtype], dtype)
+            _share(self.tfaccel_collectives, [(v, o) for v, o in shared if v.dtype == dtype], dtype)
 
 
 def _share(coll: RankCollectives, chosen: Sequence[Tuple[Any, int]], dtype: Any) -> None:

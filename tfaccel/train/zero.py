@@ -14,7 +14,8 @@ What would not train exactly as ``model.fit`` is refused before training, with t
 device, multi_worker with several devices per worker, parameter_server, TPU), any dtype policy but float32,
 mixed_bfloat16 and mixed_float16 (whose variables, gradients and slots are float32; under mixed_float16 the
 ``LossScaleOptimizer``'s inner optimizer is sharded), gradient accumulation, a
-model's own ``train_step``, an optimizer's moving average (``use_ema``), an optimizer built unsharded. Under
+model's own ``train_step``, Keras' ``SwapEMAWeights`` callback, an optimizer built unsharded. An optimizer's moving
+average of the weights (``use_ema``) is sharded with its slots (``tfaccel.compat.keras_zero_ema``). Under
 mirrored, multi_worker and Horovod the tables of Embedding layers (sparse ``IndexedSlices``
 gradients) stay unsharded: their gradients averaged as ``model.fit`` averages them (the replicas' slices
 concatenated) and applied on every replica, with replicated slots (exact by construction); the plan names them.
@@ -88,6 +89,15 @@ def _check_loss_scaling(model: Any) -> None:
                       f"use precision='mixed_bfloat16' (no loss scaling) or 'float32', or {_FIX}")
 
 
+def _check_callbacks(callbacks: Sequence[Any]) -> None:
+    swaps = [type(c).__name__ for c in callbacks if isinstance(c, keras.callbacks.SwapEMAWeights)]
+    if swaps:
+        raise _refuse(f"callback {swaps[0]}: it reads and writes the optimizer's moving averages on every replica, "
+                      "and with sharded state each average is held by its variable's owner alone",
+                      "drop the callback (the moving averages are written to the weights at the end of fit, as "
+                      f"Keras does with use_ema=True), or {_FIX}")
+
+
 def _check_model(model: Any, optimizer: Any, accumulation_steps: int) -> None:
     if model.dtype_policy.name not in SHARDED_POLICIES:
         raise _refuse(f"the model trains under the {model.dtype_policy.name!r} dtype policy; sharding is tested for "
@@ -95,8 +105,6 @@ def _check_model(model: Any, optimizer: Any, accumulation_steps: int) -> None:
     if accumulation_steps > 1 or optimizer.gradient_accumulation_steps:
         raise _refuse(f"gradient accumulation ({max(accumulation_steps, optimizer.gradient_accumulation_steps or 1)} "
                       "micro-batches) is not sharded yet", f"use gradient_accumulation_steps=1, or {_FIX}")
-    if optimizer.use_ema:
-        raise _refuse(f"optimizer {type(optimizer).__name__}(use_ema=True): the moving averages are not sharded yet")
     if type(model).train_step is not keras.Model.train_step:
         raise _refuse(f"{type(model).__name__} has its own train_step; tfaccel shards Keras' own train_step only")
     if optimizer.built and not is_sharded(optimizer):
@@ -133,7 +141,8 @@ def _auto(model: Any, *, batch_size: Optional[int], device_memory_bytes: Optiona
 def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, batch_size: Optional[int] = None,
                           device_memory_bytes: Optional[int] = None,
                           checkpoint_dir: Optional[str] = None, backend: Any = None,
-                          input_shape: Optional[Sequence[int]] = None) -> Optional[str]:
+                          input_shape: Optional[Sequence[int]] = None, callbacks: Sequence[Any] = ()
+                          ) -> Optional[str]:
     """Swaps the class of the model's optimizer for its sharded subclass (in place) when ``setting`` is True, or
     ``"auto"`` and the replica does not fit its device.
 
@@ -151,6 +160,7 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
         backend: the job's backend; one with its own ``shard_optimizer`` (Horovod) shards the optimizer itself.
         input_shape: one example's shape in the job's data, for ``"auto"``'s memory estimate (it fills the model's
             open axes, e.g. a KerasHub model's sequence length); None where unknown.
+        callbacks: the job's callbacks (Keras' ``SwapEMAWeights`` is refused with sharding).
 
     Returns:
         What was decided and why (for the plan), or None for ``setting=False``.
@@ -172,6 +182,7 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
         _check_strategy(strategy)
     _check_loss_scaling(model)
     _check_model(model, optimizer, accumulation_steps)
+    _check_callbacks(callbacks)
     # mixed_float16: the LossScaleOptimizer saves its inner part as sharded; swapped first, so that the classes the
     # backend and adapt_optimizer swap on for the fit (and give back after it) sit on top of it
     save_through_inner(model.optimizer)
