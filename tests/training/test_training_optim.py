@@ -133,6 +133,37 @@ def test_keras_own_accumulation_fails_under_mirrored(cpu_replicas):
                keras_optimizer=lambda: keras.optimizers.SGD(0.1, gradient_accumulation_steps=2))
 
 
+@pytest.mark.parametrize("clipnorm", [None, 0.5])  # 0.5: with tfaccel's clipping class swapped on too
+def test_use_ema_overwrite_under_mirrored_trains_as_one_device(clipnorm, cpu_replicas, monkeypatch):
+    """use_ema with ema_overwrite_frequency: Keras 3.15 writes the averages to the weights inside a tf.cond in the
+    replica context, and under a MirroredStrategy the first step fails (plain Keras as well); with
+    tfaccel.compat.keras_ema_overwrite 2 replicas end with one device's weights and the plan says why."""
+    import keras
+    import tensorflow as tf
+
+    from tfaccel.compat import keras_ema_overwrite
+
+    def optimizer():
+        return keras.optimizers.AdamW(0.05, use_ema=True, ema_momentum=0.5, ema_overwrite_frequency=3,
+                                      clipnorm=clipnorm)
+
+    reference, iterations = _train(tf.distribute.get_strategy(), batch=8, adapt=False, keras_optimizer=optimizer)
+    got, got_iterations = _train(_mirrored(), batch=8, keras_optimizer=optimizer)
+    np.testing.assert_allclose(got, reference, rtol=1e-5, atol=1e-6)
+    assert got_iterations == iterations == 8
+    model = _model(_mirrored(), optimizer)
+    note = adapt_optimizer(model, replicas=2, accumulation_steps=1)
+    assert "use_ema's averages written to the weights every 3 steps outside Keras' tf.cond" in note
+    assert keras_ema_overwrite.is_applied(model.optimizer)
+    restore_optimizer_class(model)
+    assert type(model.optimizer) is keras.optimizers.AdamW  # given back whole
+    with pytest.raises(RuntimeError, match="merge_call` called while defining a new graph"):
+        _train(_mirrored(), batch=8, adapt=False, keras_optimizer=optimizer)  # plain Keras: upstream's failure
+    monkeypatch.setenv("TFACCEL_DISABLE_COMPAT", keras_ema_overwrite.NAME)
+    with pytest.raises(RuntimeError, match="merge_call` called while defining a new graph"):
+        _train(_mirrored(), batch=8, keras_optimizer=optimizer)  # the fix off: tfaccel fails as Keras does
+
+
 def test_clipping_applies_to_aggregated_gradients(cpu_replicas):
     import tensorflow as tf
 

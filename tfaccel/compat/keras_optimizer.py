@@ -22,16 +22,38 @@ It reads the optimizer's private ``_trainable_variables``, ``_get_variable_index
 tests/training/test_training_optim.py fails when one of them moves.
 """
 
-from typing import Any, Dict, List
+import contextlib
+import threading
+from typing import Any, Dict, Iterator, List
 
 import keras
 import tensorflow as tf
 
 from tfaccel.compat import keras_internals
 
-__all__ = ["adapted_class", "backing_variables"]
+__all__ = ["adapted_class", "backing_variables", "applying", "in_apply"]
 
 _ADAPTED: Dict[type, type] = {}
+
+
+_APPLYING = threading.local()  # ids of the optimizers this thread is applying
+
+
+@contextlib.contextmanager
+def applying(optimizer: Any) -> Iterator[None]:
+    """Within: this thread runs ``optimizer``'s ``apply`` (per thread: a MirroredStrategy traces each replica in a
+    thread of its own, and they interleave at every merge call)."""
+    ids = _APPLYING.__dict__.setdefault("ids", set())
+    ids.add(id(optimizer))
+    try:
+        yield
+    finally:
+        ids.discard(id(optimizer))
+
+
+def in_apply(optimizer: Any) -> bool:
+    """Whether this thread is inside :func:`applying` for ``optimizer``."""
+    return id(optimizer) in getattr(_APPLYING, "ids", ())
 
 
 def backing_variables(variables: Any) -> List[Any]:

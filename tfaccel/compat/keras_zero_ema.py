@@ -26,7 +26,7 @@ import keras
 import tensorflow as tf
 
 from tfaccel.compat import keras_internals
-from tfaccel.compat.keras_optimizer import backing_variables
+from tfaccel.compat.keras_optimizer import applying, backing_variables, in_apply
 
 __all__ = ["ShardedMovingAverage"]
 
@@ -37,11 +37,8 @@ class ShardedMovingAverage:
     ``_tfaccel_devices`` and ``_tfaccel_share`` (the owners' new values to every replica)."""
 
     def _backend_apply_gradients(self, grads: Any, trainable_variables: Any) -> None:
-        self._tfaccel_applying = True  # Keras' overwrite in apply: done by the merge call of the moving average
-        try:
+        with applying(self):  # Keras' overwrite in apply: done by the merge call of the moving average
             super()._backend_apply_gradients(grads, trainable_variables)  # type: ignore[misc]
-        finally:
-            self._tfaccel_applying = False
 
     def _update_model_variables_moving_average(self, trainable_variables: Any) -> None:
         if self.use_ema:
@@ -49,7 +46,7 @@ class ShardedMovingAverage:
                                              backing_variables(trainable_variables))
 
     def _overwrite_model_variables_with_average_value(self, trainable_variables: Any) -> None:
-        if getattr(self, "_tfaccel_applying", False):
+        if in_apply(self):
             return
         if len(trainable_variables) != len(self._model_variables_moving_average):
             super()._overwrite_model_variables_with_average_value(trainable_variables)  # type: ignore[misc]

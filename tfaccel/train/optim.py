@@ -23,7 +23,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import keras
 
-from tfaccel.compat import keras_internals, keras_loss_scale
+from tfaccel.compat import keras_ema_overwrite, keras_internals, keras_loss_scale
 from tfaccel.compat.keras_optimizer import adapted_class
 from tfaccel.compat.keras_zero import is_sharded
 from tfaccel.errors import ConfigError, invalid_choice
@@ -138,13 +138,19 @@ def adapt_optimizer(model: Any, *, replicas: int, accumulation_steps: int) -> Op
             f"optimizer {type(inner).__name__}(gradient_accumulation_steps={inner.gradient_accumulation_steps}): "
             "Keras' own accumulation fails under MirroredStrategy ('merge_call called while defining a new graph'). "
             "Compile without it and pass gradient_accumulation_steps= to tfaccel.fit")
-    scaling = ""
-    if model.distribute_strategy.num_replicas_in_sync > 1 and keras_loss_scale.apply(opt):
-        scaling = ("loss scaling skips a step when any replica's gradients overflow (Keras 3.15 asks the first "
-                   f"replica only, before the all-reduce: {keras_loss_scale.UPSTREAM_ISSUES[0]})")
+    in_sync = model.distribute_strategy.num_replicas_in_sync
+    parts = []
+    if in_sync > 1 and keras_loss_scale.apply(opt):
+        parts.append("loss scaling skips a step when any replica's gradients overflow (Keras 3.15 asks the first "
+                     f"replica only, before the all-reduce: {keras_loss_scale.UPSTREAM_ISSUES[0]})")
+    # sharded state and tfaccel's accumulation write use_ema's averages outside Keras' cond themselves
+    if not is_sharded(inner) and accumulation_steps <= 1 and keras_ema_overwrite.apply(inner, in_sync):
+        parts.append(f"use_ema's averages written to the weights every {inner.ema_overwrite_frequency} steps outside "
+                     "Keras' tf.cond, which fails under several replicas (the pattern of "
+                     f"{keras_ema_overwrite.UPSTREAM_ISSUES[0]})")
     clips = any(getattr(inner, k, None) is not None for k in ("clipnorm", "clipvalue", "global_clipnorm"))
     if is_sharded(inner) or not ((clips and replicas > 1) or accumulation_steps > 1):  # sharded: clips when reduced
-        return f"optimizer {type(inner).__name__}: {scaling}" if scaling else None
+        return f"optimizer {type(inner).__name__}: " + "; ".join(parts) if parts else None
     if accumulation_steps > 1 and inner.built:
         raise ConfigError("gradient_accumulation_steps needs an optimizer that is not built yet; compile a fresh "
                           "optimizer (tfaccel.fit builds it)")
@@ -153,7 +159,6 @@ def adapt_optimizer(model: Any, *, replicas: int, accumulation_steps: int) -> Op
         setattr(inner, _ORIGINAL_CLASS, original)
         inner.__class__ = adapted_class(original)
     inner.tfaccel_accumulation_steps = int(accumulation_steps)
-    parts = [scaling] if scaling else []
     if clips and replicas > 1:
         parts.append("gradients clipped after the all-reduce (Keras 3.15 clips each replica's partial gradient)")
     if accumulation_steps > 1:
@@ -170,6 +175,7 @@ def restore_optimizer_class(model: Any) -> None:
     if original is not None:  # accumulators, if any, stay among its variables, unused by its own apply()
         inner.__class__ = original
         delattr(inner, _ORIGINAL_CLASS)
+    keras_ema_overwrite.remove(inner)  # swapped on first: given back last
 
 
 def scale_learning_rate(model: Any, rule: Optional[str], *, global_batch: Optional[int], base_batch: Optional[int],
