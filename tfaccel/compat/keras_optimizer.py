@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from tfaccel.compat import keras_internals
 
-__all__ = ["adapted_class", "backing_variables", "applying", "in_apply"]
+__all__ = ["MicroStepSchedule", "adapted_class", "backing_variables", "applying", "in_apply"]
 
 _ADAPTED: Dict[type, type] = {}
 
@@ -62,7 +62,29 @@ def backing_variables(variables: Any) -> List[Any]:
     return [v.value if hasattr(v, "value") and not isinstance(v, tf.Variable) else v for v in variables]
 
 
-class _ClipAfterReduceAccumulate:
+class MicroStepSchedule:
+    """What tfaccel's accumulations (here, and with sharded state in ``keras_zero_accumulate``) share: the
+    learning-rate schedule read at the micro-batches so far (``_tfaccel_micro_step``, made by the accumulation), and
+    Keras' weight decay of one variable."""
+
+    def _get_current_learning_rate(self) -> Any:
+        """A schedule at the micro-batches so far, as Keras' own accumulation reads it (see the module doc)."""
+        schedule = self._learning_rate  # type: ignore[attr-defined]
+        micro_step = getattr(self, "_tfaccel_micro_step", None)  # None before build: 0 micro-batches, as _iterations
+        if micro_step is not None and isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+            return schedule(micro_step)
+        return super()._get_current_learning_rate()  # type: ignore[misc]
+
+    def _tfaccel_decay(self, variable: Any, learning_rate: Any) -> None:
+        """The optimizer's ``weight_decay`` on one variable before its update, as Keras' ``apply`` decays every
+        variable it does not exclude (``_apply_weight_decay``: ``variable -= variable * weight_decay * rate``)."""
+        if self.weight_decay is None or not self._use_weight_decay(variable):  # type: ignore[attr-defined]
+            return
+        decay = tf.cast(self.weight_decay, variable.dtype)  # type: ignore[attr-defined]
+        variable.assign_sub(variable * decay * tf.cast(learning_rate, variable.dtype))
+
+
+class _ClipAfterReduceAccumulate(MicroStepSchedule):
     """Mixed in before the user's optimizer class (see the module doc); ``tfaccel_accumulation_steps`` is set on
     the instance by ``adapt_optimizer``."""
 
@@ -75,14 +97,6 @@ class _ClipAfterReduceAccumulate:
                                           for v in variables]
             self._tfaccel_micro_step = self.add_variable((), initializer="zeros", dtype="int64",
                                                          name="tfaccel_micro_step")
-
-    def _get_current_learning_rate(self) -> Any:
-        """A schedule at the micro-batches so far, as Keras' own accumulation reads it (see the module doc)."""
-        schedule = self._learning_rate  # type: ignore[attr-defined]
-        micro_step = getattr(self, "_tfaccel_micro_step", None)  # None before build: 0 micro-batches, as _iterations
-        if micro_step is not None and isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
-            return schedule(micro_step)
-        return super()._get_current_learning_rate()  # type: ignore[misc]
 
     # Clipping is deferred until the gradients have been all-reduced (see module docstring).
     def _clip_gradients(self, grads: Any) -> Any:
@@ -176,14 +190,6 @@ class _ClipAfterReduceAccumulate:
                 distribution.extended.update(var, lambda v, a: v.assign(tf.where(overwrite, a, v)), args=(average,))
 
         keras_internals.maybe_merge_call(write, self._distribution_strategy, pairs)  # type: ignore[attr-defined]
-
-    def _tfaccel_decay(self, variable: Any, learning_rate: Any) -> None:
-        """The optimizer's ``weight_decay`` on one variable before its update, as Keras' ``apply`` decays every
-        variable it does not exclude (``_apply_weight_decay``: ``variable -= variable * weight_decay * rate``)."""
-        if self.weight_decay is None or not self._use_weight_decay(variable):  # type: ignore[attr-defined]
-            return
-        decay = tf.cast(self.weight_decay, variable.dtype)  # type: ignore[attr-defined]
-        variable.assign_sub(variable * decay * tf.cast(learning_rate, variable.dtype))
 
 
 def adapted_class(base: type) -> type:
