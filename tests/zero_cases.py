@@ -26,8 +26,39 @@ OPTIMIZERS: Dict[str, Callable[[], keras.optimizers.Optimizer]] = {
     # the moving average of the weights: updated every step, written to the weights every 3 steps and at the end
     "adamw_ema": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.1, use_ema=True, ema_momentum=0.8,
                                                 ema_overwrite_frequency=3),
+    # tfaccel.fit(gradient_accumulation_steps=ACCUMULATE) (FIT_OPTIONS), against Keras' own accumulation (REFERENCES)
+    "adamw_accumulate": lambda: _accumulating_adamw(None),
 }
 BATCH, EPOCHS = 32, 2
+ACCUMULATE = 2  # micro-batches per update in the accumulation case
+# a case's tfaccel.fit options, and the optimizer of its plain reference fit (default: the case's own)
+FIT_OPTIONS: Dict[str, Dict[str, Any]] = {"adamw_accumulate": {"gradient_accumulation_steps": ACCUMULATE}}
+REFERENCES: Dict[str, Callable[[], keras.optimizers.Optimizer]] = {
+    "adamw_accumulate": lambda: _accumulating_adamw(ACCUMULATE)}
+
+
+def _accumulating_adamw(keras_steps: Optional[int]) -> keras.optimizers.Optimizer:
+    """AdamW with a schedule (read at the micro-batches so far), weight decay and clipnorm (of the mean gradient)."""
+    return keras.optimizers.AdamW(keras.optimizers.schedules.ExponentialDecay(0.01, decay_steps=3, decay_rate=0.9),
+                                  weight_decay=0.1, clipnorm=0.5, gradient_accumulation_steps=keras_steps)
+
+
+def updates(case: str) -> int:
+    """The optimizer's updates in a case's job (``EPOCHS`` x 8 batches of the 256 examples)."""
+    return EPOCHS * 8 // FIT_OPTIONS.get(case, {}).get("gradient_accumulation_steps", 1)
+
+
+def accumulated_words(case: str) -> str:
+    """The plan's words for a case's accumulation ("" without one)."""
+    steps = FIT_OPTIONS.get(case, {}).get("gradient_accumulation_steps")
+    return (f"; gradients accumulated over {steps} micro-batches on each replica and exchanged once per update"
+            if steps else "")
+
+
+def replicated_bytes(case: str, variable_bytes: Sequence[int]) -> int:
+    """What every replica holds besides its share of the slots: with accumulation, one accumulator per variable
+    and the micro-batch counter."""
+    return sum(variable_bytes) + 8 if case in FIT_OPTIONS else 0
 
 
 def data():

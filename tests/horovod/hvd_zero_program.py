@@ -98,12 +98,12 @@ def main() -> None:
     x, y = zc.data()
     out = {"pid": os.getpid()}
     for name, optimizer in zc.OPTIMIZERS.items():
-        plain = zc.model(optimizer, metrics=["mae"])
+        plain = zc.model(zc.REFERENCES.get(name, optimizer), metrics=["mae"])
         initial = plain.get_weights()
         case = zc.plain_fit(plain, x, y) if rank == 0 else {}
         model = zc.model(optimizer, initial, scope=tfaccel.scope(strategy="horovod"), metrics=["mae"])
         result = tfaccel.fit(model, x, y, batch_size=zc.BATCH, epochs=zc.EPOCHS, shuffle=False, verbose=0,
-                             shard_optimizer_state=True)
+                             shard_optimizer_state=True, **zc.FIT_OPTIONS.get(name, {}))
         case.update(history=result.history, weights=[w.tolist() for w in model.get_weights()],
                     held=_held_bytes(model.optimizer), details_bytes=result.details.get("optimizer_state_bytes"),
                     note=result.details.get("optimizer_state"), plan_notes=list(result.plan.notes),

@@ -29,9 +29,10 @@ from tfaccel.strategies.horovod import distribute_in_place, make_backend
 from tfaccel.train.zero import shard_optimizer_state
 
 PROGRAM = Path(__file__).resolve().parent / "hvd_zero_program.py"
-CASES = ("adam_schedule", "adamw", "sgd_nesterov_clipnorm", "rmsprop_global_clipnorm", "lamb", "adamw_ema")
+CASES = ("adam_schedule", "adamw", "sgd_nesterov_clipnorm", "rmsprop_global_clipnorm", "lamb", "adamw_ema",
+         "adamw_accumulate")
 SLOTS = {"adam_schedule": 2, "adamw": 2, "sgd_nesterov_clipnorm": 1, "rmsprop_global_clipnorm": 1, "lamb": 2,
-         "adamw_ema": 3}  # adamw_ema: its moments and the moving average
+         "adamw_ema": 3, "adamw_accumulate": 2}  # adamw_ema: its moments and the moving average
 
 
 def _launch(size, out):
@@ -70,7 +71,8 @@ def test_sharded_ranks_train_what_plain_fit_trains(runs, size):
         assert zc.variable_blind(run["note"]) == (
             f"optimizer {run['note'].split()[1]} state sharded over {size} Horovod ranks (ZeRO-1: each variable's "
             "slots on one rank, gradients averaged by one grouped all-reduce, the owners' updates all-gathered)"
-            f"{zc.uneven_words(run['slot_sizes'], size)}; asked for (shard_optimizer_state=True)"), run["note"]
+            f"{zc.accumulated_words(case)}{zc.uneven_words(run['slot_sizes'], size)}; asked for "
+            "(shard_optimizer_state=True)"), run["note"]
         assert run["note"] in run["plan_notes"] and run["strategy"] == "horovod"
         assert run["history"].keys() == run["plain_history"].keys()
         for key, values in run["plain_history"].items():
@@ -81,7 +83,7 @@ def test_sharded_ranks_train_what_plain_fit_trains(runs, size):
             assert other["history"] == run["history"]
             for a, b in zip(other["weights"], run["weights"]):
                 np.testing.assert_array_equal(a, b)
-        assert [r["iterations"] for r in ranks] == [16] * size
+        assert [r["iterations"] for r in ranks] == [zc.updates(case)] * size
 
 
 @pytest.mark.horovod
@@ -91,8 +93,8 @@ def test_each_rank_holds_its_share_of_the_slots(runs, size):
     for case in CASES:
         ranks = [info[case] for info in runs[size]]
         slot_bytes = [n * SLOTS[case] for n in ranks[0]["slot_sizes"]]
-        held = [r["held"] for r in ranks]
-        assert [list(r["details_bytes"].values()) for r in ranks] == [[h] for h in held]  # FitResult says it
+        assert [list(r["details_bytes"].values()) for r in ranks] == [[r["held"]] for r in ranks]  # FitResult says it
+        held = [r["held"] - zc.replicated_bytes(case, ranks[0]["slot_sizes"]) for r in ranks]
         scalars = 2 * 8  # the iteration counter and the rate, on every rank
         for per_rank in held:  # 1/N of the whole, within one variable's slots (greedy by bytes)
             assert abs(per_rank - sum(slot_bytes) / size) <= max(slot_bytes) + scalars, (case, held)
@@ -218,9 +220,9 @@ def test_an_embedding_table_is_left_unsharded_beside_sharded_dense_layers():
     assert all(any(v is u for u in unsharded_variables(model.optimizer)) for v in table_slots)
 
 
-def test_accumulation_custom_train_step_and_built_optimizers_are_refused_under_horovod():
-    with pytest.raises(ConfigError, match="gradient accumulation \\(2 micro-batches\\)"):
-        shard_optimizer_state(_model(), True, accumulation_steps=2, backend=_backend())
+def test_accumulation_with_backups_custom_train_step_and_built_optimizers_are_refused_under_horovod():
+    with pytest.raises(ConfigError, match="backup_dir='/tmp/b' with gradient accumulation \\(2 micro-batches\\)"):
+        shard_optimizer_state(_model(), True, accumulation_steps=2, backend=_backend(), backup_dir="/tmp/b")
     keras.utils.set_random_seed(1)
     own = _OwnStep([keras.Input((8,)), keras.layers.Dense(3)])
     own.compile("adam", "mse")

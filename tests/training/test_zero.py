@@ -25,9 +25,9 @@ from tfaccel.train.zero import shard_optimizer_state
 
 PROGRAM = Path(__file__).resolve().parent / "zero_program.py"
 SHARDED = ("adam_schedule", "adamw", "sgd_nesterov_clipnorm", "rmsprop_global_clipnorm", "lamb", "adamw_ema",
-           "adam_keras_loop")
+           "adamw_accumulate", "adam_keras_loop")
 SLOTS = {"adam_schedule": 2, "adamw": 2, "sgd_nesterov_clipnorm": 1, "rmsprop_global_clipnorm": 1, "lamb": 2,
-         "adamw_ema": 3, "adam_keras_loop": 2}  # adamw_ema: its moments and the moving average
+         "adamw_ema": 3, "adamw_accumulate": 2, "adam_keras_loop": 2}  # adamw_ema: its moments and the average
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,8 @@ def test_sharded_training_equals_plain_fit(runs, replicas, case):
     assert bool(uneven) == (replicas == 4)  # 4 replicas: one kernel is 59% of this model, so one owner holds 2.36x
     assert zc.variable_blind(run["note"]).endswith(
         f"state sharded over {replicas} replicas (ZeRO-1: each variable's slots on one owner, gradients reduced to "
-        f"it, its update copied to every replica){uneven}; asked for (shard_optimizer_state=True)")
+        f"it, its update copied to every replica){zc.accumulated_words(case)}{uneven}; asked for "
+        "(shard_optimizer_state=True)")
     assert run["note"] in run["plan_notes"]  # the plan says it, and why
     assert run["history"].keys() == plain["plain_history"].keys()
     for key, values in plain["plain_history"].items():
@@ -69,7 +70,7 @@ def test_sharded_training_equals_plain_fit(runs, replicas, case):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     for copies in run["copies"]:  # every replica's copy of every variable is the same
         assert all(np.array_equal(copies[0], c) for c in copies[1:])
-    assert run["iterations"] == plain["plain_iterations"] == 16
+    assert run["iterations"] == plain["plain_iterations"] == zc.updates(case)
     assert run["loop"] == ("keras_fit" if case == "adam_keras_loop" else "multi_step")  # both loops shard
 
 
@@ -78,13 +79,25 @@ def test_sharded_training_equals_plain_fit(runs, replicas, case):
 def test_each_device_holds_its_share_of_the_slots(runs, replicas, case):
     run = runs[replicas][case]
     slot_bytes = [size * SLOTS[case] for size in run["slot_sizes"]]
-    held = sorted(run["held"].values())
-    assert len(held) == replicas and run["details_bytes"] == run["held"]
+    assert len(run["held"]) == replicas and run["details_bytes"] == run["held"]
+    held = sorted(v - zc.replicated_bytes(case, run["slot_sizes"]) for v in run["held"].values())
     scalars = 8 * 4  # the iteration counter and the rate, mirrored: a few bytes on every device
     ideal = sum(slot_bytes) / replicas
     for per_device in held:  # 1/N of the whole, within one variable's slots (greedy by bytes)
         assert abs(per_device - ideal) <= max(slot_bytes) + scalars, (held, ideal)
     assert sum(held) <= sum(slot_bytes) + replicas * scalars  # no slot held twice
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_an_accumulating_jobs_keras_file_holds_what_plain_keras_holds(runs, replicas):
+    """The accumulators (one per variable) and the micro-batch counter are the job's, not the optimizer's state: the
+    .keras file of the sharded accumulating job loads in plain Keras with every optimizer variable, whole and equal."""
+    run = runs[replicas]["adamw_accumulate"]
+    variables = len(run["slot_sizes"])
+    # the iteration counter and AdamW's two moments per variable (the rate is a schedule); trained: + the
+    # accumulators and the micro-batch counter
+    assert run["keras_file"] == {"class": "AdamW", "count": 1 + 2 * variables, "trained_count": 2 + 3 * variables,
+                                 "equal": True}
 
 
 @pytest.mark.parametrize("replicas", [2, 4])
@@ -221,9 +234,14 @@ def _custom_step_class():
 @pytest.mark.parametrize("make,accumulation,message", [
     (lambda k: _compiled(policy="bfloat16"), 1,
      r"'bfloat16' dtype policy; sharding is tested for float32, mixed_bfloat16, mixed_float16 only"),
-    (lambda k: _compiled(), 2, r"gradient accumulation \(2 micro-batches\) is not sharded yet; use "
-                               r"gradient_accumulation_steps=1"),
-    (lambda k: _compiled(k.optimizers.SGD(gradient_accumulation_steps=3)), 1, r"gradient accumulation \(3 micro"),
+    (lambda k: _compiled(k.optimizers.SGD(gradient_accumulation_steps=3)), 1,
+     r"SGD\(gradient_accumulation_steps=3\): Keras' own accumulation is not sharded; compile the optimizer without "
+     r"it and pass gradient_accumulation_steps= to tfaccel.fit"),
+    (lambda k: _compiled(policy="mixed_float16"), 2,
+     r"gradient accumulation \(2 micro-batches\) with a LossScaleOptimizer \(mixed_float16\) is not sharded"),
+    (lambda k: _compiled(), "backups", r"backup_dir='/tmp/b' with gradient accumulation \(2 micro-batches\): the "
+                                       r"sums of the micro-batches before a backup are not in it"),
+    (lambda k: _compiled(), "restore", r"callback BackupAndRestore with gradient accumulation \(2 micro-batches\)"),
     (lambda k: _compiled(model_class=_custom_step_class()), 1, r"OwnStep has its own train_step"),
     (lambda k: _compiled(k.optimizers.Adam(use_ema=True)), "swap",
      r"callback SwapEMAWeights: it reads and writes the optimizer's moving averages on every replica"),
@@ -231,12 +249,14 @@ def _custom_step_class():
 def test_what_is_not_exact_is_refused(make, accumulation, message, clean_tf_config, cpu_replicas):
     import keras
 
-    callbacks = [keras.callbacks.SwapEMAWeights()] if accumulation == "swap" else []
-    steps = 1 if accumulation == "swap" else accumulation
+    callbacks = {"swap": [keras.callbacks.SwapEMAWeights()],
+                 "restore": [keras.callbacks.BackupAndRestore("/tmp/b")]}.get(accumulation, [])
+    steps = {"swap": 1, "backups": 2, "restore": 2}.get(accumulation, accumulation)
+    where = {"callbacks": callbacks, "backup_dir": "/tmp/b" if accumulation == "backups" else None}
     with pytest.raises(ConfigError, match="^shard_optimizer_state=True: .*" + message):
-        shard_optimizer_state(make(keras), True, accumulation_steps=steps, callbacks=callbacks)
+        shard_optimizer_state(make(keras), True, accumulation_steps=steps, **where)
     with pytest.raises(ConfigError, match="shard_optimizer_state=False"):  # the fix names the way out
-        shard_optimizer_state(make(keras), True, accumulation_steps=steps, callbacks=callbacks)
+        shard_optimizer_state(make(keras), True, accumulation_steps=steps, **where)
 
 
 def test_loss_scaling_is_sharded_by_a_backend_whose_processes_are_the_replicas(clean_tf_config, cpu_replicas):
@@ -306,8 +326,9 @@ def test_auto_shards_only_when_the_estimate_exceeds_the_device(clean_tf_config, 
     assert re.fullmatch(r"optimizer Adam: state sharded over 2 replicas \(ZeRO-1: .*\); auto: on, one replica needs "
                         r"[\d,]+ bytes by tfaccel memory's estimate, more than its device's 16 bytes", tight)
     assert is_sharded(model.optimizer)
-    with pytest.raises(ConfigError, match=r"^shard_optimizer_state=True: gradient accumulation"):  # auto refuses too
-        shard_optimizer_state(_compiled(), "auto", accumulation_steps=2, batch_size=8, device_memory_bytes=16)
+    with pytest.raises(ConfigError, match=r"^shard_optimizer_state=True: backup_dir='/b' with gradient accumulation"):
+        shard_optimizer_state(_compiled(), "auto", accumulation_steps=2, batch_size=8, device_memory_bytes=16,
+                              backup_dir="/b")  # what auto turns on, it checks as True does
 
 
 def test_auto_stays_off_on_cpus_and_outside_mirrored(clean_tf_config, cpu_replicas):

@@ -105,14 +105,15 @@ def main() -> None:
     for name, optimizer in CASES.items():
         if name == "adam_unsharded" and N != 2:  # the control: one replica count is enough
             continue
-        plain = zc.model(optimizer, metrics=["mae"])
+        plain = zc.model(zc.REFERENCES.get(name, optimizer), metrics=["mae"])
         initial = plain.get_weights()
         # the reference, plain fit on one device: the same for every N, so the N=2 process's alone
         reference = _plain_fit(plain, x, y) if N == 2 else {}
         model = zc.model(optimizer, initial, scope=tfaccel.scope(strategy="mirrored"), metrics=["mae"])
         shard = name != "adam_unsharded"
         result = tfaccel.fit(model, x, y, batch_size=zc.BATCH, epochs=zc.EPOCHS, shuffle=False, verbose=0,
-                             shard_optimizer_state=shard, loop="keras" if name == "adam_keras_loop" else "auto")
+                             shard_optimizer_state=shard, loop="keras" if name == "adam_keras_loop" else "auto",
+                             **zc.FIT_OPTIONS.get(name, {}))
         copies = [[c.numpy().tolist() for c in mirrored.experimental_local_results(v.value)]
                   for v in model.trainable_variables]
         held = slot_bytes_per_device(model.optimizer, mirrored)
@@ -123,6 +124,8 @@ def main() -> None:
                      "note": result.details.get("optimizer_state"), "plan_notes": list(result.plan.notes),
                      "loop": result.details["loop_name"],
                      "iterations": int(model.optimizer.iterations.numpy()), **reference}
+        if name in zc.FIT_OPTIONS:  # a .keras file holds what plain Keras' optimizer holds, not the accumulators
+            out[name]["keras_file"] = _saved_and_loaded(model, sys.argv[2] + f".{name}.keras")
         if name == "adamw":  # what `tfaccel memory --shard-optimizer-state` predicts for each device
             out[name]["estimate"] = list(estimate_memory(
                 zc.layers, input_shape=(8,), num_classes=3, batch_size=zc.BATCH, strategy="mirrored", replicas=N, optimizer=optimizer(), recompute=False,
@@ -142,6 +145,17 @@ def main() -> None:
             out["cli"] = json.load(f)
     with open(sys.argv[2], "w") as f:
         json.dump(out, f)
+
+
+def _saved_and_loaded(model, path: str) -> dict:
+    """``model.save`` and ``keras.models.load_model`` (in plain Keras): the loaded optimizer's class and variable
+    count, the trained one's, and whether the loaded variables equal the trained optimizer's first ones (Keras' own,
+    in their order: tfaccel's accumulators come last)."""
+    model.save(path)
+    loaded = keras.models.load_model(path).optimizer
+    values = [v.numpy() for v in model.optimizer.variables]
+    return {"class": type(loaded).__name__, "count": len(loaded.variables), "trained_count": len(values),
+            "equal": all(np.array_equal(a.numpy(), b) for a, b in zip(loaded.variables, values))}
 
 
 def _plain_fit(plain, x, y):

@@ -40,7 +40,7 @@ def main() -> None:
     out, parity_only = {}, sys.argv[2:] == ["parity"]
     chief = json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0
     for name, optimizer in CASES.items():
-        plain = zc.model(optimizer, scope=tf.distribute.get_strategy().scope())
+        plain = zc.model(zc.REFERENCES.get(name, optimizer), scope=tf.distribute.get_strategy().scope())
         initial = plain.get_weights()
         # the reference, plain fit on one device: the same on every worker, so the chief's alone
         reference = _plain_fit(plain, x, y) if chief else {}
@@ -49,7 +49,7 @@ def main() -> None:
         else:
             model = zc.model(optimizer, initial, scope=tfaccel.scope(strategy="multi_worker"))
             result = tfaccel.fit(model, x, y, batch_size=zc.BATCH, epochs=zc.EPOCHS, shuffle=False, verbose=0, seed=0,
-                                 shard_optimizer_state=True)
+                                 shard_optimizer_state=True, **zc.FIT_OPTIONS.get(name, {}))
         out[name] = {"history": result.history, "weights": [w.tolist() for w in model.get_weights()],
                      "bytes": sum(result.details["optimizer_state_bytes"].values()),
                      "variable_bytes": [int(np.prod(v.shape)) * 4 for v in plain.trainable_variables],

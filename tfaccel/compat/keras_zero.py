@@ -43,6 +43,7 @@ from tensorflow.python.distribute import numpy_dataset
 
 from tfaccel.compat import keras_internals, keras_zero_collective
 from tfaccel.compat.keras_optimizer import backing_variables
+from tfaccel.compat.keras_zero_accumulate import ShardedAccumulation
 from tfaccel.compat.keras_zero_ema import ShardedMovingAverage
 
 __all__ = ["ShardOptimizerState", "sharded_class", "is_sharded", "sparse_gradient_variables", "leave_unsharded",
@@ -55,10 +56,10 @@ def _num_bytes(variable: Any) -> int:
     return int(tf.TensorShape(variable.shape).num_elements() or 0) * tf.as_dtype(variable.dtype).size
 
 
-class ShardOptimizerState(ShardedMovingAverage):
+class ShardOptimizerState(ShardedMovingAverage, ShardedAccumulation):
     """Mixed in before the user's optimizer class (see the module doc; ``use_ema``'s averages:
-    :mod:`tfaccel.compat.keras_zero_ema`). ``tfaccel_partition`` is set per class:
-    ``(sizes in bytes, replicas) -> owner index of each``."""
+    :mod:`tfaccel.compat.keras_zero_ema`; gradient accumulation: :mod:`tfaccel.compat.keras_zero_accumulate`).
+    ``tfaccel_partition`` is set per class: ``(sizes in bytes, replicas) -> owner index of each``."""
 
     tfaccel_partition: Callable[[Sequence[int], int], List[int]]
 
@@ -100,6 +101,11 @@ class ShardOptimizerState(ShardedMovingAverage):
         self._tfaccel_owner = {self._var_key(v): (o - first if first <= o < first + len(devices) else None)
                                for v, o in zip(sharded, owners)}
         super().build(variables)  # type: ignore[misc]
+        self._tfaccel_build_accumulation(variables)  # after Keras' variables: their indices stay Keras'
+
+    def _tfaccel_replicated(self, reference_variable: Any, name: str) -> Any:
+        """A variable shaped like ``reference_variable`` on every replica (as Keras makes a slot), never sharded."""
+        return super().add_variable_from_reference(reference_variable, name=name)  # type: ignore[misc]
 
     def add_variable_from_reference(self, reference_variable: Any, name: Any = None,
                                     initializer: Any = "zeros") -> Any:
@@ -117,13 +123,16 @@ class ShardOptimizerState(ShardedMovingAverage):
         self._tfaccel_slots[id(slot)] = (tuple(int(d) for d in reference_variable.shape), owner is not None)
         return slot
 
+    def _tfaccel_saved(self) -> List[Any]:
+        """The variables a plain Keras optimizer of this class has, in its order (the accumulation's left out)."""
+        unsaved = getattr(self, "_tfaccel_unsaved", set())
+        return [v for v in self.variables if id(v) not in unsaved]
+
     def save_own_variables(self, store: Any) -> None:
         slots = getattr(self, "_tfaccel_slots", {})
-        if not slots or not (self._tfaccel_apart or self._tfaccel_workers > 1):
-            super().save_own_variables(store)  # type: ignore[misc]
-            return
-        for i, variable in enumerate(self.variables):
-            info = slots.get(id(variable))
+        whole = not slots or not (self._tfaccel_apart or self._tfaccel_workers > 1)  # every slot readable here
+        for i, variable in enumerate(self._tfaccel_saved()):
+            info = None if whole else slots.get(id(variable))
             if info is None:  # the iteration counter, the rate...: the same on every replica
                 store[str(i)] = variable.numpy()
             elif self._tfaccel_apart:
@@ -133,11 +142,11 @@ class ShardOptimizerState(ShardedMovingAverage):
                 store[str(i)] = self._tfaccel_sum(value)
 
     def load_own_variables(self, store: Any) -> None:
-        slots = getattr(self, "_tfaccel_slots", {})
-        if not slots or len(store.keys()) != len(self.variables):
-            super().load_own_variables(store)  # type: ignore[misc]  # Keras' own warning when the count differs
+        slots, saved = getattr(self, "_tfaccel_slots", {}), self._tfaccel_saved()
+        if len(store.keys()) != len(saved) or len(saved) == len(self.variables) and not slots:
+            super().load_own_variables(store)  # type: ignore[misc]  # Keras' own load, or its warning
             return
-        for i, variable in enumerate(self.variables):
+        for i, variable in enumerate(saved):
             info = slots.get(id(variable))
             if info is not None and (self._tfaccel_apart or not info[1]):
                 continue  # a stand-in here, or the shard files carry it

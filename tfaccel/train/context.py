@@ -117,7 +117,8 @@ def _adapt(ctx: FitContext, loop_name: str) -> Dict[str, Any]:
     sharded = shard_optimizer_state(model, request.loop.shard_optimizer_state, accumulation_steps=accumulation,
                                     batch_size=data.batch_size, device_memory_bytes=_device_memory_bytes(),
                                     checkpoint_dir=request.backups.checkpoint_dir, backend=backend,
-                                    input_shape=example_shape(data), callbacks=request.callbacks)
+                                    input_shape=example_shape(data), callbacks=request.callbacks,
+                                    backup_dir=request.backups.backup_dir)
     if sharded:  # the plan says whether the optimizer state is sharded, and why
         changes["optimizer_state"] = sharded
         ctx.plan = dataclasses.replace(ctx.plan, notes=ctx.plan.notes + (sharded,))

@@ -13,9 +13,12 @@ Under the ``horovod`` backend the ranks are the replicas and the backend shards 
 What would not train exactly as ``model.fit`` is refused before training, with the reason: other strategies (one
 device, multi_worker with several devices per worker, parameter_server, TPU), any dtype policy but float32,
 mixed_bfloat16 and mixed_float16 (whose variables, gradients and slots are float32; under mixed_float16 the
-``LossScaleOptimizer``'s inner optimizer is sharded), gradient accumulation, a
-model's own ``train_step``, Keras' ``SwapEMAWeights`` callback, an optimizer built unsharded. An optimizer's moving
-average of the weights (``use_ema``) is sharded with its slots (``tfaccel.compat.keras_zero_ema``). Under
+``LossScaleOptimizer``'s inner optimizer is sharded), Keras' own ``gradient_accumulation_steps``, tfaccel's
+accumulation with a ``LossScaleOptimizer`` or with backups (``backup_dir``, ``BackupAndRestore``), a model's own
+``train_step``, Keras' ``SwapEMAWeights`` callback, an optimizer built unsharded. An optimizer's moving average of
+the weights (``use_ema``) is sharded with its slots (``tfaccel.compat.keras_zero_ema``); tfaccel's gradient
+accumulation sums each replica's micro-batches locally and runs the sharded update once per update
+(``tfaccel.compat.keras_zero_accumulate``). Under
 mirrored, multi_worker and Horovod the tables of Embedding layers (sparse ``IndexedSlices``
 gradients) stay unsharded: their gradients averaged as ``model.fit`` averages them (the replicas' slices
 concatenated) and applied on every replica, with replicated slots (exact by construction); the plan names them.
@@ -89,6 +92,17 @@ def _check_loss_scaling(model: Any) -> None:
                       f"use precision='mixed_bfloat16' (no loss scaling) or 'float32', or {_FIX}")
 
 
+def _check_accumulation_saves(accumulation_steps: int, backup_dir: Optional[str], callbacks: Sequence[Any]) -> None:
+    """Sharded accumulation's sums of the micro-batches so far are not optimizer state (tfaccel.compat.
+    keras_zero_accumulate): a resume from a save between two updates would lose them."""
+    restores = [type(c).__name__ for c in callbacks if isinstance(c, keras.callbacks.BackupAndRestore)]
+    if accumulation_steps > 1 and (backup_dir or restores):
+        what = f"backup_dir={backup_dir!r}" if backup_dir else f"callback {restores[0]}"
+        raise _refuse(f"{what} with gradient accumulation ({accumulation_steps} micro-batches): the sums of the "
+                      "micro-batches before a backup are not in it, so a resume between two updates would train "
+                      "another model", f"train without backups, or with gradient_accumulation_steps=1, or {_FIX}")
+
+
 def _check_callbacks(callbacks: Sequence[Any]) -> None:
     swaps = [type(c).__name__ for c in callbacks if isinstance(c, keras.callbacks.SwapEMAWeights)]
     if swaps:
@@ -102,9 +116,14 @@ def _check_model(model: Any, optimizer: Any, accumulation_steps: int) -> None:
     if model.dtype_policy.name not in SHARDED_POLICIES:
         raise _refuse(f"the model trains under the {model.dtype_policy.name!r} dtype policy; sharding is tested for "
                       f"{', '.join(SHARDED_POLICIES)} only", f"use precision='float32', or {_FIX}")
-    if accumulation_steps > 1 or optimizer.gradient_accumulation_steps:
-        raise _refuse(f"gradient accumulation ({max(accumulation_steps, optimizer.gradient_accumulation_steps or 1)} "
-                      "micro-batches) is not sharded yet", f"use gradient_accumulation_steps=1, or {_FIX}")
+    if optimizer.gradient_accumulation_steps:
+        raise _refuse(f"optimizer {type(optimizer).__name__}(gradient_accumulation_steps="
+                      f"{optimizer.gradient_accumulation_steps}): Keras' own accumulation is not sharded",
+                      "compile the optimizer without it and pass gradient_accumulation_steps= to tfaccel.fit, which "
+                      f"accumulates with sharded state, or {_FIX}")
+    if accumulation_steps > 1 and isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer):
+        raise _refuse(f"gradient accumulation ({accumulation_steps} micro-batches) with a LossScaleOptimizer "
+                      "(mixed_float16) is not sharded", f"use precision='mixed_bfloat16' or 'float32', or {_FIX}")
     if type(model).train_step is not keras.Model.train_step:
         raise _refuse(f"{type(model).__name__} has its own train_step; tfaccel shards Keras' own train_step only")
     if optimizer.built and not is_sharded(optimizer):
@@ -141,8 +160,8 @@ def _auto(model: Any, *, batch_size: Optional[int], device_memory_bytes: Optiona
 def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, batch_size: Optional[int] = None,
                           device_memory_bytes: Optional[int] = None,
                           checkpoint_dir: Optional[str] = None, backend: Any = None,
-                          input_shape: Optional[Sequence[int]] = None, callbacks: Sequence[Any] = ()
-                          ) -> Optional[str]:
+                          input_shape: Optional[Sequence[int]] = None, callbacks: Sequence[Any] = (),
+                          backup_dir: Optional[str] = None) -> Optional[str]:
     """Swaps the class of the model's optimizer for its sharded subclass (in place) when ``setting`` is True, or
     ``"auto"`` and the replica does not fit its device.
 
@@ -151,7 +170,7 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
     Args:
         model: the compiled model.
         setting: ``shard_optimizer_state`` (False, True or ``"auto"``).
-        accumulation_steps: tfaccel's gradient accumulation (refused above 1).
+        accumulation_steps: tfaccel's gradient accumulation (micro-batches per update).
         batch_size: the global batch, for ``"auto"``'s memory estimate.
         device_memory_bytes: the memory of one replica's device (the smallest GPU's), None where unknown (CPU):
             ``"auto"`` then stays off.
@@ -160,7 +179,9 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
         backend: the job's backend; one with its own ``shard_optimizer`` (Horovod) shards the optimizer itself.
         input_shape: one example's shape in the job's data, for ``"auto"``'s memory estimate (it fills the model's
             open axes, e.g. a KerasHub model's sequence length); None where unknown.
-        callbacks: the job's callbacks (Keras' ``SwapEMAWeights`` is refused with sharding).
+        callbacks: the job's callbacks (Keras' ``SwapEMAWeights`` is refused with sharding, ``BackupAndRestore``
+            with accumulation too).
+        backup_dir: the job's ``backup_dir`` (refused with accumulation).
 
     Returns:
         What was decided and why (for the plan), or None for ``setting=False``.
@@ -183,6 +204,7 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
     _check_loss_scaling(model)
     _check_model(model, optimizer, accumulation_steps)
     _check_callbacks(callbacks)
+    _check_accumulation_saves(accumulation_steps, backup_dir, callbacks)
     # mixed_float16: the LossScaleOptimizer saves its inner part as sharded; swapped first, so that the classes the
     # backend and adapt_optimizer swap on for the fit (and give back after it) sit on top of it
     save_through_inner(model.optimizer)
@@ -194,8 +216,11 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
     leave_unsharded(optimizer, [v for v in model.trainable_variables if v.path in sparse])
     unsharded = (f"; left unsharded (Embedding tables, whose gradients are sparse: averaged as model.fit averages "
                  f"them and applied on every replica, replicated slots): {', '.join(sorted(sparse))}" if sparse else "")
+    optimizer.tfaccel_accumulation_steps = int(accumulation_steps)
+    accumulated = (f"; gradients accumulated over {accumulation_steps} micro-batches on each replica and exchanged "
+                   "once per update" if accumulation_steps > 1 else "")
     replicas = backend.num_replicas_in_sync if own is not None else strategy.num_replicas_in_sync
-    return f"{done}{unsharded}{_uneven(model, sparse, replicas)}; {why}"
+    return f"{done}{unsharded}{accumulated}{_uneven(model, sparse, replicas)}; {why}"
 
 
 def _uneven(model: Any, sparse: Any, replicas: int) -> str:
