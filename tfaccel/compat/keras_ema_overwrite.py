@@ -26,10 +26,9 @@ them moves.
 from typing import Any, Dict, Optional
 
 import keras
-import tensorflow as tf
 
-from tfaccel.compat import VersionWindow, gate, keras_internals
-from tfaccel.compat.keras_optimizer import applying, backing_variables, in_apply
+from tfaccel.compat import VersionWindow, gate
+from tfaccel.compat.keras_optimizer import applying, in_apply, write_averages_where_due
 
 __all__ = ["NAME", "UPSTREAM_ISSUES", "AFFECTED_VERSIONS", "why_not_needed", "apply", "remove", "is_applied"]
 
@@ -54,18 +53,8 @@ class _OverwriteOutsideCond:
 
     def _update_model_variables_moving_average(self, trainable_variables: Any) -> None:
         super()._update_model_variables_moving_average(trainable_variables)  # type: ignore[misc]
-        if not (in_apply(self) and self.ema_overwrite_frequency):
-            return
-        due = tf.equal((self.iterations + 1) % self.ema_overwrite_frequency, 0)
-        pairs = list(zip(backing_variables(trainable_variables), self._model_variables_moving_average))
-
-        def write(distribution: Any, chosen: Any) -> None:
-            for var, average in chosen:
-                if average is not None:
-                    distribution.extended.update(var, lambda v, a: v.assign(tf.where(due, a, v)),
-                                                 args=(average.value,), group=False)
-
-        keras_internals.maybe_merge_call(write, self._distribution_strategy, pairs)
+        if in_apply(self):
+            write_averages_where_due(self, trainable_variables)
 
 
 def why_not_needed(optimizer: Any, replicas: int) -> Optional[str]:

@@ -31,7 +31,8 @@ import tensorflow as tf
 
 from tfaccel.compat import keras_internals
 
-__all__ = ["MicroStepSchedule", "adapted_class", "backing_variables", "applying", "in_apply"]
+__all__ = ["MicroStepSchedule", "adapted_class", "backing_variables", "applying", "in_apply",
+           "write_averages_where_due"]
 
 _ADAPTED: Dict[type, type] = {}
 
@@ -179,17 +180,26 @@ class _ClipAfterReduceAccumulate(MicroStepSchedule):
         if not self.use_ema:  # type: ignore[attr-defined]
             return
         self._update_model_variables_moving_average(self._trainable_variables)  # type: ignore[attr-defined]
-        if not self.ema_overwrite_frequency:  # type: ignore[attr-defined]
-            return
-        overwrite = tf.equal((self.iterations + 1) % self.ema_overwrite_frequency, 0)  # type: ignore[attr-defined]
-        pairs = list(zip(backing_variables(self._trainable_variables),  # type: ignore[attr-defined]
-                         self._model_variables_moving_average))  # type: ignore[attr-defined]
+        write_averages_where_due(self, self._trainable_variables)  # type: ignore[attr-defined]
 
-        def write(distribution: Any, chosen: List[Any]) -> None:
-            for var, average in chosen:
-                distribution.extended.update(var, lambda v, a: v.assign(tf.where(overwrite, a, v)), args=(average,))
 
-        keras_internals.maybe_merge_call(write, self._distribution_strategy, pairs)  # type: ignore[attr-defined]
+def write_averages_where_due(optimizer: Any, trainable_variables: Any) -> None:
+    """``use_ema``'s averages written to the variables on every replica where Keras' own condition holds (``(iterations
+    + 1) % ema_overwrite_frequency == 0``), selected by ``tf.where`` in one merge call: no ``tf.cond`` around it (a
+    branch that calls ``merge_call`` cannot sit in a replica context's ``cond``). Nothing without
+    ``ema_overwrite_frequency``."""
+    if not optimizer.ema_overwrite_frequency:
+        return
+    due = tf.equal((optimizer.iterations + 1) % optimizer.ema_overwrite_frequency, 0)
+    pairs = list(zip(backing_variables(trainable_variables), optimizer._model_variables_moving_average))
+
+    def write(distribution: Any, chosen: List[Any]) -> None:
+        for var, average in chosen:
+            if average is not None:
+                distribution.extended.update(var, lambda v, a: v.assign(tf.where(due, a, v)),
+                                             args=(average.value,), group=False)
+
+    keras_internals.maybe_merge_call(write, optimizer._distribution_strategy, pairs)
 
 
 def adapted_class(base: type) -> type:
