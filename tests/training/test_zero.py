@@ -198,7 +198,7 @@ def test_the_keras_and_tf_internals_it_uses_are_there():
 
     for name in ("_backend_update_step", "_var_key", "_clip_gradients", "add_variable_from_reference", "update_step",
                  "_backend_apply_gradients", "_update_model_variables_moving_average",  # use_ema's (keras_zero_ema)
-                 "_overwrite_model_variables_with_average_value"):
+                 "_overwrite_model_variables_with_average_value", "_get_variable_index"):  # keras_zero_accumulate's
         assert callable(getattr(TFOptimizer, name)), name
     assert numpy_dataset.SingleDevice("/cpu:0").device == "/cpu:0"
     from tensorflow.python.distribute.collective_all_reduce_strategy import CollectiveAllReduceExtended

@@ -143,7 +143,7 @@ class ShardOptimizerState(ShardedMovingAverage, ShardedAccumulation):
 
     def load_own_variables(self, store: Any) -> None:
         slots, saved = getattr(self, "_tfaccel_slots", {}), self._tfaccel_saved()
-        if len(store.keys()) != len(saved) or len(saved) == len(self.variables) and not slots:
+        if len(store.keys()) != len(saved) or (len(saved) == len(self.variables) and not slots):
             super().load_own_variables(store)  # type: ignore[misc]  # Keras' own load, or its warning
             return
         for i, variable in enumerate(saved):

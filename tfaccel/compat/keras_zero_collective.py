@@ -44,7 +44,8 @@ import tensorflow as tf
 from tensorflow.python.distribute import cross_device_utils, multi_worker_util
 
 __all__ = ["GROUP_KEY", "Bucket", "plan_buckets", "rank_order", "WorkerCollectives", "collectives_for",
-           "update_across_workers", "share_owned", "exchange_bytes", "check_rows", "squared_norm", "clip_by_global_norm"]
+           "update_across_workers", "share_owned", "exchange_bytes", "check_rows", "squared_norm",
+           "clip_by_global_norm"]
 
 GROUP_KEY = 1 << 24  # far above the strategy's own group keys (1, 2, ...)
 

@@ -81,6 +81,7 @@ class _RankShardState(ShardOptimizerState):
         self._tfaccel_share(distribution, [v for v in tvars if self._var_key(v) in self._tfaccel_rank_owner])
 
     def _tfaccel_share(self, distribution: Any, tvars: Sequence[Any], label: Optional[str] = "all_gather") -> None:
+        # Horovod's gathers are named collectives, counted by no exchange_bytes: label is unused here
         shared = [(v, self._tfaccel_rank_owner[self._var_key(v)]) for v in tvars]
         for dtype in sorted({v.dtype for v, _ in shared}, key=lambda d: d.name):  # one buffer per dtype
             _share(self.tfaccel_collectives, [(v, o) for v, o in shared if v.dtype == dtype], dtype)

@@ -199,12 +199,7 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
         if not on:
             return f"optimizer state not sharded: {why}"
     strategy, optimizer = model.distribute_strategy, unwrap_loss_scale(getattr(model, "optimizer", None))
-    if own is None:
-        _check_strategy(strategy)
-    _check_loss_scaling(model)
-    _check_model(model, optimizer, accumulation_steps)
-    _check_callbacks(callbacks)
-    _check_accumulation_saves(accumulation_steps, backup_dir, callbacks)
+    _check_job(model, optimizer, own is not None, accumulation_steps, callbacks, backup_dir)
     # mixed_float16: the LossScaleOptimizer saves its inner part as sharded; swapped first, so that the classes the
     # backend and adapt_optimizer swap on for the fit (and give back after it) sit on top of it
     save_through_inner(model.optimizer)
@@ -214,13 +209,29 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
         done = _shard_over_replicas(strategy, optimizer, checkpoint_dir)
     sparse = sparse_gradient_variables(model)
     leave_unsharded(optimizer, [v for v in model.trainable_variables if v.path in sparse])
+    optimizer.tfaccel_accumulation_steps = int(accumulation_steps)
+    replicas = backend.num_replicas_in_sync if own is not None else strategy.num_replicas_in_sync
+    return f"{done}{_details(model, sparse, accumulation_steps, replicas)}; {why}"
+
+
+def _check_job(model: Any, optimizer: Any, own_sharding: bool, accumulation_steps: int, callbacks: Sequence[Any],
+               backup_dir: Optional[str]) -> None:
+    """Every refusal before sharding (``own_sharding``: the backend shards over its processes itself)."""
+    if not own_sharding:
+        _check_strategy(model.distribute_strategy)
+    _check_loss_scaling(model)
+    _check_model(model, optimizer, accumulation_steps)
+    _check_callbacks(callbacks)
+    _check_accumulation_saves(accumulation_steps, backup_dir, callbacks)
+
+
+def _details(model: Any, sparse: Any, accumulation_steps: int, replicas: int) -> str:
+    """The plan's words after what was sharded: the tables left unsharded, the accumulation, an uneven share."""
     unsharded = (f"; left unsharded (Embedding tables, whose gradients are sparse: averaged as model.fit averages "
                  f"them and applied on every replica, replicated slots): {', '.join(sorted(sparse))}" if sparse else "")
-    optimizer.tfaccel_accumulation_steps = int(accumulation_steps)
     accumulated = (f"; gradients accumulated over {accumulation_steps} micro-batches on each replica and exchanged "
                    "once per update" if accumulation_steps > 1 else "")
-    replicas = backend.num_replicas_in_sync if own is not None else strategy.num_replicas_in_sync
-    return f"{done}{unsharded}{accumulated}{_uneven(model, sparse, replicas)}; {why}"
+    return f"{unsharded}{accumulated}{_uneven(model, sparse, replicas)}"
 
 
 def _uneven(model: Any, sparse: Any, replicas: int) -> str:
