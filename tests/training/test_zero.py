@@ -139,6 +139,19 @@ def test_an_embedding_table_stays_unsharded_and_trains_as_plain_fit(runs, replic
 
 
 @pytest.mark.parametrize("replicas", [2, 4])
+def test_accumulation_moving_averages_and_an_unsharded_table_together_train_as_keras(runs, replicas):
+    """tfaccel's accumulation (2 micro-batches), use_ema written every 3 updates, an Embedding table left unsharded
+    beside sharded Dense layers: Keras' own accumulation on one device, update for update."""
+    run = runs[replicas]["embedding_ema_accumulate"]
+    assert "; left unsharded (Embedding tables" in run["note"] and "; gradients accumulated over 2" in run["note"]
+    assert run["updates"] == [8, 8]
+    for key, values in run["plain_history"].items():
+        np.testing.assert_allclose(run["history"][key], values, rtol=1e-5, atol=1e-5, err_msg=key)
+    for got, want in zip(run["weights"], run["plain_weights"], strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
 @pytest.mark.parametrize("case", ["adamw", "sgd_nesterov_clipnorm"])
 def test_mixed_precision_trains_as_the_unsharded_job_and_keras(runs, replicas, policy, case):

@@ -53,6 +53,27 @@ def _embedding_case(mirrored, optimizer) -> dict:
                        for v in model.trainable_variables]}
 
 
+def _accumulated_averages_beside_a_table() -> dict:
+    """Accumulation, ``use_ema`` (written every 3 updates) and an Embedding table left unsharded, all at once:
+    tfaccel.fit(gradient_accumulation_steps=2, shard_optimizer_state=True) against Keras' own accumulation on one
+    device."""
+    def optimizer(keras_steps):
+        return lambda: keras.optimizers.AdamW(0.01, weight_decay=0.1, use_ema=True, ema_momentum=0.8,
+                                              ema_overwrite_frequency=3, gradient_accumulation_steps=keras_steps)
+
+    x, y = zc.embedding_data()
+    plain = zc.embedding_model(optimizer=optimizer(2))
+    model = zc.embedding_model(tfaccel.scope(strategy="mirrored"), optimizer(None))
+    model.set_weights(plain.get_weights())
+    ref = plain.fit(x, y, batch_size=zc.BATCH, epochs=zc.EPOCHS, shuffle=False, verbose=0).history
+    result = tfaccel.fit(model, x, y, batch_size=zc.BATCH, epochs=zc.EPOCHS, shuffle=False, verbose=0,
+                         shard_optimizer_state=True, gradient_accumulation_steps=2)
+    return {"plain_history": ref, "history": result.history, "note": result.details.get("optimizer_state"),
+            "plain_weights": [w.tolist() for w in plain.get_weights()],
+            "weights": [w.tolist() for w in model.get_weights()],
+            "updates": [int(m.optimizer.iterations.numpy()) for m in (plain, model)]}
+
+
 def _loss_scaled(name: str):
     """The case's optimizer in a LossScaleOptimizer whose first scale overflows float16 (the first steps are skipped
     and the scale halved) and which doubles its scale every 2 finite steps: both of its branches run."""
@@ -132,6 +153,7 @@ def main() -> None:
                 shard_optimizer_state=True).optimizer_shard_bytes)
     for name, optimizer in zc.EMBEDDING_OPTIMIZERS.items():
         out[name] = _embedding_case(mirrored, optimizer)
+    out["embedding_ema_accumulate"] = _accumulated_averages_beside_a_table()
     for policy in ("mixed_bfloat16", "mixed_float16"):
         for name in MIXED:
             out[f"{name}_{policy}"] = _mixed_precision_case(policy, name)
