@@ -11,11 +11,12 @@ tfaccel reads no ``keras.src``, no ``tf.__internal__`` and no private attribute 
 """
 
 import os
-from typing import Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 VersionWindow = Tuple[Tuple[int, int], Tuple[int, int]]  # [low, high) of (major, minor)
 
-__all__ = ["DISABLE_ENV", "VersionWindow", "is_disabled", "switched_off", "major_minor", "outside_versions", "gate"]
+__all__ = ["DISABLE_ENV", "VersionWindow", "is_disabled", "switched_off", "major_minor", "outside_versions", "gate",
+           "ClassSwap"]
 
 DISABLE_ENV = "TFACCEL_DISABLE_COMPAT"
 
@@ -79,3 +80,35 @@ def gate(name: str, library: str, version: str, affected: VersionWindow, if_it_f
     if is_disabled(name):
         return switched_off(name)
     return outside_versions(library, version, affected, if_it_fails)
+
+
+class ClassSwap:
+    """A fix's subclass swapped onto an instance and given back: ``mixin`` before the instance's own class, under the
+    same name and module (a saved .keras file names the user's class); ``mark``: the attribute that keeps the class it
+    had, one per fix, so that fixes swapped on in turn are given back in the reverse order."""
+
+    def __init__(self, mixin: type, mark: str) -> None:
+        self.mixin, self.mark = mixin, mark
+        self._made: Dict[type, type] = {}
+
+    def apply(self, obj: Any) -> None:
+        """Swaps the subclass onto ``obj`` (nothing when it is on already)."""
+        if self.is_applied(obj):
+            return
+        base = type(obj)
+        if base not in self._made:
+            self._made[base] = type(base.__name__, (self.mixin, base),
+                                    {"__module__": base.__module__, "__qualname__": base.__qualname__})
+        setattr(obj, self.mark, base)
+        obj.__class__ = self._made[base]
+
+    def remove(self, obj: Any) -> None:
+        """Gives ``obj`` the class it had (its state stays)."""
+        original = getattr(obj, self.mark, None)
+        if original is not None:
+            obj.__class__ = original
+            delattr(obj, self.mark)
+
+    def is_applied(self, obj: Any) -> bool:
+        """True while the subclass is on ``obj``."""
+        return getattr(obj, self.mark, None) is not None

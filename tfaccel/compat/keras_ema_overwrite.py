@@ -23,11 +23,11 @@ It overrides the private ``_backend_apply_gradients``, ``_update_model_variables
 them moves.
 """
 
-from typing import Any, Dict, Optional
+from typing import Any, Optional
 
 import keras
 
-from tfaccel.compat import VersionWindow, gate
+from tfaccel.compat import ClassSwap, VersionWindow, gate
 from tfaccel.compat.keras_optimizer import applying, in_apply, write_averages_where_due
 
 __all__ = ["NAME", "UPSTREAM_ISSUES", "AFFECTED_VERSIONS", "why_not_needed", "apply", "remove", "is_applied"]
@@ -36,8 +36,6 @@ NAME = "keras_ema_overwrite"
 UPSTREAM_ISSUES = ("keras-team/keras#18666",)
 # [first affected, first version not known to be affected): the cond came with Keras 3.0; checked on 3.15.1.
 AFFECTED_VERSIONS: VersionWindow = ((3, 0), (3, 16))
-_PATCHED: Dict[type, type] = {}
-_ORIGINAL = "_tfaccel_ema_overwrite_class"
 
 
 class _OverwriteOutsideCond:
@@ -57,6 +55,9 @@ class _OverwriteOutsideCond:
             write_averages_where_due(self, trainable_variables)
 
 
+_SWAP = ClassSwap(_OverwriteOutsideCond, "_tfaccel_ema_overwrite_class")
+
+
 def why_not_needed(optimizer: Any, replicas: int) -> Optional[str]:
     """Why the fix is not applied to ``optimizer`` in a fit over ``replicas`` replicas, or None when it is."""
     if not (getattr(optimizer, "use_ema", False) and getattr(optimizer, "ema_overwrite_frequency", None)):
@@ -71,24 +72,15 @@ def apply(optimizer: Any, replicas: int) -> bool:
     """Swaps the fix onto ``optimizer`` where it is needed (see :func:`why_not_needed`); True if it is on."""
     if why_not_needed(optimizer, replicas) is not None:
         return is_applied(optimizer)
-    if not is_applied(optimizer):
-        base = type(optimizer)
-        if base not in _PATCHED:
-            _PATCHED[base] = type(base.__name__, (_OverwriteOutsideCond, base),
-                                  {"__module__": base.__module__, "__qualname__": base.__qualname__})
-        setattr(optimizer, _ORIGINAL, base)
-        optimizer.__class__ = _PATCHED[base]
+    _SWAP.apply(optimizer)
     return True
 
 
 def remove(optimizer: Any) -> None:
     """Gives ``optimizer`` its own class back (its state stays)."""
-    original = getattr(optimizer, _ORIGINAL, None)
-    if original is not None:
-        optimizer.__class__ = original
-        delattr(optimizer, _ORIGINAL)
+    _SWAP.remove(optimizer)
 
 
 def is_applied(optimizer: Any) -> bool:
     """True while the fix is on ``optimizer``."""
-    return getattr(optimizer, _ORIGINAL, None) is not None
+    return _SWAP.is_applied(optimizer)

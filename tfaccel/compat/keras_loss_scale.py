@@ -23,12 +23,12 @@ overflowed skipped the owners' all-gather that the others entered, and the job h
 ``_stateful_handle_non_finite_grads``; tests/training/test_training_precision.py fails when one of them moves.
 """
 
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Optional
 
 import keras
 import tensorflow as tf
 
-from tfaccel.compat import VersionWindow, gate
+from tfaccel.compat import ClassSwap, VersionWindow, gate
 
 __all__ = ["NAME", "UPSTREAM_ISSUES", "AFFECTED_VERSIONS", "why_not_needed", "apply", "apply_over_ranks", "remove",
            "is_applied"]
@@ -37,8 +37,6 @@ NAME = "keras_loss_scale"
 UPSTREAM_ISSUES = ("keras-team/keras#18691",)
 # [first affected, first version not known to be affected): the code came with Keras 3.0; checked on 3.15.1.
 AFFECTED_VERSIONS: VersionWindow = ((3, 0), (3, 16))
-_PATCHED: Dict[type, type] = {}
-_ORIGINAL = "_tfaccel_loss_scale_class"
 
 
 class _FiniteOverReplicas:
@@ -76,6 +74,9 @@ class _FiniteOverReplicas:
         return None
 
 
+_SWAP = ClassSwap(_FiniteOverReplicas, "_tfaccel_loss_scale_class")
+
+
 def why_not_needed() -> Optional[str]:
     """Why the fix should not be applied here, or None when it should."""
     closed = gate(NAME, "Keras", keras.__version__, AFFECTED_VERSIONS,
@@ -92,13 +93,7 @@ def apply(optimizer: Any) -> bool:
     """Swaps the fix onto ``optimizer`` when it is a ``LossScaleOptimizer`` and the fix is needed; True if it is on."""
     if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer) or why_not_needed() is not None:
         return is_applied(optimizer)
-    if not is_applied(optimizer):
-        base = type(optimizer)
-        if base not in _PATCHED:
-            _PATCHED[base] = type(base.__name__, (_FiniteOverReplicas, base),
-                                  {"__module__": base.__module__, "__qualname__": base.__qualname__})
-        setattr(optimizer, _ORIGINAL, base)
-        optimizer.__class__ = _PATCHED[base]
+    _SWAP.apply(optimizer)
     return True
 
 
@@ -114,14 +109,11 @@ def apply_over_ranks(optimizer: Any, sum_over_ranks: Callable[[Any], Any]) -> bo
 
 def remove(optimizer: Any) -> None:
     """Gives ``optimizer`` its own class back (its state stays)."""
-    original = getattr(optimizer, _ORIGINAL, None)
-    if original is not None:
-        optimizer.__class__ = original
-        delattr(optimizer, _ORIGINAL)
+    _SWAP.remove(optimizer)
     if getattr(optimizer, "tfaccel_sum_over_ranks", None) is not None:
         del optimizer.tfaccel_sum_over_ranks
 
 
 def is_applied(optimizer: Any) -> bool:
     """True while the fix is on ``optimizer``."""
-    return getattr(optimizer, _ORIGINAL, None) is not None
+    return _SWAP.is_applied(optimizer)
