@@ -63,6 +63,24 @@ def _stopped_and_resumed(out_dir: str, x, y) -> dict:
             "weights": [w.tolist() for w in model.get_weights()]}
 
 
+def _accumulation_resumed(out_dir: str, x, y) -> dict:
+    """The sharded fit with gradient accumulation (2 micro-batches), a backup every 4 steps, stopped at epoch 1 step 5
+    (inside an update), then resumed by a fresh model from the backup at step 4: its position, history and weights."""
+    kw = dict(batch_size=zc.BATCH, epochs=zc.EPOCHS, shuffle=False, verbose=0, seed=0, shard_optimizer_state=True,
+              backup_dir=os.path.join(out_dir, "accumulate_backup"), backup_freq=4,
+              **zc.FIT_OPTIONS["adamw_accumulate"])
+    optimizer = zc.OPTIMIZERS["adamw_accumulate"]
+    try:
+        tfaccel.fit(zc.model(optimizer, scope=tfaccel.scope(strategy="horovod"), metrics=["mae"]), x, y,
+                    callbacks=[zc.StopAt(1, 5)], **kw)
+    except RuntimeError:
+        pass
+    model = zc.model(optimizer, scope=tfaccel.scope(strategy="horovod"), metrics=["mae"])
+    result = tfaccel.fit(model, x, y, **kw)
+    return {"resumed_from": result.resumed_from, "history": result.history,
+            "weights": [w.tolist() for w in model.get_weights()]}
+
+
 def _loss_scaled(rank: int) -> dict:
     """mixed_float16 (AdamW in a LossScaleOptimizer), rows 24-27 of the data 1e5 (inf in float16): the steps whose
     batch holds them overflow on one rank only. Plain ``model.fit`` on one process (rank 0) against tfaccel's
@@ -114,6 +132,7 @@ def main() -> None:
         out[name] = _embedding_case(rank, optimizer)
     if os.environ.get("HOROVOD_SIZE") == "2":
         out["resume"] = _stopped_and_resumed(out_dir, x, y)
+        out["accumulate_resume"] = _accumulation_resumed(out_dir, x, y)
         out["loss_scaled"] = _loss_scaled(rank)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(out, f)

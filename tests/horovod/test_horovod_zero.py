@@ -171,6 +171,22 @@ def test_each_rank_backs_up_its_shard_and_the_resumed_job_trains_on_exactly(runs
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.horovod
+@pytest.mark.slow
+def test_a_backup_of_sharded_accumulation_resumes_at_an_update_end_and_ends_as_keras_own_accumulation(runs):
+    """Two ranks, sharded state with 2 micro-batches per update and a backup every 4 steps, stopped at epoch 1 step 5
+    (inside an update): both resume from the backup at step 4 and end within 1e-5 of Keras' own accumulation on one
+    device (the finished epoch's logs too; the resumed epoch's cover the steps after the resume, as above)."""
+    plain = runs[2][0]["adamw_accumulate"]
+    for info in runs[2]:
+        run = info["accumulate_resume"]
+        assert run["resumed_from"] == [1, 4]
+        for key, values in plain["plain_history"].items():
+            np.testing.assert_allclose(run["history"][key][0], values[0], rtol=1e-5, atol=1e-5, err_msg=key)
+        for got, want in zip(run["weights"], plain["plain_weights"], strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def _model(optimizer=None, layers=None):
     keras.utils.set_random_seed(1)
     model = keras.Sequential([keras.Input((8,)), *(layers or [keras.layers.Dense(16), keras.layers.Dense(3)])])
@@ -220,9 +236,11 @@ def test_an_embedding_table_is_left_unsharded_beside_sharded_dense_layers():
     assert all(any(v is u for u in unsharded_variables(model.optimizer)) for v in table_slots)
 
 
-def test_accumulation_with_backups_custom_train_step_and_built_optimizers_are_refused_under_horovod():
-    with pytest.raises(ConfigError, match="backup_dir='/tmp/b' with gradient accumulation \\(2 micro-batches\\)"):
-        shard_optimizer_state(_model(), True, accumulation_steps=2, backend=_backend(), backup_dir="/tmp/b")
+def test_backups_inside_an_update_custom_train_step_and_built_optimizers_are_refused_under_horovod():
+    with pytest.raises(ConfigError, match="backup_dir='/tmp/b' with gradient accumulation \\(2 micro-batches\\): .*an "
+                                          "epoch of 7 steps would end inside one"):
+        shard_optimizer_state(_model(), True, accumulation_steps=2, backend=_backend(), backup_dir="/tmp/b",
+                              steps_per_epoch=7)
     keras.utils.set_random_seed(1)
     own = _OwnStep([keras.Input((8,)), keras.layers.Dense(3)])
     own.compile("adam", "mse")

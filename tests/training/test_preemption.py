@@ -66,12 +66,12 @@ def test_bad_timeout_or_interval_is_refused_before_training(monkeypatch, name, v
 class _Processes:
     """Several processes' Preemption objects, one thread each; ``total`` is a real collective over the threads."""
 
-    def __init__(self, n, *, check_every=None, epochs=3):
+    def __init__(self, n, *, check_every=None, epochs=3, update_every=1):
         self.values = [0.0] * n
         self.barrier = threading.Barrier(n, timeout=20)
         self.saves = []
         self.items = [pre.Preemption(pre.SignalWatch(can_save=True, task=f"p{i}", timeout=5), total=self._total(i),
-                                     processes=n, epochs=epochs, check_every=check_every,
+                                     processes=n, epochs=epochs, check_every=check_every, update_every=update_every,
                                      save=lambda e, s, i=i: self.saves.append((i, e, s))) for i in range(n)]
 
     def _total(self, i):
@@ -109,6 +109,21 @@ def test_one_signalled_process_stops_every_process_at_the_same_step_with_one_bac
     stopped = procs.boundary(0, 2)
     assert stopped == [(0, 0, 2, EXIT_PREEMPTED), (1, 0, 2, EXIT_PREEMPTED)]
     assert sorted(procs.saves) == [(0, 0, 2), (1, 0, 2)]  # each process's save (StepBackup writes on the chief only)
+
+
+def test_with_sharded_accumulation_the_stop_waits_for_the_end_of_an_update(monkeypatch):
+    """update_every=3 (sharded gradient accumulation over 3 micro-batches, whose sums a backup would not hold): a
+    signal seen inside an update stops both processes at its end, with the backup there; an epoch end always checks."""
+    monkeypatch.setattr(pre.atexit, "register", lambda *a: None)
+    procs = _Processes(2, check_every=1, update_every=3)
+    procs.items[0].watch.received = signal.SIGTERM
+    assert procs.boundary(0, 1) == [] and procs.boundary(0, 2) == []  # inside the first update: not a boundary
+    assert all(item.checks == 0 for item in procs.items)
+    assert [s[1:3] for s in procs.boundary(0, 3)] == [(0, 3)] * 2
+    assert sorted(procs.saves) == [(0, 0, 3), (1, 0, 3)]
+    at_end = _Processes(1, check_every=1, update_every=3)
+    at_end.items[0].watch.received = signal.SIGTERM
+    assert [s[1:3] for s in at_end.boundary(1, 0, epoch_end=True)] == [(1, 0)]
 
 
 def test_a_signal_at_the_end_of_the_last_epoch_is_no_stop(monkeypatch):

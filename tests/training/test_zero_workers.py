@@ -204,6 +204,13 @@ def test_each_worker_backs_up_its_shard_and_the_resumed_job_trains_on_exactly(wo
     assert not (worker_runs[0]["work"] / "backup").exists()  # the finished job removed it, shards included
 
 
+def test_a_backup_of_sharded_accumulation_resumes_at_an_update_end_to_keras_own_accumulation(worker_runs):
+    """The 2-worker launch's accumulation case (2 micro-batches, a backup every 4 steps) was stopped at epoch 1 step
+    5, inside an update, and resumed from the backup at step 4 (test_sharded_over_workers_equals_plain_fit checks
+    its weights and history against Keras' own accumulation on one device)."""
+    assert [w["adamw_accumulate"]["resumed_from"] for w in worker_runs] == [[1, 4], [1, 4]]
+
+
 def test_a_keras_file_of_sharded_state_loads_in_plain_keras_with_every_slot(worker_runs):
     """model.save on every worker: the chief's .keras file names plain Keras' Adam and holds every slot, each equal
     to the uninterrupted plain fit's."""

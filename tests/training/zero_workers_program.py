@@ -1,7 +1,8 @@
 """Differential check of shard_optimizer_state=True under multi_worker (one CPU per worker process, started by the
 test's harness with TF_CONFIG on loopback): for each optimizer case, tfaccel.fit sharded over the workers against
 plain ``model.fit`` on one device (in the chief's process alone), same initial weights. The sharded fit of
-"adam_schedule" is also the check of backups of sharded state: a backup every 3 steps, stopped by an exception at epoch 1 step 5 on
+"adam_schedule" is also the check of backups of sharded state (and "adamw_accumulate" of backups of sharded
+accumulation, every 4 steps, resumed from step 4): a backup every 3 steps, stopped by an exception at epoch 1 step 5 on
 every worker (the backup at step 3 left behind, each worker's shard in it; the chief copies it to
 ``argv[1]/kept``), resumed by a fresh model (whose weights and history are compared), saved with ``model.save`` by
 every worker (the chief's file: ``argv[1]/model.keras``) and that file loaded in plain Keras. With ``argv[2] ==
@@ -46,6 +47,8 @@ def main() -> None:
         reference = _plain_fit(plain, x, y) if chief else {}
         if name == "adam_schedule" and not parity_only:  # stopped, backed up, resumed: it must still end as plain fit
             model, result, out["resume"] = _stopped_and_resumed(x, y, optimizer, initial)
+        elif name == "adamw_accumulate" and not parity_only:  # the same, backed up at the end of an update
+            model, result = _accumulation_resumed(x, y, optimizer, initial, zc.FIT_OPTIONS[name])
         else:
             model = zc.model(optimizer, initial, scope=tfaccel.scope(strategy="multi_worker"))
             result = tfaccel.fit(model, x, y, batch_size=zc.BATCH, epochs=zc.EPOCHS, shuffle=False, verbose=0, seed=0,
@@ -53,7 +56,8 @@ def main() -> None:
         out[name] = {"history": result.history, "weights": [w.tolist() for w in model.get_weights()],
                      "bytes": sum(result.details["optimizer_state_bytes"].values()),
                      "variable_bytes": [int(np.prod(v.shape)) * 4 for v in plain.trainable_variables],
-                     "exchange": exchange_bytes(model.distribute_strategy), **reference}
+                     "exchange": exchange_bytes(model.distribute_strategy), "resumed_from": result.resumed_from,
+                     **reference}
         if chief and name == "adam_schedule" and not parity_only:
             out["resume"]["plain_state"] = [v.numpy().tolist() for v in plain.optimizer.variables]
     for name, optimizer in zc.EMBEDDING_OPTIMIZERS.items():
@@ -176,6 +180,20 @@ def _stopped_and_resumed(x, y, optimizer, initial):
         "loaded_class": f"{type(loaded.optimizer).__module__}.{type(loaded.optimizer).__name__}" if loaded else None,
         "loaded_state": [v.numpy().tolist() for v in loaded.optimizer.variables] if loaded else None,
         "loaded_weights": [w.tolist() for w in loaded.get_weights()] if loaded else None}
+
+
+def _accumulation_resumed(x, y, optimizer, initial, options):
+    """The sharded fit with gradient accumulation, a backup every 4 steps (2 updates), stopped at epoch 1 step 5
+    (inside an update) and resumed by a fresh model from the backup at step 4: ``(model, result)``."""
+    kw = dict(batch_size=zc.BATCH, epochs=zc.EPOCHS, shuffle=False, verbose=0, seed=0, shard_optimizer_state=True,
+              backup_dir=os.path.join(sys.argv[1], "accumulate_backup"), backup_freq=4, **options)
+    try:
+        tfaccel.fit(zc.model(optimizer, initial, scope=tfaccel.scope(strategy="multi_worker")), x, y,
+                    callbacks=[zc.StopAt(1, 5)], **kw)
+    except RuntimeError:
+        pass
+    model = zc.model(optimizer, initial, scope=tfaccel.scope(strategy="multi_worker"))
+    return model, tfaccel.fit(model, x, y, **kw)
 
 
 if __name__ == "__main__":

@@ -145,6 +145,7 @@ class ShardOptimizerState(ShardedMovingAverage, ShardedAccumulation):
         slots, saved = getattr(self, "_tfaccel_slots", {}), self._tfaccel_saved()
         if len(store.keys()) != len(saved) or (len(saved) == len(self.variables) and not slots):
             super().load_own_variables(store)  # type: ignore[misc]  # Keras' own load, or its warning
+            self._tfaccel_realign()
             return
         for i, variable in enumerate(saved):
             info = slots.get(id(variable))
@@ -156,6 +157,7 @@ class ShardOptimizerState(ShardedMovingAverage, ShardedAccumulation):
                                  f"{tuple(value.shape)}, not {info[0]}: a file written with its slots apart (a tfaccel "
                                  "backup of sharded state) loads through tfaccel's backups")
             variable.assign(value)
+        self._tfaccel_realign()  # the accumulation's counter, which is not saved
 
     def _clip_gradients(self, grads: Any) -> Any:
         return grads  # clipped once reduced (in _tfaccel_update), with the global norm

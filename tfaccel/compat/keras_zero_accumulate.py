@@ -11,8 +11,11 @@ the micro-batches counted so far, ``iterations`` counting updates, ``use_ema``'s
 (:mod:`tfaccel.compat.keras_zero_ema`) and each variable's ``constraint`` after every micro-batch.
 
 The accumulators and the micro-batch counter are the job's, not the optimizer's state: neither is saved (a ``.keras``
-file holds what plain Keras' optimizer holds), so tfaccel.train.zero refuses ``backup_dir`` with accumulation and
-sharding (a backup between micro-batches would lose the sums of the ones before it).
+file holds what plain Keras' optimizer holds). Hence backups are written only where the sums are empty, at the end
+of an update (:func:`update_boundary`): tfaccel.train.zero refuses ``backup_dir`` unless every epoch and every
+``backup_freq`` is a whole number of updates, and a preemption stops at the next update's end. A load puts the
+counter back where such a save was made (``iterations`` x N, :meth:`ShardedAccumulation._tfaccel_realign`), so the
+schedule goes on at the micro-batch the uninterrupted job would read it at.
 
 It reads the optimizer's private ``_trainable_variables``, ``_get_variable_index``, ``_iterations`` and
 ``_distribution_strategy``; tests/training/test_zero.py fails when one of them moves.
@@ -25,7 +28,7 @@ import tensorflow as tf
 from tfaccel.compat import keras_internals
 from tfaccel.compat.keras_optimizer import MicroStepSchedule, backing_variables
 
-__all__ = ["ShardedAccumulation"]
+__all__ = ["ShardedAccumulation", "update_boundary"]
 
 
 class ShardedAccumulation(MicroStepSchedule):
@@ -44,6 +47,15 @@ class ShardedAccumulation(MicroStepSchedule):
         self._tfaccel_micro_step = self.add_variable((), initializer="zeros", dtype="int64",
                                                      name="tfaccel_micro_step")
         self._tfaccel_unsaved = {id(v) for v in self._tfaccel_accumulators + [self._tfaccel_micro_step]}
+
+    def _tfaccel_realign(self) -> None:
+        """After a load (a backup, a ``.keras`` file): the state of an update's end, where backups are written: the
+        micro-batch counter at ``iterations`` x N, the accumulators empty."""
+        if self.tfaccel_accumulation_steps <= 1 or getattr(self, "_tfaccel_micro_step", None) is None:
+            return
+        self._tfaccel_micro_step.assign(self._iterations.value * self.tfaccel_accumulation_steps)
+        for accumulator in self._tfaccel_accumulators:
+            accumulator.assign(tf.zeros(accumulator.shape, accumulator.dtype))
 
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
         if self.tfaccel_accumulation_steps <= 1:
@@ -98,3 +110,10 @@ def _add(distribution: Any, grads: List[Any], accumulators: List[Any]) -> None:
         if grad is not None:
             distribution.extended.update(accumulator, lambda a, g: a.assign_add(tf.cast(g, a.dtype)), args=(grad,),
                                          group=False)
+
+
+def update_boundary(optimizer: Any) -> int:
+    """Micro-batches from one point where a backup may be written to the next: N for this accumulation (its sums are
+    not saved), 1 for any other optimizer (``optimizer`` possibly a LossScaleOptimizer, whose accumulation is not
+    sharded)."""
+    return int(optimizer.tfaccel_accumulation_steps) if isinstance(optimizer, ShardedAccumulation) else 1

@@ -11,6 +11,7 @@ position to start from), :func:`backup_callbacks` (the journal, the step backup,
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
+from tfaccel.compat.keras_zero_accumulate import update_boundary
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
 from tfaccel.resilience.backup_check import check_position
@@ -136,7 +137,8 @@ def add_preemption(ctx: FitContext) -> None:
     progress = Progress(backup_dir, is_chief=backend.is_chief, steps_per_epoch=ctx.data.steps_per_epoch or 0)
     # the stop's backup is on disk before the process exits 75 (save_durably waits for the background write)
     ctx.preemption = make_preemption(backend, save=backup.save_durably if backup is not None else None,
-                                     can_save=bool(backup_dir), epochs=ctx.request.epochs, task=task, progress=progress)
+                                     can_save=bool(backup_dir), epochs=ctx.request.epochs, task=task, progress=progress,
+                                     update_every=update_boundary(ctx.model.optimizer))
     if backend.uses_keras_fit:  # parameter_server: the coordinator loop checks between its joins
         ctx.named["preemption"] = preemption_callback(ctx.preemption, steps_per_epoch=ctx.data.steps_per_epoch or 0,
                                                       step_offset=ctx.start_step)

@@ -17,6 +17,8 @@ a step through the coordination service); Keras ``fit`` has nothing. tfaccel doe
   workers, Horovod ranks; none on one process or on the parameter-server coordinator). The
   processes run in lock-step, so all of them see the same answer at the same boundary. Then the chief writes the
   backup at that (epoch, step), a second all-reduce waits for it, and :class:`tfaccel.errors.Preempted` is raised.
+  Where a backup can be written only at the end of an update (sharded gradient accumulation, whose sums are not
+  saved: ``update_every``), the boundaries in between are not checked: the stop comes at the next update's end.
 """
 
 import atexit
@@ -195,12 +197,16 @@ class Preemption:
         check_every: check every this many batch boundaries (epoch ends are always checked); None: "auto", none in
             the first :data:`PROBE_BOUNDARIES` boundaries, then about one every :data:`CHECK_PERIOD_S` seconds of
             training (the interval agreed by every process: the mean of what each measured).
+        update_every: only steps that are a multiple of this (and epoch ends) are boundaries; the micro-batches of
+            one update under sharded gradient accumulation (a backup between them would lose their sums).
+            Defaults to 1.
     """
 
     def __init__(self, watch: SignalWatch, *, total: Callable[[float], float], processes: int,
                  save: Optional[Callable[[int, int], None]], epochs: int, check_every: Optional[int] = None,
-                 progress: Any = None) -> None:
+                 progress: Any = None, update_every: int = 1) -> None:
         self.watch, self.total, self.processes, self.save = watch, total, max(1, processes), save
+        self.update_every = max(1, int(update_every))
         self.progress = progress  # a tfaccel.resilience.restarts.Progress: how far training got, for details["restarts"]
         self.epochs, self.auto = epochs, check_every is None
         self.check_every = 1 if check_every is None else max(1, int(check_every))
@@ -214,9 +220,11 @@ class Preemption:
         Raises:
             Preempted: a process got the signal; the backup (if any) holds (epoch, step).
         """
-        self.boundaries += 1
         if self.progress is not None:
             self.progress.note(epoch, step)
+        if not epoch_end and step % self.update_every:
+            return  # inside an update: no backup can be written here
+        self.boundaries += 1
         if self.auto and self.boundaries <= PROBE_BOUNDARIES:
             if self.boundaries == 2:
                 self._second = time.perf_counter()
@@ -261,10 +269,12 @@ class Preemption:
         raise Preempted(epoch=epoch, step=step, saved=self.save is not None)
 
     def details(self) -> Dict[str, Any]:
-        """What ``FitResult.details["preemption"]`` reports: the checks made and what they cost."""
+        """What ``FitResult.details["preemption"]`` reports: the checks made and what they cost (and, where a stop
+        can come only at an update's end, every how many steps that is)."""
         return {"signals": [signal.Signals(s).name for s in preemption_signals()],
                 "check_every": f"{self.check_every} (auto)" if self.auto else self.check_every,
-                "checks": self.checks, "check_seconds": round(self.check_seconds, 4)}
+                "checks": self.checks, "check_seconds": round(self.check_seconds, 4),
+                **({"stops_at_update_ends_every": self.update_every} if self.update_every > 1 else {})}
 
 
 def preemption_callback(preemption: Preemption, *, steps_per_epoch: int, step_offset: int = 0) -> Any:
@@ -295,13 +305,13 @@ def preemption_callback(preemption: Preemption, *, steps_per_epoch: int, step_of
 
 
 def make_preemption(backend: Any, *, save: Optional[Callable[[int, int], None]], can_save: bool, epochs: int,
-                    task: str, progress: Any = None) -> Preemption:
+                    task: str, progress: Any = None, update_every: int = 1) -> Preemption:
     """The job's :class:`Preemption`, its agreement chosen for the backend (see the module doc).
 
     Args:
         backend: the job's Backend. save: writes the backup at (epoch, step) (None: set later, by the loop that
             writes its own backups, or no backup_dir). can_save: a backup_dir was given. epochs: the job's epochs.
-        task: this process, for the log. progress: see :class:`Preemption`.
+        task: this process, for the log. progress, update_every: see :class:`Preemption`.
 
     Raises:
         ConfigError: ``TFACCEL_PREEMPTION_SIGNAL``, ``_TIMEOUT`` or ``_CHECK_EVERY`` is malformed.
@@ -321,4 +331,4 @@ def make_preemption(backend: Any, *, save: Optional[Callable[[int, int], None]],
         total = float  # one process decides alone (one worker, or the parameter-server coordinator)
     watch = SignalWatch(can_save=can_save, task=task, timeout=timeout)
     return Preemption(watch, total=total, processes=processes, save=save, epochs=epochs, check_every=check_every,
-                      progress=progress)
+                      progress=progress, update_every=update_every)

@@ -118,7 +118,8 @@ def _adapt(ctx: FitContext, loop_name: str) -> Dict[str, Any]:
                                     batch_size=data.batch_size, device_memory_bytes=_device_memory_bytes(),
                                     checkpoint_dir=request.backups.checkpoint_dir, backend=backend,
                                     input_shape=example_shape(data), callbacks=request.callbacks,
-                                    backup_dir=request.backups.backup_dir)
+                                    backup_dir=request.backups.backup_dir, backup_freq=request.backups.backup_freq,
+                                    steps_per_epoch=data.steps_per_epoch)
     if sharded:  # the plan says whether the optimizer state is sharded, and why
         changes["optimizer_state"] = sharded
         ctx.plan = dataclasses.replace(ctx.plan, notes=ctx.plan.notes + (sharded,))

@@ -14,7 +14,8 @@ What would not train exactly as ``model.fit`` is refused before training, with t
 device, multi_worker with several devices per worker, parameter_server, TPU), any dtype policy but float32,
 mixed_bfloat16 and mixed_float16 (whose variables, gradients and slots are float32; under mixed_float16 the
 ``LossScaleOptimizer``'s inner optimizer is sharded), Keras' own ``gradient_accumulation_steps``, tfaccel's
-accumulation with a ``LossScaleOptimizer`` or with backups (``backup_dir``, ``BackupAndRestore``), a model's own
+accumulation with a ``LossScaleOptimizer``, with Keras' ``BackupAndRestore``, or with a ``backup_dir`` whose
+backups would be due inside an update (an epoch or ``backup_freq`` not a multiple of the micro-batches), a model's own
 ``train_step``, Keras' ``SwapEMAWeights`` callback, an optimizer built unsharded. An optimizer's moving average of
 the weights (``use_ema``) is sharded with its slots (``tfaccel.compat.keras_zero_ema``); tfaccel's gradient
 accumulation sums each replica's micro-batches locally and runs the sharded update once per update
@@ -92,15 +93,31 @@ def _check_loss_scaling(model: Any) -> None:
                       f"use precision='mixed_bfloat16' (no loss scaling) or 'float32', or {_FIX}")
 
 
-def _check_accumulation_saves(accumulation_steps: int, backup_dir: Optional[str], callbacks: Sequence[Any]) -> None:
+def _check_accumulation_saves(accumulation_steps: int, backup_dir: Optional[str], callbacks: Sequence[Any], *,
+                              steps_per_epoch: Optional[int], backup_freq: Optional[int]) -> None:
     """Sharded accumulation's sums of the micro-batches so far are not optimizer state (tfaccel.compat.
-    keras_zero_accumulate): a resume from a save between two updates would lose them."""
+    keras_zero_accumulate): backups are written at the end of an update only, so every place one is due (each
+    epoch's end, every ``backup_freq`` steps) must be one; Keras' ``BackupAndRestore`` saves where it likes."""
+    if accumulation_steps <= 1:
+        return
     restores = [type(c).__name__ for c in callbacks if isinstance(c, keras.callbacks.BackupAndRestore)]
-    if accumulation_steps > 1 and (backup_dir or restores):
-        what = f"backup_dir={backup_dir!r}" if backup_dir else f"callback {restores[0]}"
-        raise _refuse(f"{what} with gradient accumulation ({accumulation_steps} micro-batches): the sums of the "
-                      "micro-batches before a backup are not in it, so a resume between two updates would train "
-                      "another model", f"train without backups, or with gradient_accumulation_steps=1, or {_FIX}")
+    if restores:
+        raise _refuse(f"callback {restores[0]} with gradient accumulation ({accumulation_steps} micro-batches): it "
+                      "saves between two updates too, and the sums of the micro-batches before a save are not in it",
+                      "drop it and pass backup_dir= to tfaccel.fit (its backups are written at the end of an "
+                      f"update), or train with gradient_accumulation_steps=1, or {_FIX}")
+    if not backup_dir:
+        return
+    due = [f"an epoch of {'an unknown number of' if steps_per_epoch is None else steps_per_epoch} steps"
+           if steps_per_epoch is None or steps_per_epoch % accumulation_steps else "",
+           f"backup_freq={backup_freq}" if backup_freq and backup_freq % accumulation_steps else ""]
+    due = [d for d in due if d]
+    if due:
+        raise _refuse(f"backup_dir={backup_dir!r} with gradient accumulation ({accumulation_steps} micro-batches): "
+                      "a backup is written only at the end of an update (the sums of the micro-batches before it "
+                      f"are not saved), and {' and '.join(due)} would end inside one",
+                      f"choose a number of steps per epoch and a backup_freq that are multiples of "
+                      f"{accumulation_steps}, or train without backup_dir, or {_FIX}")
 
 
 def _check_callbacks(callbacks: Sequence[Any]) -> None:
@@ -161,7 +178,8 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
                           device_memory_bytes: Optional[int] = None,
                           checkpoint_dir: Optional[str] = None, backend: Any = None,
                           input_shape: Optional[Sequence[int]] = None, callbacks: Sequence[Any] = (),
-                          backup_dir: Optional[str] = None) -> Optional[str]:
+                          backup_dir: Optional[str] = None, backup_freq: Optional[int] = None,
+                          steps_per_epoch: Optional[int] = None) -> Optional[str]:
     """Swaps the class of the model's optimizer for its sharded subclass (in place) when ``setting`` is True, or
     ``"auto"`` and the replica does not fit its device.
 
@@ -181,7 +199,8 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
             open axes, e.g. a KerasHub model's sequence length); None where unknown.
         callbacks: the job's callbacks (Keras' ``SwapEMAWeights`` is refused with sharding, ``BackupAndRestore``
             with accumulation too).
-        backup_dir: the job's ``backup_dir`` (refused with accumulation).
+        backup_dir, backup_freq, steps_per_epoch: the job's backups and epoch (with accumulation, refused where a
+            backup would be due inside an update).
 
     Returns:
         What was decided and why (for the plan), or None for ``setting=False``.
@@ -199,7 +218,9 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
         if not on:
             return f"optimizer state not sharded: {why}"
     strategy, optimizer = model.distribute_strategy, unwrap_loss_scale(getattr(model, "optimizer", None))
-    _check_job(model, optimizer, own is not None, accumulation_steps, callbacks, backup_dir)
+    _check_job(model, optimizer, own is not None, accumulation_steps, callbacks)
+    _check_accumulation_saves(accumulation_steps, backup_dir, callbacks, steps_per_epoch=steps_per_epoch,
+                              backup_freq=backup_freq)
     # mixed_float16: the LossScaleOptimizer saves its inner part as sharded; swapped first, so that the classes the
     # backend and adapt_optimizer swap on for the fit (and give back after it) sit on top of it
     save_through_inner(model.optimizer)
@@ -214,15 +235,15 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
     return f"{done}{_details(model, sparse, accumulation_steps, replicas)}; {why}"
 
 
-def _check_job(model: Any, optimizer: Any, own_sharding: bool, accumulation_steps: int, callbacks: Sequence[Any],
-               backup_dir: Optional[str]) -> None:
-    """Every refusal before sharding (``own_sharding``: the backend shards over its processes itself)."""
+def _check_job(model: Any, optimizer: Any, own_sharding: bool, accumulation_steps: int,
+               callbacks: Sequence[Any]) -> None:
+    """The refusals before sharding but the backups' (``own_sharding``: the backend shards over its processes
+    itself)."""
     if not own_sharding:
         _check_strategy(model.distribute_strategy)
     _check_loss_scaling(model)
     _check_model(model, optimizer, accumulation_steps)
     _check_callbacks(callbacks)
-    _check_accumulation_saves(accumulation_steps, backup_dir, callbacks)
 
 
 def _details(model: Any, sparse: Any, accumulation_steps: int, replicas: int) -> str:
