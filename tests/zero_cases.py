@@ -37,6 +37,16 @@ REFERENCES: Dict[str, Callable[[], keras.optimizers.Optimizer]] = {
     "adamw_accumulate": lambda: _accumulating_adamw(ACCUMULATE)}
 
 
+def extras(case: str) -> Dict[str, Any]:
+    """A case's callbacks and validation data, made fresh for each fit, given to tfaccel's fit and to the plain
+    reference alike: "adamw_ema" is evaluated with the moving averages swapped in by Keras' ``SwapEMAWeights``, which
+    also swaps them in at each epoch's end and back at the next epoch's start."""
+    if case != "adamw_ema":
+        return {}
+    x, y = data()
+    return {"callbacks": [keras.callbacks.SwapEMAWeights(swap_on_epoch=True)], "validation_data": (x[:64], y[:64])}
+
+
 def _accumulating_adamw(keras_steps: Optional[int]) -> keras.optimizers.Optimizer:
     """AdamW with a schedule (read at the micro-batches so far), weight decay and clipnorm (of the mean gradient)."""
     return keras.optimizers.AdamW(keras.optimizers.schedules.ExponentialDecay(0.01, decay_steps=3, decay_rate=0.9),
@@ -53,6 +63,12 @@ def accumulated_words(case: str) -> str:
     steps = FIT_OPTIONS.get(case, {}).get("gradient_accumulation_steps")
     return (f"; gradients accumulated over {steps} micro-batches on each replica and exchanged once per update"
             if steps else "")
+
+
+def callback_words(case: str) -> str:
+    """The plan's words for a case's ``SwapEMAWeights`` (:func:`extras`; "" without one)."""
+    return ("; Keras' SwapEMAWeights swaps the weights with their moving averages on the variables' owners, who "
+            "share the result" if extras(case).get("callbacks") else "")
 
 
 def replicated_bytes(case: str, variable_bytes: Sequence[int]) -> int:
@@ -85,9 +101,10 @@ def model(optimizer: Callable[[], Any], weights: Optional[list] = None, *, scope
     return built
 
 
-def plain_fit(plain: keras.Model, x, y) -> dict:
-    """The reference: plain ``model.fit`` on one device, its history and final weights."""
-    history = plain.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0).history
+def plain_fit(plain: keras.Model, x, y, case: str = "") -> dict:
+    """The reference: plain ``model.fit`` on one device (with the ``case``'s :func:`extras`), its history and final
+    weights."""
+    history = plain.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, **extras(case)).history
     return {"plain_history": history, "plain_weights": [w.tolist() for w in plain.get_weights()]}
 
 

@@ -118,10 +118,10 @@ def main() -> None:
     for name, optimizer in zc.OPTIMIZERS.items():
         plain = zc.model(zc.REFERENCES.get(name, optimizer), metrics=["mae"])
         initial = plain.get_weights()
-        case = zc.plain_fit(plain, x, y) if rank == 0 else {}
+        case = zc.plain_fit(plain, x, y, name) if rank == 0 else {}
         model = zc.model(optimizer, initial, scope=tfaccel.scope(strategy="horovod"), metrics=["mae"])
         result = tfaccel.fit(model, x, y, batch_size=zc.BATCH, epochs=zc.EPOCHS, shuffle=False, verbose=0,
-                             shard_optimizer_state=True, **zc.FIT_OPTIONS.get(name, {}))
+                             shard_optimizer_state=True, **zc.FIT_OPTIONS.get(name, {}), **zc.extras(name))
         case.update(history=result.history, weights=[w.tolist() for w in model.get_weights()],
                     held=_held_bytes(model.optimizer), details_bytes=result.details.get("optimizer_state_bytes"),
                     note=result.details.get("optimizer_state"), plan_notes=list(result.plan.notes),

@@ -21,7 +21,7 @@ import tfaccel
 from tfaccel.errors import ConfigError
 from tfaccel.train.request import FitRequest
 from tfaccel.memory.shards import largest_share, partition_by_bytes, shard_loads
-from tfaccel.train.zero import shard_optimizer_state
+from tfaccel.train.zero import give_back_callbacks, shard_optimizer_state
 
 PROGRAM = Path(__file__).resolve().parent / "zero_program.py"
 SHARDED = ("adam_schedule", "adamw", "sgd_nesterov_clipnorm", "rmsprop_global_clipnorm", "lamb", "adamw_ema",
@@ -60,8 +60,8 @@ def test_sharded_training_equals_plain_fit(runs, replicas, case):
     assert bool(uneven) == (replicas == 4)  # 4 replicas: one kernel is 59% of this model, so one owner holds 2.36x
     assert zc.variable_blind(run["note"]).endswith(
         f"state sharded over {replicas} replicas (ZeRO-1: each variable's slots on one owner, gradients reduced to "
-        f"it, its update copied to every replica){zc.accumulated_words(case)}{uneven}; asked for "
-        "(shard_optimizer_state=True)")
+        f"it, its update copied to every replica){zc.accumulated_words(case)}{uneven}{zc.callback_words(case)}; "
+        "asked for (shard_optimizer_state=True)")
     assert run["note"] in run["plan_notes"]  # the plan says it, and why
     assert run["history"].keys() == plain["plain_history"].keys()
     for key, values in plain["plain_history"].items():
@@ -253,6 +253,11 @@ def test_the_keras_and_tf_internals_it_uses_are_there():
                  "_overwrite_model_variables_with_average_value", "_get_variable_index"):  # keras_zero_accumulate's
         assert callable(getattr(TFOptimizer, name)), name
     assert numpy_dataset.SingleDevice("/cpu:0").device == "/cpu:0"
+    import keras
+
+    for name in ("_tf_swap_variables", "_tf_finalize_ema_values"):  # SwapEMAWeights' TensorFlow path (keras_zero_ema)
+        assert list(inspect.signature(getattr(keras.callbacks.SwapEMAWeights, name)).parameters) == ["self",
+                                                                                                     "optimizer"]
     from tensorflow.python.distribute.collective_all_reduce_strategy import CollectiveAllReduceExtended
 
     assert "self._id_in_cluster = " in inspect.getsource(CollectiveAllReduceExtended)  # this worker's first replica
@@ -301,15 +306,12 @@ def _custom_step_class():
     (lambda k: _compiled(), "restore", r"callback BackupAndRestore with gradient accumulation \(2 micro-batches\): "
                                        r"it saves between two updates too"),
     (lambda k: _compiled(model_class=_custom_step_class()), 1, r"OwnStep has its own train_step"),
-    (lambda k: _compiled(k.optimizers.Adam(use_ema=True)), "swap",
-     r"callback SwapEMAWeights: it reads and writes the optimizer's moving averages on every replica"),
 ])
 def test_what_is_not_exact_is_refused(make, accumulation, message, clean_tf_config, cpu_replicas):
     import keras
 
-    callbacks = {"swap": [keras.callbacks.SwapEMAWeights()],
-                 "restore": [keras.callbacks.BackupAndRestore("/tmp/b")]}.get(accumulation, [])
-    steps = {"swap": 1, "backups_epoch": 2, "backups_freq": 2, "restore": 2}.get(accumulation, accumulation)
+    callbacks = {"restore": [keras.callbacks.BackupAndRestore("/tmp/b")]}.get(accumulation, [])
+    steps = {"backups_epoch": 2, "backups_freq": 2, "restore": 2}.get(accumulation, accumulation)
     where = {"callbacks": callbacks, "backup_dir": "/tmp/b" if str(accumulation).startswith("backups") else None,
              "steps_per_epoch": 7 if accumulation == "backups_epoch" else 8,
              "backup_freq": 3 if accumulation == "backups_freq" else 4}
@@ -317,6 +319,21 @@ def test_what_is_not_exact_is_refused(make, accumulation, message, clean_tf_conf
         shard_optimizer_state(make(keras), True, accumulation_steps=steps, **where)
     with pytest.raises(ConfigError, match="shard_optimizer_state=False"):  # the fix names the way out
         shard_optimizer_state(make(keras), True, accumulation_steps=steps, **where)
+
+
+def test_keras_swap_ema_weights_swaps_on_the_owners_for_the_job_and_is_given_back(clean_tf_config, cpu_replicas):
+    """The plan says so; the callback has tfaccel's subclass (same name) while the job trains, its own class after
+    (the parity programs' adamw_ema case trains and evaluates with it against plain model.fit)."""
+    import keras
+
+    swap, other = keras.callbacks.SwapEMAWeights(swap_on_epoch=True), keras.callbacks.History()
+    note = shard_optimizer_state(_compiled(keras.optimizers.Adam(use_ema=True)), True, accumulation_steps=1,
+                                 callbacks=[other, swap])
+    assert "; Keras' SwapEMAWeights swaps the weights with their moving averages on the variables' owners, who share " \
+           "the result; asked for" in note, note
+    assert type(swap) is not keras.callbacks.SwapEMAWeights and type(swap).__name__ == "SwapEMAWeights"
+    give_back_callbacks([other, swap])
+    assert type(swap) is keras.callbacks.SwapEMAWeights and type(other) is keras.callbacks.History
 
 
 def test_loss_scaling_is_sharded_by_a_backend_whose_processes_are_the_replicas(clean_tf_config, cpu_replicas):

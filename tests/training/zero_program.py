@@ -129,12 +129,12 @@ def main() -> None:
         plain = zc.model(zc.REFERENCES.get(name, optimizer), metrics=["mae"])
         initial = plain.get_weights()
         # the reference, plain fit on one device: the same for every N, so the N=2 process's alone
-        reference = _plain_fit(plain, x, y) if N == 2 else {}
+        reference = _plain_fit(plain, x, y, name) if N == 2 else {}
         model = zc.model(optimizer, initial, scope=tfaccel.scope(strategy="mirrored"), metrics=["mae"])
         shard = name != "adam_unsharded"
         result = tfaccel.fit(model, x, y, batch_size=zc.BATCH, epochs=zc.EPOCHS, shuffle=False, verbose=0,
                              shard_optimizer_state=shard, loop="keras" if name == "adam_keras_loop" else "auto",
-                             **zc.FIT_OPTIONS.get(name, {}))
+                             **zc.FIT_OPTIONS.get(name, {}), **zc.extras(name))
         copies = [[c.numpy().tolist() for c in mirrored.experimental_local_results(v.value)]
                   for v in model.trainable_variables]
         held = slot_bytes_per_device(model.optimizer, mirrored)
@@ -180,8 +180,8 @@ def _saved_and_loaded(model, path: str) -> dict:
             "equal": all(np.array_equal(a.numpy(), b) for a, b in zip(loaded.variables, values))}
 
 
-def _plain_fit(plain, x, y):
-    return {**zc.plain_fit(plain, x, y), "plain_iterations": int(plain.optimizer.iterations.numpy())}
+def _plain_fit(plain, x, y, case):
+    return {**zc.plain_fit(plain, x, y, case), "plain_iterations": int(plain.optimizer.iterations.numpy())}
 
 
 if __name__ == "__main__":

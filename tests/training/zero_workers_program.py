@@ -44,7 +44,7 @@ def main() -> None:
         plain = zc.model(zc.REFERENCES.get(name, optimizer), scope=tf.distribute.get_strategy().scope())
         initial = plain.get_weights()
         # the reference, plain fit on one device: the same on every worker, so the chief's alone
-        reference = _plain_fit(plain, x, y) if chief else {}
+        reference = _plain_fit(plain, x, y, name) if chief else {}
         if name == "adam_schedule" and not parity_only:  # stopped, backed up, resumed: it must still end as plain fit
             model, result, out["resume"] = _stopped_and_resumed(x, y, optimizer, initial)
         elif name == "adamw_accumulate" and not parity_only:  # the same, backed up at the end of an update
@@ -52,7 +52,7 @@ def main() -> None:
         else:
             model = zc.model(optimizer, initial, scope=tfaccel.scope(strategy="multi_worker"))
             result = tfaccel.fit(model, x, y, batch_size=zc.BATCH, epochs=zc.EPOCHS, shuffle=False, verbose=0, seed=0,
-                                 shard_optimizer_state=True, **zc.FIT_OPTIONS.get(name, {}))
+                                 shard_optimizer_state=True, **zc.FIT_OPTIONS.get(name, {}), **zc.extras(name))
         out[name] = {"history": result.history, "weights": [w.tolist() for w in model.get_weights()],
                      "bytes": sum(result.details["optimizer_state_bytes"].values()),
                      "variable_bytes": [int(np.prod(v.shape)) * 4 for v in plain.trainable_variables],
@@ -68,8 +68,8 @@ def main() -> None:
     print(json.dumps(out))
 
 
-def _plain_fit(plain, x, y):
-    return {**zc.plain_fit(plain, x, y),
+def _plain_fit(plain, x, y, case):
+    return {**zc.plain_fit(plain, x, y, case),
             "full_bytes": sum(int(np.prod(v.shape)) * 4 for v in plain.optimizer.variables)}
 
 

@@ -15,20 +15,27 @@ owner only (an empty stand-in on the other workers). So, mixed in by the sharded
   merge call, under a ``tf.cond`` on the step (Keras' own overwrite there, a merge call inside a ``tf.cond`` in
   replica context, fails under a MirroredStrategy: "merge_call called while defining a new graph").
 
+Keras' ``SwapEMAWeights`` callback swaps the weights with their averages (at epoch ends, around evaluation and
+prediction) on every replica, through the optimizer's ``_distribution_strategy``; with sharded state only the owner
+holds an average. :data:`SWAP_CALLBACK` swaps a subclass onto the user's callback for the job (tfaccel.train.zero):
+its TensorFlow path has each owner swap its copy with the average (Keras' arithmetic: ``v += a; a = v - a;
+v -= a``) and share the result like an update, and its final ``average = weights`` runs on the owners; the
+variables left unsharded go through Keras' own steps. With an unsharded optimizer it is Keras' callback.
+
 It overrides Keras' private ``_backend_apply_gradients``, ``_update_model_variables_moving_average`` and
-``_overwrite_model_variables_with_average_value``; tests/training/test_zero.py fails when one of them moves.
-Keras' ``SwapEMAWeights`` callback reads and writes the averages itself: tfaccel.train.zero refuses it with sharding.
+``_overwrite_model_variables_with_average_value``, and the callback's ``_tf_swap_variables`` and
+``_tf_finalize_ema_values``; tests/training/test_zero.py fails when one of them moves.
 """
 
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 import keras
 import tensorflow as tf
 
-from tfaccel.compat import keras_internals
+from tfaccel.compat import ClassSwap, keras_internals
 from tfaccel.compat.keras_optimizer import applying, backing_variables, in_apply
 
-__all__ = ["ShardedMovingAverage"]
+__all__ = ["ShardedMovingAverage", "SWAP_CALLBACK"]
 
 
 class ShardedMovingAverage:
@@ -81,16 +88,65 @@ class ShardedMovingAverage:
     def _tfaccel_overwrite(self, distribution: Any, tvars: List[Any], label: Optional[str]) -> Any:
         """The averages assigned to the variables: each owner's to its copy, then shared with every replica
         (``label``: the exchange's name in the step's count of bytes; None outside a step)."""
+        return self._tfaccel_with_averages(distribution, tvars, lambda v, a: v.assign(a), share=label or True)
+
+    def _tfaccel_with_averages(self, distribution: Any, tvars: List[Any], change: Callable[[Any, Any], Any], *,
+                               share: Any) -> Any:
+        """``change(variable copy, average)`` on each owner's copy (every replica's for the variables left
+        unsharded); then, where ``share`` (True, or the exchange's label), the owners' copies shared."""
         sharded = []
         for var, average in zip(tvars, self._model_variables_moving_average):
             key = self._var_key(var)
             if key not in self._tfaccel_owner:
-                distribution.extended.update(var, lambda v, a: v.assign(a), args=(average.value,), group=False)
+                distribution.extended.update(var, change, args=(average.value,), group=False)
                 continue
             sharded.append(var)
             owner = self._tfaccel_owner[key]
             if owner is not None:
                 with tf.device(self._tfaccel_devices[owner]):
-                    distribution.experimental_local_results(var)[owner].assign(average.value)
-        self._tfaccel_share(distribution, sharded, label=label)
+                    change(distribution.experimental_local_results(var)[owner], average.value)
+        if share:
+            self._tfaccel_share(distribution, sharded, label=share if isinstance(share, str) else None)
         return tf.no_op()
+
+    def tfaccel_swap_averages(self, *, finalize: bool = False) -> None:
+        """What ``SwapEMAWeights`` does to the weights and their averages, done by the owners (see the module doc):
+        swapped (Keras' arithmetic), or with ``finalize`` each average set to its weights. Eager, on every
+        process at the same point (its exchange between workers is a collective)."""
+        functions = self.__dict__.setdefault("_tfaccel_swap_functions", {})  # traced once per kind
+        if finalize not in functions:
+            tvars, distribution = backing_variables(self._trainable_variables), self._distribution_strategy
+            change = _average_from_weights if finalize else _swap
+            functions[finalize] = tf.function(
+                lambda: self._tfaccel_with_averages(distribution, tvars, change, share=not finalize) and None)
+        functions[finalize]()
+
+
+def _swap(variable: Any, average: Any) -> Any:
+    """Keras' swap of a variable and its average (``SwapEMAWeights._tf_swap_variables``), its steps in its order."""
+    variable.assign_add(average)
+    average.assign(variable - average)
+    return variable.assign(variable - average)
+
+
+def _average_from_weights(variable: Any, average: Any) -> Any:
+    return average.assign(variable)
+
+
+class _SwapOnOwners:
+    """Mixed in before the user's ``SwapEMAWeights`` (see the module doc)."""
+
+    def _tf_swap_variables(self, optimizer: Any) -> None:
+        if isinstance(optimizer, ShardedMovingAverage):
+            optimizer.tfaccel_swap_averages()
+        else:
+            super()._tf_swap_variables(optimizer)  # type: ignore[misc]
+
+    def _tf_finalize_ema_values(self, optimizer: Any) -> None:
+        if isinstance(optimizer, ShardedMovingAverage):
+            optimizer.tfaccel_swap_averages(finalize=True)
+        else:
+            super()._tf_finalize_ema_values(optimizer)  # type: ignore[misc]
+
+
+SWAP_CALLBACK = ClassSwap(_SwapOnOwners, "_tfaccel_swap_ema_class")

@@ -38,7 +38,7 @@ from tfaccel.train.request import FitRequest
 from tfaccel.train.result import FitResult
 from tfaccel.train.scope import plan_for_model
 from tfaccel.train.xla_payback import job_decision
-from tfaccel.train.zero import shard_optimizer_state, xla_fallback
+from tfaccel.train.zero import give_back_callbacks, shard_optimizer_state, xla_fallback
 from tfaccel.xla import decided_per_job, resolve_compile_jit
 
 if TYPE_CHECKING:
@@ -220,6 +220,7 @@ def train(ctx: FitContext, loop: "Loop") -> FitResult:
         raise
     finally:
         restore_optimizer_class(ctx.model)
+        give_back_callbacks(ctx.request.callbacks)
     seconds = time.perf_counter() - t0
     _loop_phases(ctx.phases, outcome, seconds)
     with ctx.phases("result_s"):

@@ -16,8 +16,9 @@ mixed_bfloat16 and mixed_float16 (whose variables, gradients and slots are float
 ``LossScaleOptimizer``'s inner optimizer is sharded), Keras' own ``gradient_accumulation_steps``, tfaccel's
 accumulation with a ``LossScaleOptimizer``, with Keras' ``BackupAndRestore``, or with a ``backup_dir`` whose
 backups would be due inside an update (an epoch or ``backup_freq`` not a multiple of the micro-batches), a model's own
-``train_step``, Keras' ``SwapEMAWeights`` callback, an optimizer built unsharded. An optimizer's moving average of
-the weights (``use_ema``) is sharded with its slots (``tfaccel.compat.keras_zero_ema``); tfaccel's gradient
+``train_step``, an optimizer built unsharded. An optimizer's moving average of the weights (``use_ema``) is sharded
+with its slots, and Keras' ``SwapEMAWeights`` callback swaps on the owners for the job
+(``tfaccel.compat.keras_zero_ema``); tfaccel's gradient
 accumulation sums each replica's micro-batches locally and runs the sharded update once per update
 (``tfaccel.compat.keras_zero_accumulate``). Under
 mirrored, multi_worker and Horovod the tables of Embedding layers (sparse ``IndexedSlices``
@@ -42,6 +43,7 @@ import tensorflow as tf
 
 from tfaccel.compat import keras_loss_scale
 from tfaccel.compat.keras_zero import is_sharded, leave_unsharded, sharded_class, sparse_gradient_variables
+from tfaccel.compat.keras_zero_ema import SWAP_CALLBACK
 from tfaccel.compat.keras_zero_loss_scale import save_through_inner
 from tfaccel.compat.keras_zero_ranks import over_ranks
 from tfaccel.errors import ConfigError
@@ -49,7 +51,7 @@ from tfaccel.memory.estimate import estimate_memory
 from tfaccel.memory.shards import largest_share, partition_by_bytes
 from tfaccel.precision import unwrap_loss_scale
 
-__all__ = ["shard_optimizer_state", "xla_fallback", "UNEVEN", "SHARDED_POLICIES"]
+__all__ = ["shard_optimizer_state", "give_back_callbacks", "xla_fallback", "UNEVEN", "SHARDED_POLICIES"]
 
 _FIX = "train with shard_optimizer_state=False (the default)"
 UNEVEN = 1.25  # the plan says how uneven the shards are above this largest share / mean share
@@ -120,15 +122,6 @@ def _check_accumulation_saves(accumulation_steps: int, backup_dir: Optional[str]
                       f"{accumulation_steps}, or train without backup_dir, or {_FIX}")
 
 
-def _check_callbacks(callbacks: Sequence[Any]) -> None:
-    swaps = [type(c).__name__ for c in callbacks if isinstance(c, keras.callbacks.SwapEMAWeights)]
-    if swaps:
-        raise _refuse(f"callback {swaps[0]}: it reads and writes the optimizer's moving averages on every replica, "
-                      "and with sharded state each average is held by its variable's owner alone",
-                      "drop the callback (the moving averages are written to the weights at the end of fit, as "
-                      f"Keras does with use_ema=True), or {_FIX}")
-
-
 def _check_model(model: Any, optimizer: Any, accumulation_steps: int) -> None:
     if model.dtype_policy.name not in SHARDED_POLICIES:
         raise _refuse(f"the model trains under the {model.dtype_policy.name!r} dtype policy; sharding is tested for "
@@ -197,8 +190,8 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
         backend: the job's backend; one with its own ``shard_optimizer`` (Horovod) shards the optimizer itself.
         input_shape: one example's shape in the job's data, for ``"auto"``'s memory estimate (it fills the model's
             open axes, e.g. a KerasHub model's sequence length); None where unknown.
-        callbacks: the job's callbacks (Keras' ``SwapEMAWeights`` is refused with sharding, ``BackupAndRestore``
-            with accumulation too).
+        callbacks: the job's callbacks (Keras' ``SwapEMAWeights`` swaps on the owners until
+            :func:`give_back_callbacks`; ``BackupAndRestore`` is refused with accumulation).
         backup_dir, backup_freq, steps_per_epoch: the job's backups and epoch (with accumulation, refused where a
             backup would be due inside an update).
 
@@ -232,7 +225,23 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
     leave_unsharded(optimizer, [v for v in model.trainable_variables if v.path in sparse])
     optimizer.tfaccel_accumulation_steps = int(accumulation_steps)
     replicas = backend.num_replicas_in_sync if own is not None else strategy.num_replicas_in_sync
-    return f"{done}{_details(model, sparse, accumulation_steps, replicas)}; {why}"
+    return f"{done}{_details(model, sparse, accumulation_steps, replicas)}{_swap_callbacks(callbacks)}; {why}"
+
+
+def _swap_callbacks(callbacks: Sequence[Any]) -> str:
+    """Keras' ``SwapEMAWeights`` callbacks made to swap on the owners for the job (given back by
+    :func:`give_back_callbacks`); the plan's words ("" without one)."""
+    swaps = [c for c in callbacks if isinstance(c, keras.callbacks.SwapEMAWeights)]
+    for callback in swaps:
+        SWAP_CALLBACK.apply(callback)
+    return ("; Keras' SwapEMAWeights swaps the weights with their moving averages on the variables' owners, who "
+            "share the result" if swaps else "")
+
+
+def give_back_callbacks(callbacks: Sequence[Any]) -> None:
+    """The job's callbacks given their own classes back after training (see :func:`shard_optimizer_state`)."""
+    for callback in callbacks:
+        SWAP_CALLBACK.remove(callback)
 
 
 def _check_job(model: Any, optimizer: Any, own_sharding: bool, accumulation_steps: int,
@@ -243,7 +252,6 @@ def _check_job(model: Any, optimizer: Any, own_sharding: bool, accumulation_step
         _check_strategy(model.distribute_strategy)
     _check_loss_scaling(model)
     _check_model(model, optimizer, accumulation_steps)
-    _check_callbacks(callbacks)
 
 
 def _details(model: Any, sparse: Any, accumulation_steps: int, replicas: int) -> str:
