@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -131,6 +132,22 @@ def test_shard_optimizer_state_flag_estimates_each_replicas_share():
     assert len(shares) == 2 and report["optimizer_bytes"] < sum(shares) < report["optimizer_bytes"] + 2 * 12
     assert report["total_bytes"] == (report["parameter_bytes"] + report["gradient_bytes"] + max(shares)
                                      + report["activation_bytes"])
+
+
+def test_gradient_accumulation_flag_adds_the_sums_on_every_replica():
+    proc = _cli("--model", "mlp", "--batch-size", "8", "--strategy", "mirrored", "--replicas", "2",
+                "--shard-optimizer-state", "--gradient-accumulation-steps", "4", "--recompute", "none", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["accumulator_bytes"] == report["gradient_bytes"] + 8  # the mlp's variables are all trainable
+    assert report["total_bytes"] == (report["parameter_bytes"] + report["gradient_bytes"]
+                                     + max(report["optimizer_shard_bytes"]) + report["accumulator_bytes"]
+                                     + report["activation_bytes"])
+    table = _cli("--model", "mlp", "--batch-size", "8", "--gradient-accumulation-steps", "4", "--recompute", "none")
+    assert table.returncode == 0, table.stderr
+    assert re.search(r"gradient sums\s+[\d.]+ MiB  gradient accumulation: one per trainable variable", table.stdout)
+    bad = _cli("--model", "mlp", "--batch-size", "8", "--gradient-accumulation-steps", "zero")
+    assert bad.returncode == 2 and "--gradient-accumulation-steps" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_table_shows_the_sharded_optimizer_share():

@@ -104,7 +104,31 @@ def test_to_dict_is_json_ready():
     assert out["total_bytes"] == est.total_bytes and out["ps_shard_bytes"] == list(est.ps_shard_bytes)
 
 
+def test_gradient_accumulation_adds_one_sum_per_trainable_variable_as_tfaccel_fit_holds_it():
+    """tfaccel.fit(gradient_accumulation_steps=2) on 2 mirrored replicas: each replica's optimizer variables after the
+    job are Adam's (the estimate's optimizer_bytes) plus the sums and the micro-batch counter (its
+    accumulator_bytes), to the byte."""
+    import numpy as np
+
+    import tfaccel
+
+    plain = _estimate(batch_size=8, recompute=False)
+    est = _estimate(batch_size=8, recompute=False, gradient_accumulation_steps=2)
+    assert est.accumulator_bytes == PARAM_BYTES + 8 and plain.accumulator_bytes == 0
+    assert est.total_bytes == plain.total_bytes + PARAM_BYTES + 8
+    assert est.to_dict()["accumulator_bytes"] == PARAM_BYTES + 8
+    with tfaccel.scope(strategy="mirrored"):
+        model = _dense((D,), C)
+        model.compile("adam", "sparse_categorical_crossentropy")
+    rng = np.random.RandomState(0)
+    tfaccel.fit(model, rng.randn(32, D).astype("float32"), rng.randint(0, C, 32), batch_size=8, epochs=1, verbose=0,
+                gradient_accumulation_steps=2)
+    held = sum(int(np.prod(v.shape)) * v.numpy().dtype.itemsize for v in model.optimizer.variables)
+    assert held == est.optimizer_bytes + est.accumulator_bytes
+
+
 @pytest.mark.parametrize("options, message", [
+    ({"gradient_accumulation_steps": 0}, r"gradient_accumulation_steps: must be a positive integer; received 0"),
     ({"strategy": "nccl"}, r"strategy: unknown value 'nccl'; valid values are: 'auto', 'default'"),
     ({"precision": "auto"}, r"precision: unknown value 'auto'; valid values are: 'float32', 'mixed_float16', "
                             r"'mixed_bfloat16'\. estimate_memory needs the policy itself"),

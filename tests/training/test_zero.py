@@ -101,8 +101,11 @@ def test_an_accumulating_jobs_keras_file_holds_what_plain_keras_holds(runs, repl
 
 
 @pytest.mark.parametrize("replicas", [2, 4])
-def test_the_memory_estimate_predicts_each_devices_share(runs, replicas):
-    run = runs[replicas]["adamw"]
+@pytest.mark.parametrize("case", ["adamw", "adamw_accumulate"])
+def test_the_memory_estimate_predicts_each_devices_share(runs, replicas, case):
+    """``tfaccel memory --shard-optimizer-state``: each device's slots, and with gradient accumulation the sums of
+    the micro-batches each device also holds, to the byte."""
+    run = runs[replicas][case]
     assert sorted(run["estimate"]) == sorted(run["held"].values())
 
 
@@ -399,6 +402,10 @@ def test_auto_shards_only_when_the_estimate_exceeds_the_device(clean_tf_config, 
     assert re.fullmatch(r"optimizer state not sharded: auto: off, one replica needs [\d,]+ bytes by tfaccel memory's "
                         r"estimate, within its device's 1,099,511,627,776 bytes", roomy)
     assert not is_sharded(model.optimizer)
+    accumulating = shard_optimizer_state(_compiled(), "auto", accumulation_steps=2, batch_size=8,
+                                         device_memory_bytes=2**40)
+    needs = [int(re.search(r"needs ([\d,]+) bytes", note).group(1).replace(",", "")) for note in (roomy, accumulating)]
+    assert needs[1] - needs[0] == 4 * (4 + 1) + 8  # the sums of the micro-batches (Dense(1) on 4 inputs) and counter
     tight = shard_optimizer_state(model, "auto", accumulation_steps=1, batch_size=8, device_memory_bytes=16)
     assert re.fullmatch(r"optimizer Adam: state sharded over 2 replicas \(ZeRO-1: .*\); auto: on, one replica needs "
                         r"[\d,]+ bytes by tfaccel memory's estimate, more than its device's 16 bytes", tight)

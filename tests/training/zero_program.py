@@ -147,10 +147,11 @@ def main() -> None:
                      "iterations": int(model.optimizer.iterations.numpy()), **reference}
         if name in zc.FIT_OPTIONS:  # a .keras file holds what plain Keras' optimizer holds, not the accumulators
             out[name]["keras_file"] = _saved_and_loaded(model, sys.argv[2] + f".{name}.keras")
-        if name == "adamw":  # what `tfaccel memory --shard-optimizer-state` predicts for each device
-            out[name]["estimate"] = list(estimate_memory(
-                zc.layers, input_shape=(8,), num_classes=3, batch_size=zc.BATCH, strategy="mirrored", replicas=N, optimizer=optimizer(), recompute=False,
-                shard_optimizer_state=True).optimizer_shard_bytes)
+        if name in ("adamw", "adamw_accumulate"):  # what `tfaccel memory --shard-optimizer-state` predicts per device
+            estimate = estimate_memory(zc.layers, input_shape=(8,), num_classes=3, batch_size=zc.BATCH,
+                                       strategy="mirrored", replicas=N, optimizer=optimizer(), recompute=False,
+                                       shard_optimizer_state=True, **zc.FIT_OPTIONS.get(name, {}))
+            out[name]["estimate"] = [share + estimate.accumulator_bytes for share in estimate.optimizer_shard_bytes]
     for name, optimizer in zc.EMBEDDING_OPTIMIZERS.items():
         out[name] = _embedding_case(mirrored, optimizer)
     out["embedding_ema_accumulate"] = _accumulated_averages_beside_a_table()

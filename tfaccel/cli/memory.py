@@ -45,6 +45,9 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     parser.add_argument("--shard-optimizer-state", action="store_true",
                         help="estimate with the optimizer state sharded over the replicas (ZeRO-1; mirrored or "
                              "multi_worker with --replicas 2 or more), as tfaccel fit --shard-optimizer-state")
+    parser.add_argument("--gradient-accumulation-steps", default="1",
+                        help="micro-batches per update, as tfaccel fit --gradient-accumulation-steps: above 1, "
+                             "counts its sums of the micro-batches on each replica")
     parser.add_argument("--measure", action="store_true", help="also measure one step here (child process on CPU)")
     parser.add_argument("--json", action="store_true", help="print the breakdown as JSON")
     parser.set_defaults(func=run)
@@ -101,15 +104,16 @@ def parse_options(args: argparse.Namespace) -> Dict[str, Any]:
             raise invalid_choice("--model", model, MODEL_NAMES, hint="Or give path/to/file.py:build_model")
     replicas = _positive_int("--replicas", args.replicas)
     batch_size, num_ps = _positive_int("--batch-size", args.batch_size), _positive_int("--num-ps", args.num_ps)
+    accumulation = _positive_int("--gradient-accumulation-steps", args.gradient_accumulation_steps)
     check_options(args.strategy, batch_size, replicas, num_ps, args.precision, args.optimizer.lower(),
-                  args.shard_optimizer_state)
+                  args.shard_optimizer_state, accumulation)
     return {"model_or_name": model, "batch_size": batch_size,
             "precision": args.precision, "strategy": args.strategy, "optimizer": args.optimizer.lower(),
             "recompute": {"auto": None, "all": "all", "none": False}[args.recompute],
             "replicas": replicas, "num_ps": num_ps, "input_shape": shape,
             "num_classes": None if args.num_classes is None else _positive_int("--num-classes", args.num_classes),
             "process_peak": _process_peak(args.process_peak, args.strategy, replicas),
-            "shard_optimizer_state": args.shard_optimizer_state}
+            "shard_optimizer_state": args.shard_optimizer_state, "gradient_accumulation_steps": accumulation}
 
 
 def _process_peak(choice: str, strategy: str, replicas: int) -> bool:
@@ -135,6 +139,9 @@ def format_table(report: Dict[str, Any]) -> str:
     if report.get("optimizer_shard_bytes"):
         rows.insert(3, ("optimizer slots, sharded", f"{max(report['optimizer_shard_bytes']) / _MIB:,.1f}",
                         f"the largest of {report['replicas']} replicas' shares (ZeRO-1); counted in the total"))
+    if report.get("accumulator_bytes"):
+        rows.insert(-2, ("gradient sums", f"{report['accumulator_bytes'] / _MIB:,.1f}",
+                         "gradient accumulation: one per trainable variable, on every replica"))
     if report.get("process_peak_bytes") is not None:
         rows.append(("process peak (CPU)", f"{report['process_peak_bytes'] / _MIB:,.1f}",
                      f"measured at batch 1 ({report['process_base_bytes'] / _MIB:,.0f} MiB) + traced activations"))

@@ -52,7 +52,9 @@ class MemoryEstimate:
     ``total_bytes`` = parameters + gradients + optimizer slots + activations, on one replica: the device
     (allocator) peak. ``process_peak_bytes`` = ``process_base_bytes`` (the measured peak of a fresh process that
     trains the model with one example per step) + ``activation_bytes`` - ``activation_bytes_base`` (the traced
-    activation peak at that batch of 1): the process peak on the CPU, None unless asked for.
+    activation peak at that batch of 1): the process peak on the CPU, None unless asked for. ``accumulator_bytes``:
+    tfaccel's gradient accumulation (``tfaccel.fit(gradient_accumulation_steps=N)``, N > 1): one sum per trainable
+    variable and the micro-batch counter, on every replica, sharded state or not (counted in the totals).
     """
 
     model: str
@@ -72,6 +74,7 @@ class MemoryEstimate:
     activation_bytes_recompute: Optional[int] = None
     ps_shard_bytes: Tuple[int, ...] = ()
     optimizer_shard_bytes: Tuple[int, ...] = ()
+    accumulator_bytes: int = 0
     process_base_bytes: Optional[int] = None
     activation_bytes_base: Optional[int] = None
     measured: Optional[Dict[str, Any]] = None
@@ -100,7 +103,7 @@ class MemoryEstimate:
         slots = 0 if self.strategy == "parameter_server" else self.optimizer_bytes
         if self.optimizer_shard_bytes:
             slots = max(self.optimizer_shard_bytes)
-        return self.parameter_bytes + self.gradient_bytes + slots
+        return self.parameter_bytes + self.gradient_bytes + slots + self.accumulator_bytes
 
     def to_dict(self) -> Dict[str, Any]:
         """A JSON-ready dict: every field plus the totals."""
@@ -252,7 +255,8 @@ def estimate_memory(model_or_name: Union[str, Callable[..., Any], Any], *, batch
                     precision: Optional[str] = None, strategy: str = "default", optimizer: Union[str, Any] = "adam",
                     recompute: Union[None, bool, str, Sequence[Any]] = None, replicas: int = 1, num_ps: int = 1,
                     input_shape: Optional[Sequence[int]] = None, num_classes: Optional[int] = None,
-                    process_peak: bool = False, shard_optimizer_state: bool = False) -> MemoryEstimate:
+                    process_peak: bool = False, shard_optimizer_state: bool = False,
+                    gradient_accumulation_steps: int = 1) -> MemoryEstimate:
     """Estimates the memory one replica needs to train a model, by tracing one training step.
 
     Args:
@@ -277,6 +281,8 @@ def estimate_memory(model_or_name: Union[str, Callable[..., Any], Any], *, batch
             adds. Needs a name or a file spec and one replica per process. Defaults to False.
         shard_optimizer_state: the optimizer state sharded as by ``tfaccel.fit`` (``optimizer_shard_bytes``: each
             replica's share; the totals count the largest). Defaults to False.
+        gradient_accumulation_steps: as given to ``tfaccel.fit``: above 1, its sums of the micro-batches
+            (``accumulator_bytes``). Defaults to 1.
 
     The step traced is the model's own ``train_step`` (inputs in the model's structure, dicts too) with sparse
     categorical cross-entropy on integer labels (another loss changes the activations by a few output-sized tensors).
@@ -292,7 +298,8 @@ def estimate_memory(model_or_name: Union[str, Callable[..., Any], Any], *, batch
         >>> est = estimate_memory("resnet50", batch_size=64, precision="mixed_float16")  # doctest: +SKIP
         >>> est.total_bytes / 2**30                                                       # doctest: +SKIP
     """
-    check_options(strategy, batch_size, replicas, num_ps, precision, optimizer, shard_optimizer_state)
+    check_options(strategy, batch_size, replicas, num_ps, precision, optimizer, shard_optimizer_state,
+                  gradient_accumulation_steps)
     batch = batch_size // replicas
     model, name, policy = _build(model_or_name, precision, input_shape, num_classes)
     peaks, opt = _trace_step(model, _fresh_optimizer(optimizer), batch, input_shape)
@@ -307,7 +314,14 @@ def estimate_memory(model_or_name: Union[str, Callable[..., Any], Any], *, batch
         strategy=strategy, optimizer=opt_name, **_state_bytes(model, opt, strategy, num_ps),
         activation_bytes=peaks["peak_bytes"], saved_activation_bytes=peaks["saved_bytes"], recompute_blocks=blocks,
         activation_bytes_recompute=recompute_peak, process_base_bytes=base[0], activation_bytes_base=base[1],
-        optimizer_shard_bytes=_optimizer_shards(model, opt, replicas) if shard_optimizer_state else ())
+        optimizer_shard_bytes=_optimizer_shards(model, opt, replicas) if shard_optimizer_state else (),
+        accumulator_bytes=_accumulator_bytes(model, gradient_accumulation_steps))
+
+
+def _accumulator_bytes(model: Any, steps: int) -> int:
+    """tfaccel's gradient accumulation on one replica: a sum shaped and typed like each trainable variable, and the
+    int64 micro-batch counter (tfaccel.compat.keras_optimizer, tfaccel.compat.keras_zero_accumulate); 0 for N = 1."""
+    return _nbytes(model.trainable_variables) + 8 if steps > 1 else 0
 
 
 def _state_bytes(model: Any, optimizer: Any, strategy: str, num_ps: int) -> Dict[str, Any]:

@@ -12,7 +12,8 @@ __all__ = ["check_options"]
 
 
 def check_options(strategy: str, batch_size: Any, replicas: int, num_ps: int, precision: Optional[str],
-                   optimizer: Union[str, Any], shard_optimizer_state: bool = False) -> None:
+                   optimizer: Union[str, Any], shard_optimizer_state: bool = False,
+                   gradient_accumulation_steps: Any = 1) -> None:
     """Checks estimate_memory's options before anything is built; the error names the option and what is valid."""
     if shard_optimizer_state and (strategy not in ("mirrored", "multi_worker") or replicas < 2):
         raise ConfigError(f"shard_optimizer_state: sharding needs strategy 'mirrored' or 'multi_worker' over 2 "
@@ -23,7 +24,8 @@ def check_options(strategy: str, batch_size: Any, replicas: int, num_ps: int, pr
     if precision is not None and precision not in POLICY_NAMES:
         raise invalid_choice("precision", precision, POLICY_NAMES,
                              hint="estimate_memory needs the policy itself, not 'auto'")
-    for name, value in (("batch_size", batch_size), ("replicas", replicas), ("num_ps", num_ps)):
+    for name, value in (("batch_size", batch_size), ("replicas", replicas), ("num_ps", num_ps),
+                        ("gradient_accumulation_steps", gradient_accumulation_steps)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{name}: must be a positive integer; received {value!r}")
     if batch_size % replicas:

@@ -142,10 +142,12 @@ def _check_model(model: Any, optimizer: Any, accumulation_steps: int) -> None:
 
 
 def _auto(model: Any, *, batch_size: Optional[int], device_memory_bytes: Optional[int],
-          ranks: Optional[int] = None, input_shape: Optional[Sequence[int]] = None) -> Tuple[bool, str]:
+          ranks: Optional[int] = None, input_shape: Optional[Sequence[int]] = None,
+          accumulation_steps: int = 1) -> Tuple[bool, str]:
     """``"auto"``: on when ``tfaccel memory``'s estimate of one replica exceeds its device's memory. ``ranks``: the
     processes of a backend that shards itself (Horovod), each one replica holding what a multi_worker worker holds.
-    ``input_shape``: one example's shape in the job's data (fills the model's open axes, e.g. a sequence length)."""
+    ``input_shape``: one example's shape in the job's data (fills the model's open axes, e.g. a sequence length).
+    ``accumulation_steps``: the job's gradient accumulation (its sums of the micro-batches counted)."""
     strategy = model.distribute_strategy
     replicas = ranks or strategy.num_replicas_in_sync
     multi_worker = bool(ranks) or isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
@@ -157,7 +159,8 @@ def _auto(model: Any, *, batch_size: Optional[int], device_memory_bytes: Optiona
     try:
         est = estimate_memory(model, batch_size=(batch_size or replicas), optimizer=model.optimizer,
                               strategy="multi_worker" if multi_worker else "mirrored",
-                              recompute=False, replicas=replicas, input_shape=input_shape)
+                              recompute=False, replicas=replicas, input_shape=input_shape,
+                              gradient_accumulation_steps=accumulation_steps)
     except ConfigError as error:  # e.g. an open axis the data did not fill: a prediction, not a reason to stop
         return False, (f"auto: off, tfaccel memory could not estimate one replica of this model ({error}); pass "
                        "shard_optimizer_state=True to shard it anyway")
@@ -207,7 +210,8 @@ def shard_optimizer_state(model: Any, setting: Any, *, accumulation_steps: int, 
     own = getattr(backend, "shard_optimizer", None)  # Horovod: the backend shards over its ranks itself
     if setting == "auto":
         on, why = _auto(model, batch_size=batch_size, device_memory_bytes=device_memory_bytes,
-                        ranks=backend.num_replicas_in_sync if own else None, input_shape=input_shape)
+                        ranks=backend.num_replicas_in_sync if own else None, input_shape=input_shape,
+                        accumulation_steps=accumulation_steps)
         if not on:
             return f"optimizer state not sharded: {why}"
     strategy, optimizer = model.distribute_strategy, unwrap_loss_scale(getattr(model, "optimizer", None))
