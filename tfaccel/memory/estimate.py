@@ -266,8 +266,7 @@ def estimate_memory(model_or_name: Union[str, Callable[..., Any], Any], *, batch
         precision: ``"float32"``, ``"mixed_float16"`` or ``"mixed_bfloat16"``. Defaults to None: float32 for a
             name or builder, the model's own policy for a model.
         strategy: a strategy name (``tfaccel.strategies.STRATEGY_NAMES``). Under ``"parameter_server"`` a replica
-            is a worker (no optimizer slots) and ``ps_shard_bytes`` gives each ps task's share. Defaults to
-            ``"default"``.
+            is a worker (no slots) and ``ps_shard_bytes`` gives each ps task's share. Defaults to ``"default"``.
         optimizer: an optimizer name or a Keras optimizer (its config is reused). Defaults to ``"adam"``.
         recompute: ``"auto"``, ``"all"`` or blocks as for :func:`tfaccel.memory.enable_recompute` to also estimate with
             recomputation (an error if the model cannot be split), False for no such estimate. Defaults to None:
@@ -281,8 +280,7 @@ def estimate_memory(model_or_name: Union[str, Callable[..., Any], Any], *, batch
             adds. Needs a name or a file spec and one replica per process. Defaults to False.
         shard_optimizer_state: the optimizer state sharded as by ``tfaccel.fit`` (``optimizer_shard_bytes``: each
             replica's share; the totals count the largest). Defaults to False.
-        gradient_accumulation_steps: as given to ``tfaccel.fit``: above 1, its sums of the micro-batches
-            (``accumulator_bytes``). Defaults to 1.
+        gradient_accumulation_steps: ``tfaccel.fit``'s; above 1 its sums count (``accumulator_bytes``). Defaults to 1.
 
     The step traced is the model's own ``train_step`` (inputs in the model's structure, dicts too) with sparse
     categorical cross-entropy on integer labels (another loss changes the activations by a few output-sized tensors).
@@ -303,32 +301,42 @@ def estimate_memory(model_or_name: Union[str, Callable[..., Any], Any], *, batch
     batch = batch_size // replicas
     model, name, policy = _build(model_or_name, precision, input_shape, num_classes)
     peaks, opt = _trace_step(model, _fresh_optimizer(optimizer), batch, input_shape)
-    opt_name, base = optimizer if isinstance(optimizer, str) else type(optimizer).__name__.lower(), (None, None)
-    if process_peak:
-        base = _process_base(model_or_name, model, strategy=strategy, replicas=replicas, precision=policy,
-                             optimizer=opt_name, input_shape=input_shape, num_classes=num_classes)
-    blocks, recompute_peak = _recompute_peak(model_or_name, recompute, precision=precision, input_shape=input_shape,
-                                             num_classes=num_classes, optimizer=optimizer, batch=batch)
+    opt_name = optimizer if isinstance(optimizer, str) else type(optimizer).__name__.lower()
+    extra = _other_peaks(model_or_name, model, process_peak=process_peak, recompute=recompute, batch=batch,
+                         strategy=strategy, replicas=replicas, policy=policy, precision=precision, optimizer=optimizer,
+                         input_shape=input_shape, num_classes=num_classes)
     return MemoryEstimate(
         model=name, batch_size=batch_size, per_replica_batch=batch, replicas=replicas, precision=policy,
-        strategy=strategy, optimizer=opt_name, **_state_bytes(model, opt, strategy, num_ps),
-        activation_bytes=peaks["peak_bytes"], saved_activation_bytes=peaks["saved_bytes"], recompute_blocks=blocks,
-        activation_bytes_recompute=recompute_peak, process_base_bytes=base[0], activation_bytes_base=base[1],
-        optimizer_shard_bytes=_optimizer_shards(model, opt, replicas) if shard_optimizer_state else (),
-        accumulator_bytes=_accumulator_bytes(model, gradient_accumulation_steps))
+        strategy=strategy, optimizer=opt_name, activation_bytes=peaks["peak_bytes"],
+        saved_activation_bytes=peaks["saved_bytes"], **extra,
+        **_state_bytes(model, opt, strategy, num_ps, replicas=replicas, shard=shard_optimizer_state,
+                       accumulation=gradient_accumulation_steps))
 
 
-def _accumulator_bytes(model: Any, steps: int) -> int:
-    """tfaccel's gradient accumulation on one replica: a sum shaped and typed like each trainable variable, and the
-    int64 micro-batch counter (tfaccel.compat.keras_optimizer, tfaccel.compat.keras_zero_accumulate); 0 for N = 1."""
-    return _nbytes(model.trainable_variables) + 8 if steps > 1 else 0
+def _other_peaks(model_or_name: Any, model: Any, *, process_peak: bool, recompute: Any, batch: int, strategy: str,
+                 replicas: int, policy: str, precision: Optional[str], optimizer: Union[str, Any],
+                 input_shape: Optional[Sequence[int]], num_classes: Optional[int]) -> Dict[str, Any]:
+    """The MemoryEstimate fields of the process peak (measured at batch 1, when asked for) and of recomputation."""
+    opt_name = optimizer if isinstance(optimizer, str) else type(optimizer).__name__.lower()
+    base = _process_base(model_or_name, model, strategy=strategy, replicas=replicas, precision=policy,
+                         optimizer=opt_name, input_shape=input_shape, num_classes=num_classes) if process_peak else None
+    blocks, recompute_peak = _recompute_peak(model_or_name, recompute, precision=precision, input_shape=input_shape,
+                                             num_classes=num_classes, optimizer=optimizer, batch=batch)
+    return {"process_base_bytes": base[0] if base else None, "activation_bytes_base": base[1] if base else None,
+            "recompute_blocks": blocks, "activation_bytes_recompute": recompute_peak}
 
 
-def _state_bytes(model: Any, optimizer: Any, strategy: str, num_ps: int) -> Dict[str, Any]:
-    """The MemoryEstimate fields counted from the built variables: parameters, gradients, slots, ps shares."""
+def _state_bytes(model: Any, optimizer: Any, strategy: str, num_ps: int, *, replicas: int, shard: bool,
+                 accumulation: int) -> Dict[str, Any]:
+    """The MemoryEstimate fields counted from the built variables: parameters, gradients, slots, ps shares, each
+    replica's share of sharded slots, and tfaccel's gradient accumulation on one replica (a sum shaped and typed like
+    each trainable variable and the int64 micro-batch counter: tfaccel.compat.keras_optimizer,
+    tfaccel.compat.keras_zero_accumulate; 0 without accumulation)."""
     return {
         "parameters": int(sum(int(v.numpy().size) for v in model.variables)),
         "parameter_bytes": _nbytes(model.variables), "gradient_bytes": _nbytes(model.trainable_variables),
         "optimizer_bytes": _nbytes(optimizer.variables),
         "ps_shard_bytes": _ps_shards(model, optimizer, num_ps) if strategy == "parameter_server" else (),
+        "optimizer_shard_bytes": _optimizer_shards(model, optimizer, replicas) if shard else (),
+        "accumulator_bytes": _nbytes(model.trainable_variables) + 8 if accumulation > 1 else 0,
     }
