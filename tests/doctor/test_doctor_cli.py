@@ -27,7 +27,10 @@ def test_a_kerashub_model_with_a_planted_dropout_is_named_end_to_end_within_2_mi
     done = run_doctor("--steps", "2", "--nan", "--", "python", HUB_SCRIPT, "0.1")
     elapsed = time.monotonic() - start
     assert done.returncode == 1, done.stderr[-2000:]
-    assert "the runs part at step 0: log loss" in done.stdout
+    # which quantity parts first depends on the masks drawn: the loss of this near-uniform model at initialisation
+    # moves by 1e-4-8e-4 with them, so now and then by less than the rule's rtol (a clean clone's run saw the runs
+    # part elsewhere than at the loss once); the cause named is the check
+    assert "the runs part at step 0: " in done.stdout
     assert "likely cause: random-ops-per-replica: random layers " in done.stdout
     assert "feedforward_dropout, self_attention_dropout, dropout" in done.stdout and "fix:" in done.stdout
     assert "NaN/Inf sentinel, 1 replica: no NaN/Inf in 2 steps" in done.stdout

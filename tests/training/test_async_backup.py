@@ -89,7 +89,7 @@ def test_an_error_in_the_loop_leaves_the_backup_in_flight_on_disk(tmp_path, slow
 def _ctx(backup):
     backend = SimpleNamespace(uses_keras_fit=True, worker_index=0, num_workers=1, is_chief=True,
                               sum_over_processes=None, strategy=None)
-    return SimpleNamespace(backend=backend, named={"backup": backup}, callbacks=[], start_step=0,
+    return SimpleNamespace(backend=backend, model=backup.model, named={"backup": backup}, callbacks=[], start_step=0,
                            request=SimpleNamespace(backups=SimpleNamespace(backup_dir=backup.backup_dir), epochs=1),
                            data=SimpleNamespace(steps_per_epoch=8))
 
