@@ -88,12 +88,12 @@ class ShardedMovingAverage:
     def _tfaccel_overwrite(self, distribution: Any, tvars: List[Any], label: Optional[str]) -> Any:
         """The averages assigned to the variables: each owner's to its copy, then shared with every replica
         (``label``: the exchange's name in the step's count of bytes; None outside a step)."""
-        return self._tfaccel_with_averages(distribution, tvars, lambda v, a: v.assign(a), share=label or True)
+        return self._tfaccel_with_averages(distribution, tvars, lambda v, a: v.assign(a), share=True, label=label)
 
     def _tfaccel_with_averages(self, distribution: Any, tvars: List[Any], change: Callable[[Any, Any], Any], *,
-                               share: Any) -> Any:
+                               share: bool, label: Optional[str] = None) -> Any:
         """``change(variable copy, average)`` on each owner's copy (every replica's for the variables left
-        unsharded); then, where ``share`` (True, or the exchange's label), the owners' copies shared."""
+        unsharded); then, with ``share``, the owners' copies shared (``label``: as for ``_tfaccel_overwrite``)."""
         sharded = []
         for var, average in zip(tvars, self._model_variables_moving_average):
             key = self._var_key(var)
@@ -106,7 +106,7 @@ class ShardedMovingAverage:
                 with tf.device(self._tfaccel_devices[owner]):
                     change(distribution.experimental_local_results(var)[owner], average.value)
         if share:
-            self._tfaccel_share(distribution, sharded, label=share if isinstance(share, str) else None)
+            self._tfaccel_share(distribution, sharded, label=label)
         return tf.no_op()
 
     def tfaccel_swap_averages(self, *, finalize: bool = False) -> None:

@@ -304,7 +304,7 @@ def estimate_memory(model_or_name: Union[str, Callable[..., Any], Any], *, batch
     opt_name = optimizer if isinstance(optimizer, str) else type(optimizer).__name__.lower()
     extra = _other_peaks(model_or_name, model, process_peak=process_peak, recompute=recompute, batch=batch,
                          strategy=strategy, replicas=replicas, policy=policy, precision=precision, optimizer=optimizer,
-                         input_shape=input_shape, num_classes=num_classes)
+                         opt_name=opt_name, input_shape=input_shape, num_classes=num_classes)
     return MemoryEstimate(
         model=name, batch_size=batch_size, per_replica_batch=batch, replicas=replicas, precision=policy,
         strategy=strategy, optimizer=opt_name, activation_bytes=peaks["peak_bytes"],
@@ -314,10 +314,9 @@ def estimate_memory(model_or_name: Union[str, Callable[..., Any], Any], *, batch
 
 
 def _other_peaks(model_or_name: Any, model: Any, *, process_peak: bool, recompute: Any, batch: int, strategy: str,
-                 replicas: int, policy: str, precision: Optional[str], optimizer: Union[str, Any],
+                 replicas: int, policy: str, precision: Optional[str], optimizer: Union[str, Any], opt_name: str,
                  input_shape: Optional[Sequence[int]], num_classes: Optional[int]) -> Dict[str, Any]:
     """The MemoryEstimate fields of the process peak (measured at batch 1, when asked for) and of recomputation."""
-    opt_name = optimizer if isinstance(optimizer, str) else type(optimizer).__name__.lower()
     base = _process_base(model_or_name, model, strategy=strategy, replicas=replicas, precision=policy,
                          optimizer=opt_name, input_shape=input_shape, num_classes=num_classes) if process_peak else None
     blocks, recompute_peak = _recompute_peak(model_or_name, recompute, precision=precision, input_shape=input_shape,

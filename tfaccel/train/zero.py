@@ -110,10 +110,11 @@ def _check_accumulation_saves(accumulation_steps: int, backup_dir: Optional[str]
                       f"update), or train with gradient_accumulation_steps=1, or {_FIX}")
     if not backup_dir:
         return
-    due = [f"an epoch of {'an unknown number of' if steps_per_epoch is None else steps_per_epoch} steps"
-           if steps_per_epoch is None or steps_per_epoch % accumulation_steps else "",
-           f"backup_freq={backup_freq}" if backup_freq and backup_freq % accumulation_steps else ""]
-    due = [d for d in due if d]
+    due = []  # the places a backup is due that end inside an update
+    if steps_per_epoch is None or steps_per_epoch % accumulation_steps:
+        due.append(f"an epoch of {'an unknown number of' if steps_per_epoch is None else steps_per_epoch} steps")
+    if backup_freq and backup_freq % accumulation_steps:
+        due.append(f"backup_freq={backup_freq}")
     if due:
         raise _refuse(f"backup_dir={backup_dir!r} with gradient accumulation ({accumulation_steps} micro-batches): "
                       "a backup is written only at the end of an update (the sums of the micro-batches before it "
