@@ -12,6 +12,7 @@ from tfaccel._lazy import lazy_exports
 from tfaccel._version import __version__
 from tfaccel.errors import (EXIT_CONFIG, EXIT_PREEMPTED, BackendUnavailableError, ConfigError, DeviceError, Preempted,
                             TfaccelError, install_task_excepthook)
+from tfaccel.resilience import exiting as _exiting  # noqa: F401 - its exit handler first: it runs after the others
 
 # Public name -> module that defines it (loaded on first use, so `import tfaccel` does not import TensorFlow).
 _LAZY = {

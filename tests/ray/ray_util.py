@@ -125,10 +125,11 @@ class RayCluster:
         raise RuntimeError(f"the Ray cluster at {self.address} did not reach {count} node(s) in {timeout} s: {seen}")
 
     def stop(self) -> List[int]:
-        """Stops every node (SIGTERM to `ray start --block`, which stops its node) and then anything left;
+        """Stops every node (SIGINT to `ray start --block`, which stops its node and exits in 1-3 s; after a
+        SIGTERM the head's `ray start` did not exit within 20 s, here, and was SIGKILLed) and then anything left;
         returns the PIDs that had to be SIGKILLed by mark."""
         for proc in reversed(self.procs):
-            terminate([proc], grace=20)
+            terminate([proc], grace=20, sig=signal.SIGINT)
         left = kill_marked(self.mark, wait=10)
         self.net.close()
         import shutil

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from tfaccel.errors import EXIT_PREEMPTED, ConfigError, Preempted
+from tfaccel.resilience import exiting
 from tfaccel.resilience import preemption as pre
 from tfaccel.resilience import restarts as rst
 
@@ -101,7 +102,7 @@ class _Processes:
 
 
 def test_one_signalled_process_stops_every_process_at_the_same_step_with_one_backup(monkeypatch):
-    monkeypatch.setattr(pre.atexit, "register", lambda *a: None)  # no forced exit at the end of pytest
+    monkeypatch.setattr(exiting, "_STATUS", [])  # no forced exit at the end of pytest
     procs = _Processes(2, check_every=1)
     assert procs.boundary(0, 1) == []
     procs.items[1].watch.received = signal.SIGTERM
@@ -114,7 +115,7 @@ def test_one_signalled_process_stops_every_process_at_the_same_step_with_one_bac
 def test_with_sharded_accumulation_the_stop_waits_for_the_end_of_an_update(monkeypatch):
     """update_every=3 (sharded gradient accumulation over 3 micro-batches, whose sums a backup would not hold): a
     signal seen inside an update stops both processes at its end, with the backup there; an epoch end always checks."""
-    monkeypatch.setattr(pre.atexit, "register", lambda *a: None)
+    monkeypatch.setattr(exiting, "_STATUS", [])
     procs = _Processes(2, check_every=1, update_every=3)
     procs.items[0].watch.received = signal.SIGTERM
     assert procs.boundary(0, 1) == [] and procs.boundary(0, 2) == []  # inside the first update: not a boundary
@@ -127,7 +128,7 @@ def test_with_sharded_accumulation_the_stop_waits_for_the_end_of_an_update(monke
 
 
 def test_a_signal_at_the_end_of_the_last_epoch_is_no_stop(monkeypatch):
-    monkeypatch.setattr(pre.atexit, "register", lambda *a: None)
+    monkeypatch.setattr(exiting, "_STATUS", [])
     procs = _Processes(1, check_every=1, epochs=2)
     procs.items[0].watch.received = signal.SIGTERM
     assert procs.boundary(2, 0, epoch_end=True) == []  # the job is complete: nothing to resume
@@ -146,7 +147,7 @@ def test_auto_interval_checks_about_once_a_second_and_every_process_agrees(monke
 
 
 def test_a_signal_during_the_probe_stops_at_its_end_and_epoch_ends_are_always_checked(monkeypatch):
-    monkeypatch.setattr(pre.atexit, "register", lambda *a: None)
+    monkeypatch.setattr(exiting, "_STATUS", [])
     procs = _Processes(2)
     assert procs.boundary(0, 1) == [] and procs.boundary(1, 0, epoch_end=True) == []
     procs.items[0].watch.received = signal.SIGTERM
@@ -250,11 +251,16 @@ def test_sigterm_writes_the_backup_at_the_stop_and_the_resumed_run_ends_like_an_
                                                               JOB_OUT=tmp_path / "ref.npz", JOB_SLEEP=0),
                          capture_output=True, timeout=180)
     assert ref.returncode == 0, ref.stdout.decode()[-3000:] + ref.stderr.decode()[-3000:]
+    (tmp_path / "tmp").mkdir()
     env = _env(JOB_BACKUP=tmp_path / "backup", JOB_OUT=tmp_path / "res.npz", JOB_SLEEP=0.05,
-               TFACCEL_PREEMPTION_SIGNAL="USR1")
+               TFACCEL_PREEMPTION_SIGNAL="USR1", JOB_ATEXIT=tmp_path / "atexit", TMPDIR=tmp_path / "tmp")
     rc, out, seconds = _run_until_signalled(env, signum=signal.SIGUSR1)
     assert rc == EXIT_PREEMPTED, out[-3000:]
     assert seconds is not None and seconds < 15, seconds
+    # the exit handlers registered after `import tfaccel` ran before the exit: the user's, and AutoGraph's removal of
+    # the files it generated in the temporary directory
+    assert (tmp_path / "atexit").read_text() == "ran"
+    assert not list((tmp_path / "tmp").glob("__autograph_generated_file*")), sorted(os.listdir(tmp_path / "tmp"))
     stop = json.loads((tmp_path / "backup" / "tfaccel_backup.json").read_text())
     assert f"stops at epoch {stop['epoch']}, step {stop['step']} (its own signal); backup written" in out
     resumed = subprocess.run([sys.executable, str(JOB)], env={**env, "JOB_SLEEP": "0"}, capture_output=True,

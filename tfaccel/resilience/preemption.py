@@ -21,12 +21,9 @@ a step through the coordination service); Keras ``fit`` has nothing. tfaccel doe
   saved: ``update_every``), the boundaries in between are not checked: the stop comes at the next update's end.
 """
 
-import atexit
-import logging
 import math
 import os
 import signal
-import sys
 import threading
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -36,6 +33,7 @@ import tensorflow as tf
 
 from tfaccel.errors import EXIT_PREEMPTED, Preempted
 from tfaccel.log import get_logger
+from tfaccel.resilience.exiting import exit_after_handlers, flush_and_exit
 from tfaccel.resilience.contract import (CHECK_EVERY_ENV, DEFAULT_TIMEOUT_S, SIGNAL_ENV, TIMEOUT_ENV, env_number,
                                          preemption_signals)
 
@@ -141,7 +139,7 @@ class SignalWatch:
         name, log = signal.Signals(self.received or signal.SIGTERM).name, get_logger()
         if not self.can_save:
             log.warning("preemption: %s got %s; %s. Exiting with %d", self.task, name, NOTHING_SAVED, EXIT_PREEMPTED)
-            _flush_and_exit(EXIT_PREEMPTED)
+            flush_and_exit(EXIT_PREEMPTED)
         log.warning("preemption: %s got %s (a preemption, or the launcher stopping the job); stopping at the next "
                     "step every worker agrees on, where the chief writes a backup (at most %g s)", self.task, name,
                     self.timeout)
@@ -149,25 +147,11 @@ class SignalWatch:
             log.error("preemption: %s did not reach an agreed step within %g s of %s (%s=...; a peer gone or a step "
                       "longer than that); exiting with %d, no backup at the signal", self.task, self.timeout, name,
                       TIMEOUT_ENV, 128 + int(self.received or signal.SIGTERM))
-            _flush_and_exit(128 + int(self.received or signal.SIGTERM))
+            flush_and_exit(128 + int(self.received or signal.SIGTERM))
 
     def seconds_since(self) -> Optional[float]:
         """Seconds since the signal arrived, or None when none did."""
         return None if self.received_at is None else time.monotonic() - self.received_at
-
-
-def _flush_and_exit(code: int) -> None:
-    for handler in list(logging.getLogger("tfaccel").handlers) + list(logging.getLogger().handlers):
-        try:
-            handler.flush()
-        except Exception:  # noqa: BLE001 - a broken handler must not keep a preempted process alive
-            pass
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
 
 
 def strategy_sum(strategy: Any) -> Callable[[float], float]:
@@ -263,9 +247,9 @@ class Preemption:
             step, "its own signal" if since is not None else "another process was signalled",
             "backup written" if self.save is not None else NOTHING_SAVED, time.perf_counter() - began,
             EXIT_PREEMPTED, f", {since:.2f} s after the signal" if since is not None else "")
-        # The process ends with EXIT_PREEMPTED once Python's exit handlers ran, without TensorFlow's teardown (3.3 s
-        # measured between two idle MultiWorkerMirrored workers, 6.7 s under load), so it fits a grace period.
-        atexit.register(_flush_and_exit, EXIT_PREEMPTED)
+        # The process ends with EXIT_PREEMPTED once the exit handlers registered after `import tfaccel` ran (the
+        # user's, AutoGraph's removal of its files), without TensorFlow's teardown, so it fits a grace period.
+        exit_after_handlers(EXIT_PREEMPTED)
         raise Preempted(epoch=epoch, step=step, saved=self.save is not None)
 
     def details(self) -> Dict[str, Any]:

@@ -1,7 +1,9 @@
 """A one-process job for tests/training/test_preemption.py: prints "JOB: training" when training begins, sleeps
 JOB_SLEEP seconds after every step, backs up into JOB_BACKUP (if set), saves the final weights to JOB_OUT and prints
-one JSON line (resumed_from, steps, details["preemption"], details["restarts"])."""
+one JSON line (resumed_from, steps, details["preemption"], details["restarts"]). With JOB_ATEXIT, an exit handler
+writes that file."""
 
+import atexit
 import json
 import os
 import time
@@ -10,6 +12,9 @@ import keras
 import numpy as np
 
 import tfaccel
+
+if os.environ.get("JOB_ATEXIT"):  # the user's exit handler: it must run when the job ends preempted too
+    atexit.register(lambda: open(os.environ["JOB_ATEXIT"], "w").write("ran"))
 
 
 class Announce(keras.callbacks.Callback):
