@@ -6,7 +6,6 @@ The readers stop short of a ``ClusterSpec``: ``ClusterSpec.from_env`` and ``tfac
 return (``TaskInfo.from_env_cluster``), so the dependency runs one way, from the spec to its readers.
 """
 
-import os
 from typing import Any, Mapping, NamedTuple, Optional, Tuple
 
 from tfaccel.cluster.errors import ClusterConfigError

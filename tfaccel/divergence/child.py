@@ -18,7 +18,7 @@ import pickle
 import runpy
 import sys
 import traceback
-from typing import Any, Dict, List, NoReturn, Optional
+from typing import Any, List, NoReturn, Optional
 
 import keras
 import numpy as np

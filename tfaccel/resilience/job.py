@@ -114,7 +114,7 @@ def _read_and_load(ctx: FitContext) -> tuple:
                           f"a parameter_server job; {backend.describe()} resumes only from its own Keras weight "
                           "backups. Resume it with strategy='parameter_server', or give this job another backup_dir")
     if backup_dir:  # Horovod: only rank 0 writes backups, so every rank resumes from rank 0's
-        state = backend.agree_on_backup(state)
+        state = backend.agree_on_backup(state, lambda: read_backup(backup_dir))
     if not state or not backend.uses_keras_fit:
         return state, (state.epoch, state.step) if state else (0, 0)
     if not model.built:

@@ -110,7 +110,7 @@ class Backend:
     batch_sync_callbacks: Callable[[], List[Any]] = lambda: []
     # Processes that agree without tf.distribute (Horovod): rank 0's value for every rank, and rank 0's backup.
     broadcast: Optional[Callable[[Any, str], Any]] = None
-    agree_on_backup: Callable[[Any], Any] = lambda state: state
+    agree_on_backup: Callable[[Any, Callable[[], Any]], Any] = lambda state, reread: state  # reread: read it again
     # value -> its sum over the processes (one scalar all-reduce; Horovod). None: tf.distribute's all-reduce.
     sum_over_processes: Optional[Callable[[float], float]] = None
     # The backend's own optimizer-state sharding (Horovod): (model, backup_dir=, checkpoint_dir=) -> the plan's line,

@@ -61,7 +61,7 @@ def make_backend(*, devices: Any = None, task: Any = None, compression: str = "n
         extra_callbacks=lambda: [BroadcastVariablesCallback(root_rank=0, _hvd=hvd), GlobalMetricsCallback(_hvd=hvd)],
         batch_sync_callbacks=lambda: [StopTogetherCallback(_hvd=hvd)],
         broadcast=lambda value, name: hvd.broadcast_object(value, root_rank=0, name=name),
-        agree_on_backup=lambda state: agree_on_backup(state, _hvd=hvd),
+        agree_on_backup=lambda state, reread: agree_on_backup(state, reread=reread, _hvd=hvd),
         sum_over_processes=lambda value: float(hvd.allreduce(tf.constant(float(value)), op=hvd.Sum,
                                                              name="tfaccel_sum_over_processes")),
         shard_optimizer=lambda model, **where: shard_optimizer(model, hvd=hvd, compression=compression, **where),

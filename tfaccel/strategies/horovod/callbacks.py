@@ -1,7 +1,7 @@
 """Keras callbacks for Horovod ranks (variables broadcast from rank 0, metrics over the global batch, stopping
 together) and the agreement on where a restarted job resumes."""
 
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, List, Mapping, Optional
 
 import keras
 import numpy as np
@@ -134,7 +134,14 @@ def _check_every_rank_reads(hvd: Any, *, same: bool, state: list) -> None:
                           "shard_optimizer_state=False from a backup written without it")
 
 
-def agree_on_backup(state: Optional[Mapping[str, Any]], *, _hvd: Any = None) -> Optional[Mapping[str, Any]]:
+def _position(state: Optional[Mapping[str, Any]]) -> List[int]:
+    """[has a backup, epoch, step, global step, sharded optimizer state] of a ``BackupState`` (or None)."""
+    return ([1, int(state["epoch"]), int(state["step"]), int(state.get("global_step", 0)),
+             int(bool((state.get(SHARDS_FIELD) or {}).get("files")))] if state else [0, 0, 0, 0, 0])
+
+
+def agree_on_backup(state: Optional[Mapping[str, Any]], *, reread: Optional[Callable[[], Any]] = None,
+                    _hvd: Any = None) -> Optional[Mapping[str, Any]]:
     """Rank 0's backup position, for every rank: where a restarted Horovod job resumes (issue 9 R1).
 
     Only rank 0 writes backups (``StepBackup`` with ``is_chief``), so a rank on another host, or one that read
@@ -143,8 +150,14 @@ def agree_on_backup(state: Optional[Mapping[str, Any]], *, _hvd: Any = None) -> 
     that one loads no file: :class:`BroadcastVariablesCallback` gives it rank 0's model and optimizer
     variables at train begin.
 
+    A rank whose read differs from rank 0's reads ``backup_dir`` once more (``reread``) before it settles for the
+    broadcast: it may have read it before rank 0's last backup of the same processes was on disk (a ``fit`` that
+    ended with an error, then ``fit`` again: each rank waits for its own writes before the error goes on, not for
+    the others'); rank 0 broadcasts its position only once its own backup is durable.
+
     Args:
         state: the ``BackupState`` this rank read from ``backup_dir`` (``tfaccel.resilience.backups.read_backup``), or None.
+        reread: reads ``backup_dir`` again (None: no second read).
 
     Returns:
         None when rank 0 has no backup; ``state`` when it is rank 0's; else a ``BackupState`` at rank 0's
@@ -156,10 +169,12 @@ def agree_on_backup(state: Optional[Mapping[str, Any]], *, _hvd: Any = None) -> 
             another backup or none.
     """
     hvd = _hvd if _hvd is not None else import_horovod()
-    mine = ([1, int(state["epoch"]), int(state["step"]), int(state.get("global_step", 0)),
-             int(bool((state.get(SHARDS_FIELD) or {}).get("files")))] if state else [0, 0, 0, 0, 0])
+    mine = _position(state)
     root = [int(v) for v in np.asarray(hvd.broadcast(tf.constant(mine, dtype=tf.int64), root_rank=0,
                                                           name="tfaccel_backup_position")).tolist()]
+    if root != mine and root[0] and reread is not None:
+        state = reread()
+        mine = _position(state)
     if root[4]:  # sharded optimizer state: every rank loads its slots from the shard files, so reads that backup
         _check_every_rank_reads(hvd, same=root == mine, state=root)
     if root == mine:
