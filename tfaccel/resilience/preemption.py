@@ -33,9 +33,9 @@ import tensorflow as tf
 
 from tfaccel.errors import EXIT_PREEMPTED, Preempted
 from tfaccel.log import get_logger
-from tfaccel.resilience.exiting import exit_after_handlers, flush_and_exit
 from tfaccel.resilience.contract import (CHECK_EVERY_ENV, DEFAULT_TIMEOUT_S, SIGNAL_ENV, TIMEOUT_ENV, env_number,
                                          preemption_signals)
+from tfaccel.resilience.exiting import exit_after_handlers, flush_and_exit
 
 __all__ = ["SIGNAL_ENV", "TIMEOUT_ENV", "CHECK_EVERY_ENV", "preemption_signals", "SignalWatch", "Preemption",
            "strategy_sum", "preemption_callback", "make_preemption", "DEFAULT_TIMEOUT_S"]
