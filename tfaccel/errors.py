@@ -4,13 +4,14 @@ Every tfaccel error is a ``TfaccelError``. Errors about user input (a cluster fi
 ``ValueError`` so that callers who catch the standard type keep working.
 """
 
-import contextlib
 import difflib
 import os
 import sys
 import traceback
 from types import TracebackType
 from typing import Iterable, Optional, Type
+
+from tfaccel.resilience.exiting import flush_and_exit
 
 EXIT_PREEMPTED = 75
 """The exit status of a process that stopped because it was preempted (SIGTERM, or ``TFACCEL_PREEMPTION_SIGNAL``)
@@ -113,10 +114,10 @@ def install_task_excepthook(environ: Optional[dict] = None) -> bool:
 
     An uncaught ``TfaccelError`` is one line (its type, the user's line that called tfaccel, the message) instead of
     a traceback through tfaccel's internals printed by every worker; ``TFACCEL_TRACEBACK=1`` keeps Python's
-    traceback. A ``ConfigError`` then ends the process with :data:`EXIT_CONFIG` (2), after flushing standard output
-    and error (``os._exit``: nothing is left to save after a configuration error), so that the launcher tells it from
-    a crash and never restarts the job. Other exceptions keep the previous hook and Python's exit status 1. ``import
-    tfaccel`` installs it; installing it twice is a no-op.
+    traceback. A ``ConfigError`` then ends the process with :data:`EXIT_CONFIG` (2), after flushing the log handlers,
+    standard output and error (``os._exit``: nothing is left to save after a configuration error), so that the
+    launcher tells it from a crash and never restarts the job. Other exceptions keep the previous hook and Python's
+    exit status 1. ``import tfaccel`` installs it; installing it twice is a no-op.
 
     Returns:
         Whether the hook is installed.
@@ -134,10 +135,7 @@ def install_task_excepthook(environ: Optional[dict] = None) -> bool:
         else:
             previous(kind, exc, tb)
         if isinstance(exc, ConfigError):
-            for stream in (sys.stdout, sys.stderr):
-                with contextlib.suppress(Exception):
-                    stream.flush()
-            os._exit(EXIT_CONFIG)
+            flush_and_exit(EXIT_CONFIG)
 
     hook._tfaccel_task_hook = True  # type: ignore[attr-defined]
     sys.excepthook = hook
