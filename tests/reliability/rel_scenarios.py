@@ -257,6 +257,23 @@ def r1_trial(work: Path, reference: Path, *, rng: random.Random, timeout: float 
     return outcome(True, **measured, max_abs_diff=max_diff)
 
 
+def r1_unshared_dirs(work: Path, *, timeout: float = 240) -> Dict[str, Any]:
+    """Each worker its own backup_dir (hosts without a shared disk): the chief, killed after epoch 1's step 7, has
+    backups; worker:1's directory has none. The restarted job must stop on every worker with the reason (a
+    ConfigError, exit 2, not restarted again), not train the two workers from different weights."""
+    work.mkdir(parents=True, exist_ok=True)
+    run = Run(["--workers", "2", "--max-restarts", "1", "--timeout", str(timeout - 10), "--", str(JOB)],
+              env=job_env(work, REL_BACKUP_DIR=work / "backup-{task}", REL_KILL_AT="worker:0:1:7", REL_EPOCHS="2"))
+    run.wait(timeout)
+    measured = {"returncode": run.returncode, "seconds": round(run.seconds, 1), "reports": len(run.json_lines())}
+    said = [line for line in run.text.splitlines() if "the chief resumes from the backup at epoch 1" in line]
+    measured["said"] = len(said)
+    ok = (run.returncode == 2 and (work / "killed").exists() and not measured["reports"] and len(said) >= 2
+          and any("(this worker: no backup)" in line for line in said))
+    return outcome(ok, "" if ok else f"expected every worker to stop with the reason; got {measured}\n{run.tail()}",
+                   **measured)
+
+
 def compare_weights(reference: Path, work: Path, tasks: Sequence[str], *, rtol: float,
                     atol: float) -> "tuple[Optional[str], float]":
     """Compares each task's ``res-<task>.npz`` with the reference: (None or what differs, the largest difference)."""

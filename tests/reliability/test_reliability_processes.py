@@ -56,6 +56,14 @@ def test_r4_nothing_written_outside_named_dirs_and_worker_temp_checkpoints_remov
 
 
 @pytest.mark.slow
+def test_r1_workers_without_a_shared_backup_dir_stop_with_the_reason_instead_of_training_two_models(tmp_path):
+    """multi_worker workers each with their own backup_dir: after the restart only the chief finds a backup.
+    Without the agreement the chief resumed and worker:1 started from scratch, and the job died of TensorFlow's
+    "Collective instance 108 expected type 1 ... but got type 0" (rc 1), which does not say why."""
+    _check(rs.r1_unshared_dirs(tmp_path))
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", [pytest.param(name, marks=[pytest.mark.horovod] if name.startswith("horovod")
                                                    else []) for name in rs.R2_SCENARIOS])
 def test_r2_lost_peer_fails_every_survivor_with_its_name_never_hangs(scenario, tmp_path):

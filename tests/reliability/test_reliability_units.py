@@ -15,6 +15,8 @@ import pytest
 import harness
 import rel_scenarios as rs
 from tfaccel.errors import ConfigError, DeviceError
+from tfaccel.resilience import backup_agreement as agree
+from tfaccel.resilience.backups import BackupState
 from tfaccel.strategies import peer_health as ph
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -307,3 +309,69 @@ def test_a_killed_job_may_resume_from_the_backup_before_one_still_being_written(
     assert rs.expected_resume(1, 7, victim_is_chief=False) == [(1, 0), (1, 5)]  # (1, 0): the epoch end's
     assert rs.expected_resume(1, 3, victim_is_chief=False) == [(1, 0)]
     assert rs.expected_resume(0, 3, victim_is_chief=True) == [None]  # nothing written yet: a fresh start
+
+
+# ------------------------------------------------------------------------- multi_worker: the chief's backup for all
+class _Workers:
+    """The sums two workers' ``agree_with_chief`` calls see, worker by worker (each call is one collective): the
+    test drives both workers' reads, then replays each worker's side against the other's."""
+
+    def __init__(self, reads):
+        self.reads = reads  # worker index -> [first read, read again]
+
+    def run(self):
+        first = {w: agree.backup_position(reads[0]) for w, reads in self.reads.items()}
+        chief = first[0]
+        final = {w: first[w] if first[w] == chief else agree.backup_position(self.reads[w][1]) for w in first}
+        differ = sum(final[w] != chief for w in final)
+        results = {}
+        for w, reads in self.reads.items():
+            replies = iter([chief, [differ, 0, 0, 0, 0]])
+            calls = iter(reads[1:])
+            try:
+                results[w] = agree.agree_with_chief(reads[0], lambda: next(calls), total=lambda _v: next(replies),
+                                                    is_chief=w == 0, workers=len(self.reads))
+            except ConfigError as exc:
+                results[w] = exc
+        return results
+
+
+def _backup(epoch, step, **extra):
+    return BackupState(epoch=epoch, step=step, global_step=epoch * 23 + step, weights="w", weights_path="p", **extra)
+
+
+def test_multi_worker_agreement_sums_the_chiefs_position_and_counts_who_differs():
+    """The real sums over two workers, as a fake ``total`` records them: the chief's position, then the count."""
+    sent = []
+
+    def total(values):
+        sent.append(list(values))
+        return [float(v) for v in ([1, 2, 5, 51, 0] if len(sent) == 1 else [0, 0, 0, 0, 0])]
+
+    state = _backup(2, 5)
+    assert agree.agree_with_chief(state, None, total=total, is_chief=False, workers=2) is state
+    assert sent == [[0.0] * 5, [0.0] * 5]  # a worker adds nothing to the chief's position, and agrees
+
+
+def test_multi_worker_workers_that_read_the_chiefs_backup_resume_from_it():
+    state = _backup(1, 5)
+    results = _Workers({0: [state], 1: [_backup(1, 5)]}).run()
+    assert results[0] is state and results[1]["step"] == 5
+
+
+def test_multi_worker_a_worker_that_read_before_the_chiefs_last_backup_reads_it_again():
+    """A refit after an error: worker 1 read the pointer before the chief moved it to (1, 10)."""
+    newer = _backup(1, 10)
+    results = _Workers({0: [_backup(1, 10)], 1: [_backup(1, 5), newer]}).run()
+    assert results[1] is newer and results[0]["step"] == 10
+
+
+def test_multi_worker_a_worker_without_the_chiefs_backup_stops_every_worker_with_why():
+    """No shared backup_dir: worker 1's directory is empty (today's training would go on with two models)."""
+    results = _Workers({0: [_backup(1, 5)], 1: [None, None]}).run()
+    assert all(isinstance(r, ConfigError) for r in results.values()), results
+    assert "the chief resumes from the backup at epoch 1, step 5, and 1 of 2 workers read another backup or none " \
+           "(this worker: no backup)" in str(results[1])
+    assert "(this worker: the backup at epoch 1, step 5)" in str(results[0])
+    assert "backup_dir must be one directory that every worker reads" in str(results[0])
+

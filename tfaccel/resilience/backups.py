@@ -25,11 +25,11 @@ from tfaccel.resilience.atomic_io import atomic_write_text, swap_prefix
 from tfaccel.resilience.backup_check import check_weights_file
 from tfaccel.resilience.backup_guard import confined, describe_job, fsync_path, job_alive, job_identity, same_job
 from tfaccel.resilience.backup_writer import BackupWriter, save_weights_atomically, write_snapshot_atomically
-from tfaccel.resilience.preemption import strategy_sum
 from tfaccel.resilience.restarts import PROGRESS_FILE, RECORD_FILE
 from tfaccel.resilience.shard_backup import (SHARDS_FIELD, agree_written, check_shard_files, load_shards,
                                              loading_context, saving_context, shards_record, write_shard,
                                              writes_shards)
+from tfaccel.strategies.process_sum import strategy_sum
 
 __all__ = ["BackupState", "read_backup", "load_backup_weights", "StepBackup", "ChiefCheckpoint", "Throughput",
            "PS_BACKUP_FORMAT", "write_checkpoint_backup", "restore_checkpoint_backup"]

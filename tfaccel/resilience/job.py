@@ -113,7 +113,7 @@ def _read_and_load(ctx: FitContext) -> tuple:
         raise ConfigError(f"backup_dir {backup_dir}: holds {state['weights']}, a {state['format']} backup written by "
                           f"a parameter_server job; {backend.describe()} resumes only from its own Keras weight "
                           "backups. Resume it with strategy='parameter_server', or give this job another backup_dir")
-    if backup_dir:  # Horovod: only rank 0 writes backups, so every rank resumes from rank 0's
+    if backup_dir:  # every process resumes from the chief's backup (Horovod: rank 0's; multi_worker: the chief's)
         state = backend.agree_on_backup(state, lambda: read_backup(backup_dir))
     if not state or not backend.uses_keras_fit:
         return state, (state.epoch, state.step) if state else (0, 0)

@@ -108,9 +108,11 @@ class Backend:
     extra_callbacks: Callable[[], List[Any]] = lambda: []
     # Callbacks that must run after the user's per-batch callbacks (Horovod: every rank stops at the same step).
     batch_sync_callbacks: Callable[[], List[Any]] = lambda: []
-    # Processes that agree without tf.distribute (Horovod): rank 0's value for every rank, and rank 0's backup.
+    # Processes that agree without tf.distribute (Horovod): rank 0's value for every rank.
     broadcast: Optional[Callable[[Any, str], Any]] = None
-    agree_on_backup: Callable[[Any, Callable[[], Any]], Any] = lambda state, reread: state  # reread: read it again
+    # (the backup this process read, a function that reads it again) -> the backup every process resumes from (the
+    # chief's / rank 0's: multi_worker, Horovod); identity for one process.
+    agree_on_backup: Callable[[Any, Callable[[], Any]], Any] = lambda state, reread: state
     # value -> its sum over the processes (one scalar all-reduce; Horovod). None: tf.distribute's all-reduce.
     sum_over_processes: Optional[Callable[[float], float]] = None
     # The backend's own optimizer-state sharding (Horovod): (model, backup_dir=, checkpoint_dir=) -> the plan's line,

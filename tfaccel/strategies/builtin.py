@@ -4,6 +4,7 @@ TensorFlow is imported inside the factories, never at module import.
 """
 
 import contextlib
+import functools
 import numbers
 from typing import Any, Dict, Optional, Sequence, Tuple
 
@@ -11,9 +12,11 @@ import tensorflow as tf
 
 from tfaccel.compat import keras_mwms, keras_sharded, tf_sigterm
 from tfaccel.errors import ConfigError, DeviceError, invalid_choice
+from tfaccel.resilience.backup_agreement import agree_with_chief
 from tfaccel.strategies import peer_health
 from tfaccel.strategies._task import training_roles, worker_position
 from tfaccel.strategies.base import Backend
+from tfaccel.strategies.process_sum import strategy_sum
 from tfaccel.xla import MULTI_WORKER_CPU_NOTE
 
 __all__ = ["CROSS_DEVICE_OPS", "COLLECTIVE_IMPLEMENTATIONS", "MIRRORED_MULTI_DEVICE_JIT_NOTE"]
@@ -234,8 +237,7 @@ def make_multi_worker(*, devices: Any, task: Optional[Any], implementation: str 
 
     ``implementation``, ``bytes_per_pack`` and ``timeout_seconds`` are TensorFlow's ``CommunicationOptions`` of
     every all-reduce (gradients, metrics): ``bytes_per_pack=0`` concatenates all gradients into one all-reduce.
-
-    SIGTERM still ends the worker (``tfaccel.compat.tf_sigterm``). ``apply_compat=False`` leaves both upstream
+    SIGTERM still ends the worker (``tfaccel.compat.tf_sigterm``); ``apply_compat=False`` leaves both upstream
     behaviours as they are.
 
     Start-up and lost-peer (heartbeat) timeouts default to tfaccel's bounded values (see
@@ -243,7 +245,6 @@ def make_multi_worker(*, devices: Any, task: Optional[Any], implementation: str 
     per-collective ``timeout_seconds`` is off unless given (each collective then holds a thread for its length).
     """
     tf = _tf()
-
     implementation, timeouts = _multi_worker_settings(
         devices, implementation=implementation, timeout_seconds=timeout_seconds,
         startup_timeout_seconds=startup_timeout_seconds, heartbeat_timeout_seconds=heartbeat_timeout_seconds)
@@ -258,7 +259,6 @@ def make_multi_worker(*, devices: Any, task: Optional[Any], implementation: str 
         peer_health.configure_coordination(
             (resolver or tf.distribute.cluster_resolver.TFConfigClusterResolver()).cluster_spec(), timeouts)
     # TF installs a SIGTERM-swallowing preemption notifier inside this constructor (tfaccel.compat.tf_sigterm).
-
     sigterm_fix = tf_sigterm.around_strategy_creation() if apply_compat else contextlib.nullcontext()
     try:
         with sigterm_fix:
@@ -277,10 +277,12 @@ def make_multi_worker(*, devices: Any, task: Optional[Any], implementation: str 
         is_chief = bool(task.is_chief)
     else:  # a single worker without a cluster description
         num_workers, index, is_chief = 1, 0, True
+    agree = functools.partial(agree_with_chief, total=strategy_sum(strategy), is_chief=is_chief, workers=num_workers)
     return Backend(name="multi_worker", strategy=strategy, num_replicas_in_sync=strategy.num_replicas_in_sync,
                    num_workers=num_workers, worker_index=index, is_chief=is_chief,
                    supports_jit=bool(devices.num_gpus), jit_note="" if devices.num_gpus else MULTI_WORKER_CPU_NOTE,
-                   notes=timeouts.notes() + ((tf_sigterm.NOTE,) if tf_sigterm.is_applied() else ()))
+                   notes=timeouts.notes() + ((tf_sigterm.NOTE,) if tf_sigterm.is_applied() else ()),
+                   agree_on_backup=agree)
 
 
 # ------------------------------------------------------------------------------------------ parameter_server

@@ -1,7 +1,8 @@
 """The compile_and_fit job of the reliability suite (issue 9). Prints one JSON line with what it did.
 
 Configured by the environment so that tests and scripts/reliability.py share it:
-  REL_EPOCHS (3), REL_BATCH (64), REL_BACKUP_DIR, REL_BACKUP_FREQ, REL_CHECKPOINT_DIR, REL_STRATEGY (auto),
+  REL_EPOCHS (3), REL_BATCH (64), REL_BACKUP_DIR ({task} is filled in), REL_BACKUP_FREQ, REL_CHECKPOINT_DIR,
+  REL_STRATEGY (auto),
   REL_KILL_AT  "task:epoch:step" (e.g. "worker:1:1:7"): that task SIGKILLs itself right after that step, once
                (guarded by the marker file REL_KILL_MARKER, so the restarted job runs through),
   REL_WEIGHTS_OUT  npz path for the final weights ({task} is filled in),
@@ -144,7 +145,8 @@ extra = {"callbacks": ps_callbacks()} if ps else {"steps_per_execution": 1, "cal
 result = tfaccel.compile_and_fit(
     build, (x, y), epochs=int(env.get("REL_EPOCHS", "3")), global_batch_size=int(env.get("REL_BATCH", "64")),
     strategy=env.get("REL_STRATEGY", "auto"), loss="sparse_categorical_crossentropy", learning_rate=0.003,
-    checkpoint_dir=env.get("REL_CHECKPOINT_DIR") or None, backup_dir=env.get("REL_BACKUP_DIR") or None,
+    checkpoint_dir=env.get("REL_CHECKPOINT_DIR") or None,
+    backup_dir=env.get("REL_BACKUP_DIR", "").format(task=task_name.replace(":", "")) or None,
     backup_freq=int(env["REL_BACKUP_FREQ"]) if env.get("REL_BACKUP_FREQ") else None, seed=1,
     verbose=2 if ps else 0, **extra)
 weights = result.model.get_weights()

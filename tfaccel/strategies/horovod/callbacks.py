@@ -1,7 +1,7 @@
 """Keras callbacks for Horovod ranks (variables broadcast from rank 0, metrics over the global batch, stopping
 together) and the agreement on where a restarted job resumes."""
 
-from typing import Any, Callable, List, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import keras
 import numpy as np
@@ -10,8 +10,8 @@ import tensorflow as tf
 from tfaccel.compat.keras_zero_ranks import unsharded_variables
 from tfaccel.errors import ConfigError, TfaccelError
 from tfaccel.log import get_logger
+from tfaccel.resilience.backup_agreement import backup_position
 from tfaccel.resilience.backups import BackupState
-from tfaccel.resilience.shard_backup import SHARDS_FIELD
 from tfaccel.strategies.horovod.runtime import import_horovod
 
 __all__ = ["BroadcastVariablesCallback", "GlobalMetricsCallback", "StopTogetherCallback", "agree_on_backup"]
@@ -134,11 +134,6 @@ def _check_every_rank_reads(hvd: Any, *, same: bool, state: list) -> None:
                           "shard_optimizer_state=False from a backup written without it")
 
 
-def _position(state: Optional[Mapping[str, Any]]) -> List[int]:
-    """[has a backup, epoch, step, global step, sharded optimizer state] of a ``BackupState`` (or None)."""
-    return ([1, int(state["epoch"]), int(state["step"]), int(state.get("global_step", 0)),
-             int(bool((state.get(SHARDS_FIELD) or {}).get("files")))] if state else [0, 0, 0, 0, 0])
-
 
 def agree_on_backup(state: Optional[Mapping[str, Any]], *, reread: Optional[Callable[[], Any]] = None,
                     _hvd: Any = None) -> Optional[Mapping[str, Any]]:
@@ -169,12 +164,12 @@ def agree_on_backup(state: Optional[Mapping[str, Any]], *, reread: Optional[Call
             another backup or none.
     """
     hvd = _hvd if _hvd is not None else import_horovod()
-    mine = _position(state)
+    mine = backup_position(state)
     root = [int(v) for v in np.asarray(hvd.broadcast(tf.constant(mine, dtype=tf.int64), root_rank=0,
                                                           name="tfaccel_backup_position")).tolist()]
     if root != mine and root[0] and reread is not None:
         state = reread()
-        mine = _position(state)
+        mine = backup_position(state)
     if root[4]:  # sharded optimizer state: every rank loads its slots from the shard files, so reads that backup
         _check_every_rank_reads(hvd, same=root == mine, state=root)
     if root == mine:
