@@ -132,8 +132,10 @@ def test_loss_scaling_sharded_over_ranks_skips_the_steps_one_device_skips(runs):
     (inf inputs on that rank only): the ranks sum the count of overflowing ranks before the finite check
     (tfaccel.compat.keras_loss_scale), so both skip the step and halve the scale, as plain model.fit on one process
     does (without it, only one rank enters the owners' all-gather and the job hangs); weights finite, equal to the same
-    job unsharded, and to plain fit's within float16's rounding (each rank computes half the batch in float16:
-    4.2e-5 apart after 16 AdamW steps, sharded or not)."""
+    job unsharded (1e-5), and to plain fit's within float16's rounding: each rank computes half the batch in float16,
+    so after 16 AdamW steps (learning rate 0.01) the weights were 4.2e-5 apart on one machine and 3.7e-4 on another
+    (2026-11-30), sharded or not; the bound is a tenth of one step, 1e-3 (an update applied or skipped differently
+    moves weights by about a step, 1e-2)."""
     ranks = [info["loss_scaled"] for info in runs[2]]
     plain = ranks[0]
     for run in ranks:
@@ -145,7 +147,7 @@ def test_loss_scaling_sharded_over_ranks_skips_the_steps_one_device_skips(runs):
             assert 0 < got["updates"] < 16, got["updates"]
             for a, b, c in zip(got["weights"], want["weights"], plain["plain_weights"]):
                 np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=mode)
-                np.testing.assert_allclose(a, c, rtol=0, atol=1e-4, err_msg=mode)
+                np.testing.assert_allclose(a, c, rtol=0, atol=1e-3, err_msg=mode)
             for key, values in want["history"].items():
                 np.testing.assert_allclose(got["history"][key], values, rtol=1e-5, atol=1e-5, err_msg=mode)
         assert "skips a step when any rank's gradients overflow" in run["sharded"]["note"], run["sharded"]["note"]
