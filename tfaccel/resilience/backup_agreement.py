@@ -37,15 +37,15 @@ def _describe(position: List[int]) -> str:
 
 
 def agree_with_chief(state: Optional[Mapping[str, Any]], reread: Optional[Callable[[], Any]], *,
-                     total: Callable[[List[float]], List[float]], is_chief: bool, workers: int,
-                     backup_dir: str = "backup_dir") -> Optional[Mapping[str, Any]]:
+                     total: Callable[[List[float]], List[float]], is_chief: bool,
+                     workers: int) -> Optional[Mapping[str, Any]]:
     """The backup this worker resumes from: the chief's (module doc). Every worker calls it at the same point.
 
     Args:
         state: the ``BackupState`` this worker read (``tfaccel.resilience.backups.read_backup``), or None.
         reread: reads ``backup_dir`` again (None: no second read).
         total: element-wise sum of a list over the workers (``tfaccel.strategies.process_sum.strategy_sum``).
-        is_chief: this worker is the chief. workers: the number of workers. backup_dir: for the message.
+        is_chief: this worker is the chief. workers: the number of workers.
 
     Returns:
         ``state``, or the backup read again, when it is the chief's.
@@ -61,7 +61,7 @@ def agree_with_chief(state: Optional[Mapping[str, Any]], reread: Optional[Callab
     differ = int(round(total([0.0 if mine == chief else 1.0, 0.0, 0.0, 0.0, 0.0])[0]))
     if differ:
         raise ConfigError(
-            f"{backup_dir}: the chief resumes from {_describe(chief)}, and {differ} of {workers} workers read another "
+            f"backup_dir: the chief resumes from {_describe(chief)}, and {differ} of {workers} workers read another "
             f"backup or none (this worker: {_describe(mine)}). Under multi_worker every worker loads the backup's "
             "files itself, so backup_dir must be one directory that every worker reads (a shared file system: NFS, "
             "a mounted bucket, a Kubernetes ReadWriteMany volume). Fix: give every worker the same shared "
