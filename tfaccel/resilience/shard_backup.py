@@ -6,8 +6,8 @@ it owns, so each worker writes its own shard file (``backup-<global step>.shard-
 index among the optimizer's variables; written under a temporary name, fsynced, renamed) and the chief's weights
 file holds the weights and the optimizer's other variables, its slots left empty (:func:`slots_apart`). Every
 worker then adds 1 for its files written to a sum over the workers (a collective, the barrier): the chief moves
-the pointer only when the sum is N, so a pointer never names a shard that is not on disk. Horovod's ranks do the
-same, with Horovod's all-reduce as the sum (the backend's ``sum_over_processes``).
+the pointer only when the sum is N, so a pointer never names a shard that is not on disk (the sum is the backend's
+``sum_over_processes``; Horovod's ranks do the same with Horovod's all-reduce).
 
 The pointer records the layout under ``optimizer_shards``: ``count`` (replicas), ``processes``, ``owners`` (the
 owner replica of each trainable variable) and ``files`` (the shard files; none under ``mirrored``). A resumed job

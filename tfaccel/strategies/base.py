@@ -113,8 +113,9 @@ class Backend:
     # (the backup this process read, a function that reads it again) -> the backup every process resumes from (the
     # chief's / rank 0's: multi_worker, Horovod); identity for one process.
     agree_on_backup: Callable[[Any, Callable[[], Any]], Any] = lambda state, reread: state
-    # value -> its sum over the processes (one scalar all-reduce; Horovod). None: tf.distribute's all-reduce.
-    sum_over_processes: Optional[Callable[[float], float]] = None
+    # value -> its sum over the processes, each counted once (one all-reduce: Horovod's; multi_worker's,
+    # tfaccel.strategies.process_sum). None: one built here from the strategy where one is needed.
+    sum_over_processes: Optional[Callable[[Any], Any]] = None
     # The backend's own optimizer-state sharding (Horovod): (model, backup_dir=, checkpoint_dir=) -> the plan's line,
     # swapping the optimizer's class in place. None: tf.distribute's (tfaccel.train.zero).
     shard_optimizer: Optional[Callable[..., str]] = None

@@ -237,8 +237,7 @@ def make_multi_worker(*, devices: Any, task: Optional[Any], implementation: str 
 
     ``implementation``, ``bytes_per_pack`` and ``timeout_seconds`` are TensorFlow's ``CommunicationOptions`` of
     every all-reduce (gradients, metrics): ``bytes_per_pack=0`` concatenates all gradients into one all-reduce.
-    SIGTERM still ends the worker (``tfaccel.compat.tf_sigterm``); ``apply_compat=False`` leaves both upstream
-    behaviours as they are.
+    SIGTERM still ends the worker (``tfaccel.compat.tf_sigterm``); ``apply_compat=False`` keeps both upstream ways.
 
     Start-up and lost-peer (heartbeat) timeouts default to tfaccel's bounded values (see
     ``tfaccel.strategies.peer_health``), so a peer that never starts or dies fails the job instead of hanging; the
@@ -277,12 +276,13 @@ def make_multi_worker(*, devices: Any, task: Optional[Any], implementation: str 
         is_chief = bool(task.is_chief)
     else:  # a single worker without a cluster description
         num_workers, index, is_chief = 1, 0, True
-    agree = functools.partial(agree_with_chief, total=strategy_sum(strategy), is_chief=is_chief, workers=num_workers)
+    total = strategy_sum(strategy)
     return Backend(name="multi_worker", strategy=strategy, num_replicas_in_sync=strategy.num_replicas_in_sync,
                    num_workers=num_workers, worker_index=index, is_chief=is_chief,
                    supports_jit=bool(devices.num_gpus), jit_note="" if devices.num_gpus else MULTI_WORKER_CPU_NOTE,
                    notes=timeouts.notes() + ((tf_sigterm.NOTE,) if tf_sigterm.is_applied() else ()),
-                   agree_on_backup=agree)
+                   sum_over_processes=total, agree_on_backup=functools.partial(
+                       agree_with_chief, total=total, is_chief=is_chief, workers=num_workers))
 
 
 # ------------------------------------------------------------------------------------------ parameter_server
