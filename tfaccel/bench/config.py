@@ -9,8 +9,8 @@ import numpy as np
 
 __all__ = ["BenchConfig", "SUITES", "TARGETS", "TARGET_MODELS", "summary", "round_order", "contender_rows", "last_json"]
 
-TARGETS: Dict[str, float] = {"p1": 6.0, "p2": 2.0, "p3": 0.95, "p4_mwms_of_ceiling": 0.95, "p6_stream": 0.9,
-                             "p5_precision_xla": 2.5}
+TARGETS: Dict[str, float] = {"p1": 6.0, "p2": 2.0, "p3": 0.95, "p3_time_to_train": 0.95, "p4_mwms_of_ceiling": 0.95,
+                             "p6_stream": 0.9, "p5_precision_xla": 2.5}
 """The figure each key must reach (its median), on an idle machine; never asserted in a timed test.
 ``p5_precision_xla``'s holds on a GPU only (on CPU precision "auto" is float32)."""
 

@@ -104,6 +104,12 @@ def _ratios(row: Dict[str, float]) -> Dict[str, float]:
             "p3": cf / max(row["limit_xla"], row["limit_noxla"])}
 
 
+def _time_to_train_ratio(timings: Dict[str, Any]) -> float:
+    """P3 in time-to-train (one round): the faster limit's whole call / compile_and_fit's (above 1: tfaccel first)."""
+    limit = min(timings["limit_xla"]["time_to_train"], timings["limit_noxla"]["time_to_train"])
+    return limit / timings["compile_and_fit"]["time_to_train"]
+
+
 def measure_model(name: str, config: BenchConfig, stopwatch: Stopwatch) -> Dict[str, Any]:
     """P1-P3 of one model: every contender in every round, in a random order, ratios per round."""
     x, y = model_data(config.examples)
@@ -114,6 +120,7 @@ def measure_model(name: str, config: BenchConfig, stopwatch: Stopwatch) -> Dict[
     last = rounds[-1]["timings"]
     return {"p1": summary([q["p1"] for q in ratios]), "p2": summary([q["p2"] for q in ratios]),
             "p3": summary([q["p3"] for q in ratios]),
+            "p3_time_to_train": summary([_time_to_train_ratio(r["timings"]) for r in rounds]),
             "examples_per_sec": contender_rows(rounds, "examples_per_sec"),
             "time_to_train": contender_rows(rounds, "time_to_train"),
             "cpu_per_wall": contender_rows(rounds, "cpu_per_wall"),
