@@ -21,7 +21,8 @@ import zero_cases as zc
 import tfaccel
 from tfaccel.compat import keras_zero_collective
 from tfaccel.compat.keras_zero import sharded_class
-from tfaccel.compat.keras_zero_collective import check_rows, plan_buckets, rank_order
+from tfaccel.compat.keras_zero_collective import (check_rows, densify, even_pieces, foldable, local_squares,
+                                                   plan_buckets, rank_order)
 from tfaccel.compat.keras_zero_ranks import shard_over_ranks
 from tfaccel.errors import ConfigError
 from tfaccel.memory.shards import partition_by_bytes, shard_loads
@@ -93,6 +94,17 @@ def test_an_embedding_table_stays_unsharded_over_workers_and_trains_as_plain_fit
         assert run["slot_shapes"].count([50, 8]) == 2, run["slot_shapes"]  # Adam's m and v of the whole table
     kernels = [s for run in runs for s in run["slot_shapes"] if len(s) == 2 and s != [50, 8]]
     assert len(kernels) == 4, kernels  # each Dense kernel's m and v on one worker only
+    # The table's sum: with global_clipnorm it rides in the sharded exchange (its dense gradient, 400 elements, is
+    # smaller than the slices every worker would gather), split evenly over the owners; with clipnorm (Keras clips
+    # the gathered slices) it goes through the strategy's own all-reduce of the slices, outside these collectives.
+    dense = [n for path, n in plain["variable_sizes"].items() if "embedding" not in path]
+    table = even_pieces(400, workers) if case == "embedding_global_clipnorm" else [0] * workers
+    chunk = max(load + piece for load, piece in zip(shard_loads(dense, workers), table))
+    expected = {"all_to_all": {"calls": 1, "bytes_in": workers * (chunk + 1) * 4, "bytes_out": workers * (chunk + 1) * 4},
+                "all_gather": {"calls": 1, "bytes_in": chunk * 4, "bytes_out": workers * chunk * 4}}
+    if case == "embedding_global_clipnorm":
+        expected["all_reduce"] = {"calls": 1, "bytes_in": 4, "bytes_out": 4}
+    assert all(run["exchange"] == expected for run in runs), [run["exchange"] for run in runs]
 
 
 @pytest.mark.parametrize("workers", [2, 4])
@@ -120,6 +132,23 @@ def test_buckets_are_per_dtype_in_owner_order_padded_to_the_largest_share():
     assert [(b.dtype, b.members, b.chunk) for b in buckets] == [
         (tf.float32, ((1,), (0, 3)), 7), (tf.float64, ((2,), ()), 5)]
     assert buckets[0].sizes == (6, 4, 5, 1)
+
+
+def test_a_table_gradient_is_folded_into_the_exchange_only_where_it_is_smaller_and_exact():
+    """The sum of an unsharded variable's gradient rides in the sharded exchange where that costs no more than the
+    strategy's gather of every worker's slices and changes nothing Keras computes from them."""
+    table = tf.Variable(tf.zeros([50, 8]))
+    slices = tf.IndexedSlices(tf.ones([3, 8]), tf.constant([1, 1, 4]), tf.constant([50, 8]))
+    assert foldable(tf.zeros([50, 8]), table, 2, clips_each=True)  # dense: the same sum, clipped after it
+    assert foldable(slices, table, 17, clips_each=False)  # 400 elements <= 17 workers x 24 values
+    assert not foldable(slices, table, 16, clips_each=False)  # 16 x 24 = 384 values gathered: cheaper
+    assert not foldable(slices, table, 17, clips_each=True)  # clipnorm / clipvalue clip the slices, not their sum
+    dense = densify(slices, table).numpy()
+    assert dense.shape == (50, 8) and dense[1].tolist() == [2.0] * 8 and dense[4].tolist() == [1.0] * 8
+    assert dense.sum() == 24.0
+    # Keras' global norm squares the slices (a row touched twice counts twice), not their sum
+    assert float(local_squares(slices)) == 24.0 and local_squares(tf.ones([2])) is None
+    assert even_pieces(10, 4) == [3, 3, 2, 2] and even_pieces(2, 4) == [1, 1, 0, 0]
 
 
 def test_ranks_follow_tensorflows_order_of_task_names():

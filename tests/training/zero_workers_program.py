@@ -85,7 +85,9 @@ def _embedding_case(optimizer, chief):
                          shard_optimizer_state=True)
     return {"history": result.history, "weights": [w.tolist() for w in model.get_weights()],
             "note": result.details.get("optimizer_state"),
-            "slot_shapes": [list(v.shape) for v in model.optimizer.variables], **reference}
+            "slot_shapes": [list(v.shape) for v in model.optimizer.variables],
+            "exchange": exchange_bytes(model.distribute_strategy),
+            "variable_sizes": {v.path: int(np.prod(v.shape)) for v in model.trainable_variables}, **reference}
 
 
 def _checkpoint_dir_refusal(x, y, initial):

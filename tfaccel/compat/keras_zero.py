@@ -169,22 +169,41 @@ class ShardOptimizerState(ShardedMovingAverage, ShardedAccumulation):
 
     def _tfaccel_update(self, distribution: Any, grads: List[Any], tvars: List[Any], learning_rate: Any) -> None:
         plain = [i for i, v in enumerate(tvars) if self._var_key(v) not in self._tfaccel_owner]
-        sums, plain_vars = [], [tvars[i] for i in plain]
-        if plain:  # variables left unsharded (sparse gradients): Keras' own all-reduce, every replica updates them
+        folded = self._tfaccel_folded(distribution, grads, tvars, plain)
+        reduced = [i for i in plain if i not in folded]
+        sums = []
+        if reduced:  # variables left unsharded (sparse gradients): Keras' own all-reduce, every replica updates them
             sums = distribution.extended.batch_reduce_to(tf.distribute.ReduceOp.SUM,
-                                                         [(grads[i], tvars[i]) for i in plain])
-            grads = [g for i, g in enumerate(grads) if i not in plain]
-            tvars = [v for i, v in enumerate(tvars) if i not in plain]
+                                                         [(grads[i], tvars[i]) for i in reduced])
         # global_clipnorm: the global norm includes the unsharded gradients (their sums are the same on every replica)
         unsharded_squared = (keras_zero_collective.squared_norm([distribution.experimental_local_results(s)[0]
                                                                  for s in sums])
                              if sums and self.global_clipnorm else None)
+        rest = [i for i in range(len(tvars)) if i not in plain]
+        grads, plain_vars, folded_vars = [grads[i] for i in rest], [tvars[i] for i in reduced], [tvars[i] for i in folded]
+        tvars = [tvars[i] for i in rest]
         if self._tfaccel_workers > 1:
-            scale = self._tfaccel_update_workers(distribution, grads, tvars, learning_rate, unsharded_squared)
+            scale, folded_sums = self._tfaccel_update_workers(distribution, grads, tvars, learning_rate,
+                                                              unsharded_squared, folded)
         else:
-            scale = self._tfaccel_update_replicas(distribution, grads, tvars, learning_rate, unsharded_squared)
+            scale, folded_sums = self._tfaccel_update_replicas(distribution, grads, tvars, learning_rate,
+                                                               unsharded_squared), []
         if sums:
             self._tfaccel_update_plain(distribution, sums, plain_vars, learning_rate, scale)
+        if folded_sums:
+            self._tfaccel_update_plain(distribution, folded_sums, folded_vars, learning_rate, scale)
+
+    def _tfaccel_folded(self, distribution: Any, grads: List[Any], tvars: List[Any],
+                        plain: List[int]) -> Dict[int, Any]:
+        """Under multi_worker, the unsharded variables whose gradients the sharded exchange sums
+        (``keras_zero_collective.foldable``): position -> (dense local gradient, its share of the global norm)."""
+        if self._tfaccel_workers <= 1:
+            return {}
+        local = {i: distribution.experimental_local_results(grads[i])[0] for i in plain}
+        clips_each = bool(self.clipnorm or self.clipvalue)
+        return {i: (keras_zero_collective.densify(g, tvars[i]), keras_zero_collective.local_squares(g))
+                for i, g in local.items()
+                if keras_zero_collective.foldable(g, tvars[i], self._tfaccel_layout["count"], clips_each=clips_each)}
 
     def _tfaccel_update_replicas(self, distribution: Any, grads: List[Any], tvars: List[Any], learning_rate: Any,
                                  unsharded_squared: Optional[Any]) -> Optional[Any]:
@@ -245,9 +264,9 @@ class ShardOptimizerState(ShardedMovingAverage, ShardedAccumulation):
             distribution.extended.update(var, apply, args=(grad, learning_rate), group=False)
 
     def _tfaccel_update_workers(self, distribution: Any, grads: List[Any], tvars: List[Any], learning_rate: Any,
-                                unsharded_squared: Optional[Any]) -> Optional[Any]:
+                                unsharded_squared: Optional[Any], folded: Dict[int, Any]) -> Tuple[Any, List[Any]]:
         """Several workers, one replica each: reduce-scatter, update, all-gather (``keras_zero_collective``);
-        returns ``global_clipnorm``'s scale (None without it)."""
+        returns ``global_clipnorm``'s scale (None without it) and the sums of the ``folded`` gradients."""
         one = distribution.experimental_local_results
         owner_of = dict(zip(self._tfaccel_owner, self._tfaccel_layout["owners"]))  # both in build's order
         return keras_zero_collective.update_across_workers(
@@ -255,7 +274,8 @@ class ShardOptimizerState(ShardedMovingAverage, ShardedAccumulation):
             variables=[one(v)[0] for v in tvars], owners=[owner_of[self._var_key(v)] for v in tvars],
             me=self._tfaccel_layout["index"], rate=one(learning_rate)[0], update=self.update_step,
             clip=super()._clip_gradients, global_clipnorm=self.global_clipnorm,  # type: ignore[misc]
-            unsharded_squared=unsharded_squared)
+            unsharded_squared=unsharded_squared, summed=[f[0] for f in folded.values()],
+            summed_squares=[f[1] for f in folded.values()])
 
 
 _SUMS: Dict[int, Any] = {}

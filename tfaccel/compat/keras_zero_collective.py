@@ -45,7 +45,7 @@ from tensorflow.python.distribute import cross_device_utils, multi_worker_util
 
 __all__ = ["GROUP_KEY", "Bucket", "plan_buckets", "rank_order", "WorkerCollectives", "collectives_for",
            "update_across_workers", "share_owned", "exchange_bytes", "check_rows", "squared_norm",
-           "clip_by_global_norm"]
+           "clip_by_global_norm", "foldable", "densify", "local_squares", "even_pieces"]
 
 GROUP_KEY = 1 << 24  # far above the strategy's own group keys (1, 2, ...)
 
@@ -188,20 +188,64 @@ def _reduce_scatter(col: WorkerCollectives, bucket: Bucket, grads: Sequence[Any]
     return {i: tf.reshape(p, shapes[i]) for i, p in zip(mine, parts)}
 
 
-def _gather_values(col: WorkerCollectives, bucket: Bucket, variables: Sequence[Any], me: int,
-                   label: Optional[str]) -> None:
-    """Assigns the other replicas' variables of the bucket from their owners' updated values."""
+def _gather(col: WorkerCollectives, bucket: Bucket, own: Sequence[Any], me: int,
+            label: Optional[str]) -> Dict[int, Any]:
+    """The values at the bucket's positions other replicas own, flat, from their owners (``own``: this replica's
+    values at its positions, in order), by one all-gather."""
     mine = bucket.members[me]
-    local = _flat([variables[i].read_value() for i in mine], [bucket.sizes[i] for i in mine], bucket.chunk,
-                  bucket.dtype)
+    local = _flat(own, [bucket.sizes[i] for i in mine], bucket.chunk, bucket.dtype)
     rows = tf.reshape(col.all_gather(local, label), [col.replicas, bucket.chunk])
+    values = {}
     for rank, replica in enumerate(col.ranks):
         offset = 0
         for i in bucket.members[replica]:
             if replica != me:
-                values = rows[rank, offset:offset + bucket.sizes[i]]
-                variables[i].assign(tf.reshape(values, variables[i].shape))
+                values[i] = rows[rank, offset:offset + bucket.sizes[i]]
             offset += bucket.sizes[i]
+    return values
+
+
+def _gather_values(col: WorkerCollectives, bucket: Bucket, variables: Sequence[Any], me: int,
+                   label: Optional[str]) -> None:
+    """Assigns the other replicas' variables of the bucket from their owners' updated values."""
+    own = [variables[i].read_value() for i in bucket.members[me]]
+    for i, values in _gather(col, bucket, own, me, label).items():
+        variables[i].assign(tf.reshape(values, variables[i].shape))
+
+
+def foldable(grad: Any, variable: Any, replicas: int, *, clips_each: bool) -> bool:
+    """Whether the gradient of a variable left unsharded (an Embedding table's) is summed more cheaply inside the
+    sharded step's two exchanges (:func:`update_across_workers`'s ``summed``) than by the strategy's own all-reduce.
+
+    A dense gradient always is (the same sum, no round of its own). An ``IndexedSlices`` one is where the whole table
+    has no more elements than the slices every worker would gather (``replicas`` x its values) and the optimizer clips
+    no gradient on its own (``clipnorm`` / ``clipvalue``, ``clips_each``): Keras clips the gathered slices, whose norm
+    and values differ from those of their sum where two workers touched one row; ``global_clipnorm`` stays exact
+    (:func:`local_squares`)."""
+    if not isinstance(grad, tf.IndexedSlices):
+        return True
+    values, table = grad.values.shape.num_elements(), tf.TensorShape(variable.shape).num_elements()
+    return not clips_each and values is not None and table is not None and table <= replicas * values
+
+
+def densify(grad: Any, variable: Any) -> Any:
+    """The gradient as a dense tensor of the variable's shape (an ``IndexedSlices`` one's rows summed per index)."""
+    if isinstance(grad, tf.IndexedSlices):
+        rows = int(variable.shape[0])
+        return tf.math.unsorted_segment_sum(grad.values, grad.indices, rows)
+    return grad
+
+
+def local_squares(grad: Any) -> Optional[Any]:
+    """This worker's share of a folded gradient's square in Keras' global norm: an ``IndexedSlices`` gradient's own
+    slices (Keras' norm of the gathered slices is the sum of every worker's), None for a dense one (the square of its
+    sum counts, which the owners of its pieces add)."""
+    return squared_norm([grad]) if isinstance(grad, tf.IndexedSlices) else None
+
+
+def even_pieces(size: int, replicas: int) -> List[int]:
+    """``size`` elements in ``replicas`` contiguous pieces, the first ``size % replicas`` one element longer."""
+    return [size // replicas + (r < size % replicas) for r in range(replicas)]
 
 
 def squared_norm(grads: Sequence[Any]) -> Any:
@@ -221,18 +265,51 @@ def clip_by_global_norm(grads: Sequence[Any], clip_norm: float, squared: Any) ->
 
 
 def _clip_over_workers(col: WorkerCollectives, grads: List[Any], clip_norm: float,
-                       unsharded_squared: Optional[Any]) -> Tuple[List[Any], Any]:
-    """``global_clipnorm`` over every owner's gradients: the squared norm of this owner's, summed over the workers,
-    plus ``unsharded_squared`` (the unsharded variables' gradients, the same on every worker)."""
-    total = col.all_reduce_sum(tf.reshape(tf.cast(squared_norm(grads), tf.float32), [1]))[0]
+                       unsharded_squared: Optional[Any], extra: Sequence[Any] = ()) -> Tuple[List[Any], Any]:
+    """``global_clipnorm`` over every owner's gradients: the squared norm of this owner's and ``extra`` (this
+    worker's shares of the folded gradients'), summed over the workers, plus ``unsharded_squared`` (the unsharded
+    variables' gradients, the same on every worker)."""
+    local = squared_norm(grads)
+    for share in extra:
+        local = local + share
+    total = col.all_reduce_sum(tf.reshape(tf.cast(local, tf.float32), [1]))[0]
     return clip_by_global_norm(grads, clip_norm, total if unsharded_squared is None else total + unsharded_squared)
+
+
+@dataclasses.dataclass
+class _Items:
+    """What one step exchanges: the sharded variables' gradients, then the pieces of the ``summed`` gradients
+    (position ``len(variables)`` on), each with its shape, dtype and owner."""
+
+    grads: List[Any]
+    shapes: List[Any]
+    dtypes: List[Any]
+    owners: List[int]
+    pieces: List[List[int]]  # per summed gradient: the positions of its pieces, in order
+
+    @classmethod
+    def of(cls, grads: Sequence[Any], variables: Sequence[Any], owners: Sequence[int], summed: Sequence[Any],
+           replicas: int) -> "_Items":
+        items = cls(list(grads), [v.shape for v in variables], [v.dtype for v in variables], list(owners), [])
+        for grad in summed:
+            flat = tf.reshape(grad, [-1])
+            positions = []
+            for owner, piece in enumerate(tf.split(flat, even_pieces(int(flat.shape[0]), replicas))):
+                positions.append(len(items.grads))
+                items.grads.append(piece)
+                items.shapes.append(piece.shape)
+                items.dtypes.append(grad.dtype)
+                items.owners.append(owner)
+            items.pieces.append(positions)
+        return items
 
 
 def update_across_workers(col: WorkerCollectives, *, grads: Sequence[Any], variables: Sequence[Any],
                           owners: Sequence[int], me: int, rate: Any, update: Callable[[Any, Any, Any], Any],
                           clip: Callable[[List[Any]], List[Any]], global_clipnorm: Optional[float],
-                          unsharded_squared: Optional[Any] = None) -> Optional[Any]:
-    """One sharded optimizer step (the module doc's 1-5); returns ``global_clipnorm``'s scale (None without it).
+                          unsharded_squared: Optional[Any] = None, summed: Sequence[Any] = (),
+                          summed_squares: Sequence[Optional[Any]] = ()) -> Tuple[Optional[Any], List[Any]]:
+    """One sharded optimizer step (the module doc's 1-5).
 
     Args:
         col: the strategy's collectives.
@@ -247,23 +324,42 @@ def update_across_workers(col: WorkerCollectives, *, grads: Sequence[Any], varia
         global_clipnorm: the optimizer's ``global_clipnorm`` (None or 0: off).
         unsharded_squared: the squared norm of the gradients of the variables left unsharded (summed over the
             workers already), which the global norm includes; None where there are none.
+        summed: dense local gradients of variables left unsharded whose sums every worker needs (:func:`foldable`):
+            each split evenly over the owners and carried by the same two exchanges, the owner of a piece
+            receiving its sum in the all-to-all and handing it on in the all-gather (no round of their own).
+        summed_squares: per gradient of ``summed``, :func:`local_squares`.
+
+    Returns:
+        (``global_clipnorm``'s scale or None, the sums of ``summed`` in order, each of its gradient's shape).
     """
     col.traced = []
-    buckets = plan_buckets([v.shape for v in variables], [v.dtype for v in variables], owners, col.replicas)
+    items = _Items.of(grads, variables, owners, summed, col.replicas)
+    buckets = plan_buckets(items.shapes, items.dtypes, items.owners, col.replicas)
     reduced: Dict[int, Any] = {}
     for bucket in buckets:
-        reduced.update(_reduce_scatter(col, bucket, grads, [v.shape for v in variables], me))
-    mine = sorted(reduced)
+        reduced.update(_reduce_scatter(col, bucket, items.grads, items.shapes, me))
+    mine = sorted(i for i in reduced if i < len(variables))
     owned = [reduced[i] for i in mine]
     scale = None
     if global_clipnorm:
-        owned, scale = _clip_over_workers(col, owned, global_clipnorm, unsharded_squared)
+        extra = [s for s in summed_squares if s is not None] + [
+            squared_norm([reduced[p] for p in positions if p in reduced])
+            for positions, given in zip(items.pieces, summed_squares) if given is None]
+        owned, scale = _clip_over_workers(col, owned, global_clipnorm, unsharded_squared, extra)
     else:
         owned = clip(owned)
     for i, grad in zip(mine, owned):
         update(grad, variables[i], rate)
-    share_owned(col, variables=variables, owners=owners, me=me)
-    return scale
+    gathered: Dict[int, Any] = {}
+    for bucket in buckets:
+        own = [variables[i].read_value() if i < len(variables) else reduced[i] for i in bucket.members[me]]
+        gathered.update(_gather(col, bucket, own, me, "all_gather"))
+    for i, values in gathered.items():
+        if i < len(variables):
+            variables[i].assign(tf.reshape(values, variables[i].shape))
+    sums = [tf.reshape(tf.concat([reduced[p] if p in reduced else gathered[p] for p in positions], 0), grad.shape)
+            for positions, grad in zip(items.pieces, summed)]
+    return scale, sums
 
 
 def share_owned(col: WorkerCollectives, *, variables: Sequence[Any], owners: Sequence[int], me: int,
