@@ -121,6 +121,12 @@ EMBEDDING_OPTIMIZERS: Dict[str, Callable[[], keras.optimizers.Optimizer]] = {
     "embedding_global_clipnorm": lambda: keras.optimizers.Adam(0.01, global_clipnorm=0.05),
 }
 
+EMBEDDING_UNCLIPPED: Dict[str, Callable[[], keras.optimizers.Optimizer]] = {
+    "embedding_unclipped": lambda: keras.optimizers.Adam(0.01),
+}
+"""Over workers only: Adam reads the table's slices themselves (no clipping densifies them), so their sum may not
+ride in the sharded exchange (tfaccel.compat.keras_zero_collective.foldable)."""
+
 
 def embedding_model(scope: Any = None,
                     optimizer: Callable[[], Any] = EMBEDDING_OPTIMIZERS["embedding"]) -> keras.Model:

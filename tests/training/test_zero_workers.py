@@ -77,11 +77,11 @@ def test_sharded_over_workers_equals_plain_fit(launches, workers, case):
 
 
 @pytest.mark.parametrize("workers", [2, 4])
-@pytest.mark.parametrize("case", ["embedding", "embedding_global_clipnorm"])
+@pytest.mark.parametrize("case", ["embedding", "embedding_global_clipnorm", "embedding_unclipped"])
 def test_an_embedding_table_stays_unsharded_over_workers_and_trains_as_plain_fit(launches, workers, case):
-    """The table's sparse gradient goes through the strategy's own all-reduce and every worker updates its full copy
-    with full slots; the Dense layers beside it are sharded; Adam with clipnorm, and with global_clipnorm (the global
-    norm over the sharded and unsharded gradients)."""
+    """Every worker updates its full copy of the table with full slots, from the table's summed gradient; the Dense
+    layers beside it are sharded; Adam with clipnorm, with global_clipnorm (the global norm over the sharded and
+    unsharded gradients), and unclipped."""
     runs = [w[case] for w in launches[workers]]
     plain = runs[0]  # the chief's plain fit on one device
     assert re.search(r"over \d replicas \(ZeRO-1: .*\); left unsharded \(Embedding tables, .*\): \S*embedding\S*/"
@@ -94,9 +94,9 @@ def test_an_embedding_table_stays_unsharded_over_workers_and_trains_as_plain_fit
         assert run["slot_shapes"].count([50, 8]) == 2, run["slot_shapes"]  # Adam's m and v of the whole table
     kernels = [s for run in runs for s in run["slot_shapes"] if len(s) == 2 and s != [50, 8]]
     assert len(kernels) == 4, kernels  # each Dense kernel's m and v on one worker only
-    # The table's sum: with global_clipnorm it rides in the sharded exchange (its dense gradient, 400 elements, is
-    # smaller than the slices every worker would gather), split evenly over the owners; with clipnorm (Keras clips
-    # the gathered slices) it goes through the strategy's own all-reduce of the slices, outside these collectives.
+    # The table's sum: with global_clipnorm it rides in the sharded exchange (Keras densifies the slices there, and
+    # its 400 elements are fewer than the slices every worker would gather), split evenly over the owners; with
+    # clipnorm or unclipped (Keras' update reads the gathered slices) the strategy's own all-reduce gathers the slices.
     dense = [n for path, n in plain["variable_sizes"].items() if "embedding" not in path]
     table = even_pieces(400, workers) if case == "embedding_global_clipnorm" else [0] * workers
     chunk = max(load + piece for load, piece in zip(shard_loads(dense, workers), table))
@@ -135,14 +135,28 @@ def test_buckets_are_per_dtype_in_owner_order_padded_to_the_largest_share():
 
 
 def test_a_table_gradient_is_folded_into_the_exchange_only_where_it_is_smaller_and_exact():
-    """The sum of an unsharded variable's gradient rides in the sharded exchange where that costs no more than the
-    strategy's gather of every worker's slices and changes nothing Keras computes from them."""
+    """The sum of an unsharded variable's gradient rides in the sharded exchange where Keras' update would read that
+    dense sum too (a dense gradient; slices under global_clipnorm, which Keras densifies) and it costs no more than
+    the strategy's gather of every worker's slices."""
     table = tf.Variable(tf.zeros([50, 8]))
     slices = tf.IndexedSlices(tf.ones([3, 8]), tf.constant([1, 1, 4]), tf.constant([50, 8]))
-    assert foldable(tf.zeros([50, 8]), table, 2, clips_each=True)  # dense: the same sum, clipped after it
-    assert foldable(slices, table, 17, clips_each=False)  # 400 elements <= 17 workers x 24 values
-    assert not foldable(slices, table, 16, clips_each=False)  # 16 x 24 = 384 values gathered: cheaper
-    assert not foldable(slices, table, 17, clips_each=True)  # clipnorm / clipvalue clip the slices, not their sum
+    assert foldable(tf.zeros([50, 8]), table, 2, global_clipnorm=False)  # dense: the same sum, clipped after it
+    assert foldable(slices, table, 17, global_clipnorm=True)  # 400 elements <= 17 workers x 24 values
+    assert not foldable(slices, table, 16, global_clipnorm=True)  # 16 x 24 = 384 values gathered: cheaper
+    assert not foldable(slices, table, 17, global_clipnorm=False)  # Keras' update reads the slices themselves
+    # why: Keras' Adam squares each slice (a row looked up twice: g1**2 + g2**2), and only global_clipnorm densifies
+    variable = keras.Variable(np.ones((3, 2), np.float32))
+    two_rows = tf.IndexedSlices(tf.constant([[1.0, 2.0], [3.0, 4.0]]), tf.constant([1, 1]), tf.constant([3, 2]))
+    for clip, differs in (({}, True), ({"global_clipnorm": 100.0}, False)):
+        after = []
+        for grad in (two_rows, tf.convert_to_tensor(two_rows)):
+            variable.assign(np.ones((3, 2), np.float32))
+            optimizer = keras.optimizers.Adam(**clip)
+            optimizer.build([variable])
+            for _ in range(2):
+                optimizer.apply([grad], [variable])
+            after.append(variable.numpy())
+        assert (np.abs(after[0] - after[1]).max() > 1e-4) == differs, (clip, after)
     dense = densify(slices, table).numpy()
     assert dense.shape == (50, 8) and dense[1].tolist() == [2.0] * 8 and dense[4].tolist() == [1.0] * 8
     assert dense.sum() == 24.0

@@ -60,7 +60,7 @@ def main() -> None:
                      **reference}
         if chief and name == "adam_schedule" and not parity_only:
             out["resume"]["plain_state"] = [v.numpy().tolist() for v in plain.optimizer.variables]
-    for name, optimizer in zc.EMBEDDING_OPTIMIZERS.items():
+    for name, optimizer in {**zc.EMBEDDING_OPTIMIZERS, **zc.EMBEDDING_UNCLIPPED}.items():
         out[name] = _embedding_case(optimizer, chief)
     if not parity_only:
         out["checkpoint_dir_refusal"] = _checkpoint_dir_refusal(x, y, initial)

@@ -14,7 +14,10 @@ For a gradient of ``b`` bytes over ``N`` replicas:
   nccl-tests count an all-gather): ``3 (N-1) / N * b``, 1.5 times the all-reduce: Horovod 0.28.1 has no
   reduce-scatter to the owners;
 * the Embedding tables left unsharded move as they do unsharded, counted as dense (an upper bound: an
-  ``IndexedSlices`` gradient all-gathers only the rows the batch touched).
+  ``IndexedSlices`` gradient all-gathers only the rows the batch touched); under multi_worker sharded their dense
+  sums ride in the same all-to-all and all-gather, each table split evenly over the owners' rows
+  (``keras_zero_collective.foldable``: where that is no more than the slices' gather), so the rows' padding counts
+  them: ``embedding`` is what the tables add to ``2 (N-1) s``.
 """
 
 from typing import Any, Dict
@@ -22,6 +25,7 @@ from typing import Any, Dict
 import tensorflow as tf
 
 from tfaccel.compat.keras_zero import sparse_gradient_variables
+from tfaccel.compat.keras_zero_collective import even_pieces
 from tfaccel.memory.shards import shard_loads
 
 __all__ = ["bytes_per_step"]
@@ -49,8 +53,14 @@ def bytes_per_step(model: Any, replicas: int, *, sharded: bool, path: str) -> Di
     tables = sum(_nbytes(v) for v in model.trainable_variables if v.path in sparse)
     factor = 2 * (replicas - 1) / replicas
     if sharded and path == "multi_worker":
-        dense_sent = 2 * (replicas - 1) * max(shard_loads(sizes, replicas))
-    elif sharded and path == "horovod":
+        loads = shard_loads(sizes, replicas)
+        dense_sent = 2 * (replicas - 1) * max(loads)
+        for table in (v for v in model.trainable_variables if v.path in sparse):
+            size = tf.as_dtype(str(table.dtype)).size
+            loads = [load + piece * size for load, piece in zip(loads, even_pieces(_nbytes(table) // size, replicas))]
+        return {"dense": dense_sent, "embedding": 2 * (replicas - 1) * max(loads) - dense_sent,
+                "total": 2 * (replicas - 1) * max(loads)}
+    if sharded and path == "horovod":
         dense_sent = int(sum(sizes) * factor * 1.5)
     else:
         dense_sent = int(sum(sizes) * factor)

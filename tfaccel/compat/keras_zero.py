@@ -200,10 +200,10 @@ class ShardOptimizerState(ShardedMovingAverage, ShardedAccumulation):
         if self._tfaccel_workers <= 1:
             return {}
         local = {i: distribution.experimental_local_results(grads[i])[0] for i in plain}
-        clips_each = bool(self.clipnorm or self.clipvalue)
+        clipped = bool(self.global_clipnorm)
         return {i: (keras_zero_collective.densify(g, tvars[i]), keras_zero_collective.local_squares(g))
                 for i, g in local.items()
-                if keras_zero_collective.foldable(g, tvars[i], self._tfaccel_layout["count"], clips_each=clips_each)}
+                if keras_zero_collective.foldable(g, tvars[i], self._tfaccel_layout["count"], global_clipnorm=clipped)}
 
     def _tfaccel_update_replicas(self, distribution: Any, grads: List[Any], tvars: List[Any], learning_rate: Any,
                                  unsharded_squared: Optional[Any]) -> Optional[Any]:

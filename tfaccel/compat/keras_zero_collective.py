@@ -16,6 +16,12 @@ One optimizer step on every worker, for the trainable variables of each dtype (a
 Steps 2 and 5 move the bytes of one all-reduce of the gradients (a ring all-reduce is a reduce-scatter followed by
 an all-gather); :func:`exchange_bytes` counts them from the tensors given to the collectives.
 
+The variables left unsharded (Embedding tables: every worker keeps them whole, with their slots) need their summed
+gradient on every worker. Where it is cheaper (:func:`foldable`), that sum rides in the same two collectives: the
+table's dense gradient split evenly over the owners, each piece summed by its owner in step 2 and handed on
+unchanged in step 5 (the two halves of an all-reduce again). Otherwise the strategy's own all-reduce gathers every
+worker's slices (the lengths, then the indices, then the values: three rounds more in a step of two).
+
 Why an all-to-all: TensorFlow 2.21 has no reduce-scatter on CPUs. Its collective registry holds RingReduce,
 RingGather, AllToAll, HierarchicalTreeBroadcast and Permute for CPUs (NcclReduceScatter for GPUs only), and
 ``CollectiveReduceScatterV2`` on a CPU fails with "CollectiveRegistry::Lookup did not find collective implementation
@@ -213,19 +219,22 @@ def _gather_values(col: WorkerCollectives, bucket: Bucket, variables: Sequence[A
         variables[i].assign(tf.reshape(values, variables[i].shape))
 
 
-def foldable(grad: Any, variable: Any, replicas: int, *, clips_each: bool) -> bool:
-    """Whether the gradient of a variable left unsharded (an Embedding table's) is summed more cheaply inside the
-    sharded step's two exchanges (:func:`update_across_workers`'s ``summed``) than by the strategy's own all-reduce.
+def foldable(grad: Any, variable: Any, replicas: int, *, global_clipnorm: bool) -> bool:
+    """Whether the gradient of a variable left unsharded (an Embedding table's) is summed inside the sharded step's
+    two exchanges (:func:`update_across_workers`'s ``summed``) instead of by the strategy's own all-reduce: where
+    that gives the optimizer exactly what Keras gives it, at no more bytes.
 
-    A dense gradient always is (the same sum, no round of its own). An ``IndexedSlices`` one is where the whole table
-    has no more elements than the slices every worker would gather (``replicas`` x its values) and the optimizer clips
-    no gradient on its own (``clipnorm`` / ``clipvalue``, ``clips_each``): Keras clips the gathered slices, whose norm
-    and values differ from those of their sum where two workers touched one row; ``global_clipnorm`` stays exact
-    (:func:`local_squares`)."""
+    A dense gradient always is (the same sum, without a round of its own). An ``IndexedSlices`` one only where the
+    optimizer clips by ``global_clipnorm``: Keras 3.15.1's ``clip_by_global_norm`` turns the gathered slices into
+    their dense sum before the update (whose global norm, the slices', :func:`local_squares` keeps), and the whole
+    table has no more elements than the slices every worker would gather (``replicas`` x its values). Elsewhere
+    Keras' update reads the slices themselves, and for a row two lookups touched Adam's second moment is
+    ``g1**2 + g2**2``, not ``(g1 + g2)**2`` (measured: 7e-4 apart after two Adam steps): those stay with the
+    strategy's all-reduce."""
     if not isinstance(grad, tf.IndexedSlices):
         return True
     values, table = grad.values.shape.num_elements(), tf.TensorShape(variable.shape).num_elements()
-    return not clips_each and values is not None and table is not None and table <= replicas * values
+    return global_clipnorm and values is not None and table is not None and table <= replicas * values
 
 
 def densify(grad: Any, variable: Any) -> Any:
