@@ -180,8 +180,8 @@ class ShardOptimizerState(ShardedMovingAverage, ShardedAccumulation):
                                                                  for s in sums])
                              if sums and self.global_clipnorm else None)
         rest = [i for i in range(len(tvars)) if i not in plain]
-        grads, plain_vars, folded_vars = [grads[i] for i in rest], [tvars[i] for i in reduced], [tvars[i] for i in folded]
-        tvars = [tvars[i] for i in rest]
+        plain_vars, folded_vars = [tvars[i] for i in reduced], [tvars[i] for i in folded]
+        grads, tvars = [grads[i] for i in rest], [tvars[i] for i in rest]
         if self._tfaccel_workers > 1:
             scale, folded_sums = self._tfaccel_update_workers(distribution, grads, tvars, learning_rate,
                                                               unsharded_squared, folded)

@@ -17,9 +17,9 @@ Steps 2 and 5 move the bytes of one all-reduce of the gradients (a ring all-redu
 an all-gather); :func:`exchange_bytes` counts them from the tensors given to the collectives.
 
 The variables left unsharded (Embedding tables: every worker keeps them whole, with their slots) need their summed
-gradient on every worker. Where it is cheaper (:func:`foldable`), that sum rides in the same two collectives: the
-table's dense gradient split evenly over the owners, each piece summed by its owner in step 2 and handed on
-unchanged in step 5 (the two halves of an all-reduce again). Otherwise the strategy's own all-reduce gathers every
+gradient on every worker. Where that is exact and moves no more bytes (:func:`foldable`), the sum rides in the same
+two collectives: the table's dense gradient split evenly over the owners, each piece summed by its owner in step 2
+and handed on unchanged in step 5 (the two halves of an all-reduce again). Otherwise the strategy's own all-reduce gathers every
 worker's slices (the lengths, then the indices, then the values: three rounds more in a step of two).
 
 Why an all-to-all: TensorFlow 2.21 has no reduce-scatter on CPUs. Its collective registry holds RingReduce,
