@@ -95,7 +95,7 @@ def test_an_embedding_table_stays_unsharded_over_workers_and_trains_as_plain_fit
     kernels = [s for run in runs for s in run["slot_shapes"] if len(s) == 2 and s != [50, 8]]
     assert len(kernels) == 4, kernels  # each Dense kernel's m and v on one worker only
     # The table's sum: with global_clipnorm it rides in the sharded exchange (Keras densifies the slices there, and
-    # its 400 elements are fewer than the slices every worker would gather), split evenly over the owners; with
+    # its 400 elements are fewer than the Dense layers' 801), split evenly over the owners; with
     # clipnorm or unclipped (Keras' update reads the gathered slices) the strategy's own all-reduce gathers the slices.
     dense = [n for path, n in plain["variable_sizes"].items() if "embedding" not in path]
     table = even_pieces(400, workers) if case == "embedding_global_clipnorm" else [0] * workers
@@ -136,14 +136,14 @@ def test_buckets_are_per_dtype_in_owner_order_padded_to_the_largest_share():
 
 def test_a_table_gradient_is_folded_into_the_exchange_only_where_it_is_smaller_and_exact():
     """The sum of an unsharded variable's gradient rides in the sharded exchange where Keras' update would read that
-    dense sum too (a dense gradient; slices under global_clipnorm, which Keras densifies) and it costs no more than
-    the strategy's gather of every worker's slices."""
+    dense sum too (a dense gradient; slices under global_clipnorm, which Keras densifies) and the table is no larger
+    than the sharded variables together (a bound every worker computes alike, whatever its share of the batch)."""
     table = tf.Variable(tf.zeros([50, 8]))
     slices = tf.IndexedSlices(tf.ones([3, 8]), tf.constant([1, 1, 4]), tf.constant([50, 8]))
-    assert foldable(tf.zeros([50, 8]), table, 2, global_clipnorm=False)  # dense: the same sum, clipped after it
-    assert foldable(slices, table, 17, global_clipnorm=True)  # 400 elements <= 17 workers x 24 values
-    assert not foldable(slices, table, 16, global_clipnorm=True)  # 16 x 24 = 384 values gathered: cheaper
-    assert not foldable(slices, table, 17, global_clipnorm=False)  # Keras' update reads the slices themselves
+    assert foldable(tf.zeros([50, 8]), table, exchanged=1, global_clipnorm=False)  # dense: the same sum
+    assert foldable(slices, table, exchanged=400, global_clipnorm=True)  # 400 elements: at most doubles the rows
+    assert not foldable(slices, table, exchanged=399, global_clipnorm=True)  # a larger table moves as slices
+    assert not foldable(slices, table, exchanged=10**6, global_clipnorm=False)  # Keras' update reads the slices
     # why: Keras' Adam squares each slice (a row looked up twice: g1**2 + g2**2), and only global_clipnorm densifies
     variable = keras.Variable(np.ones((3, 2), np.float32))
     two_rows = tf.IndexedSlices(tf.constant([[1.0, 2.0], [3.0, 4.0]]), tf.constant([1, 1]), tf.constant([3, 2]))

@@ -14,10 +14,10 @@ For a gradient of ``b`` bytes over ``N`` replicas:
   nccl-tests count an all-gather): ``3 (N-1) / N * b``, 1.5 times the all-reduce: Horovod 0.28.1 has no
   reduce-scatter to the owners;
 * the Embedding tables left unsharded move as they do unsharded, counted as dense (an upper bound: an
-  ``IndexedSlices`` gradient all-gathers only the rows the batch touched); under multi_worker sharded their dense
-  sums ride in the same all-to-all and all-gather, each table split evenly over the owners' rows
-  (``keras_zero_collective.foldable``: where that is no more than the slices' gather), so the rows' padding counts
-  them: ``embedding`` is what the tables add to ``2 (N-1) s``.
+  ``IndexedSlices`` gradient all-gathers only the rows the batch touched); under multi_worker sharded they are
+  counted as the sharded step moves a table's dense sum where ``keras_zero_collective.foldable`` lets it (a dense
+  gradient, or slices under ``global_clipnorm``): in the same all-to-all and all-gather, split evenly over the
+  owners' rows, whose padding counts them: ``embedding`` is what the tables add to ``2 (N-1) s``.
 """
 
 from typing import Any, Dict

@@ -200,10 +200,10 @@ class ShardOptimizerState(ShardedMovingAverage, ShardedAccumulation):
         if self._tfaccel_workers <= 1:
             return {}
         local = {i: distribution.experimental_local_results(grads[i])[0] for i in plain}
-        clipped = bool(self.global_clipnorm)
+        exchanged = sum(int(tf.TensorShape(v.shape).num_elements() or 0) for i, v in enumerate(tvars) if i not in local)
         return {i: (keras_zero_collective.densify(g, tvars[i]), keras_zero_collective.local_squares(g))
-                for i, g in local.items()
-                if keras_zero_collective.foldable(g, tvars[i], self._tfaccel_layout["count"], global_clipnorm=clipped)}
+                for i, g in local.items() if keras_zero_collective.foldable(
+                    g, tvars[i], exchanged=exchanged, global_clipnorm=bool(self.global_clipnorm))}
 
     def _tfaccel_update_replicas(self, distribution: Any, grads: List[Any], tvars: List[Any], learning_rate: Any,
                                  unsharded_squared: Optional[Any]) -> Optional[Any]:

@@ -17,9 +17,10 @@ Steps 2 and 5 move the bytes of one all-reduce of the gradients (a ring all-redu
 an all-gather); :func:`exchange_bytes` counts them from the tensors given to the collectives.
 
 The variables left unsharded (Embedding tables: every worker keeps them whole, with their slots) need their summed
-gradient on every worker. Where that is exact and moves no more bytes (:func:`foldable`), the sum rides in the same
-two collectives: the table's dense gradient split evenly over the owners, each piece summed by its owner in step 2
-and handed on unchanged in step 5 (the two halves of an all-reduce again). Otherwise the strategy's own all-reduce gathers every
+gradient on every worker. Where that is exact (:func:`foldable`: a dense gradient, or slices under
+``global_clipnorm``, for a table no larger than the sharded variables), the sum rides in the same two collectives:
+the table's dense gradient split evenly over the owners, each piece summed by its owner in step 2 and handed on
+unchanged in step 5 (the two halves of an all-reduce again). Otherwise the strategy's own all-reduce gathers every
 worker's slices (the lengths, then the indices, then the values: three rounds more in a step of two).
 
 Why an all-to-all: TensorFlow 2.21 has no reduce-scatter on CPUs. Its collective registry holds RingReduce,
@@ -219,22 +220,23 @@ def _gather_values(col: WorkerCollectives, bucket: Bucket, variables: Sequence[A
         variables[i].assign(tf.reshape(values, variables[i].shape))
 
 
-def foldable(grad: Any, variable: Any, replicas: int, *, global_clipnorm: bool) -> bool:
+def foldable(grad: Any, variable: Any, *, exchanged: int, global_clipnorm: bool) -> bool:
     """Whether the gradient of a variable left unsharded (an Embedding table's) is summed inside the sharded step's
     two exchanges (:func:`update_across_workers`'s ``summed``) instead of by the strategy's own all-reduce: where
-    that gives the optimizer exactly what Keras gives it, at no more bytes.
+    that gives the optimizer exactly what Keras gives it.
 
     A dense gradient always is (the same sum, without a round of its own). An ``IndexedSlices`` one only where the
     optimizer clips by ``global_clipnorm``: Keras 3.15.1's ``clip_by_global_norm`` turns the gathered slices into
-    their dense sum before the update (whose global norm, the slices', :func:`local_squares` keeps), and the whole
-    table has no more elements than the slices every worker would gather (``replicas`` x its values). Elsewhere
-    Keras' update reads the slices themselves, and for a row two lookups touched Adam's second moment is
-    ``g1**2 + g2**2``, not ``(g1 + g2)**2`` (measured: 7e-4 apart after two Adam steps): those stay with the
-    strategy's all-reduce."""
+    their dense sum before the update (whose global norm, the slices', :func:`local_squares` keeps); and only where
+    the table has no more elements than the sharded variables together (``exchanged``), so that it at most doubles
+    what the exchange moves: a huge table whose batches touch few rows moves fewer bytes as slices. That bound comes
+    from the variables alone, the same on every worker (the slices' own size can differ between workers, on a
+    partial last batch, and the workers must choose alike). Elsewhere Keras' update reads the slices themselves, and
+    for a row two lookups touched Adam's second moment is ``g1**2 + g2**2``, not ``(g1 + g2)**2`` (measured: 7e-4
+    apart after two Adam steps): those stay with the strategy's all-reduce."""
     if not isinstance(grad, tf.IndexedSlices):
         return True
-    values, table = grad.values.shape.num_elements(), tf.TensorShape(variable.shape).num_elements()
-    return global_clipnorm and values is not None and table is not None and table <= replicas * values
+    return global_clipnorm and int(tf.TensorShape(variable.shape).num_elements() or 0) <= exchanged
 
 
 def densify(grad: Any, variable: Any) -> Any:
