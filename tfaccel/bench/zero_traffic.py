@@ -15,9 +15,10 @@ For a gradient of ``b`` bytes over ``N`` replicas:
   reduce-scatter to the owners;
 * the Embedding tables left unsharded move as they do unsharded, counted as dense (an upper bound: an
   ``IndexedSlices`` gradient all-gathers only the rows the batch touched); under multi_worker sharded they are
-  counted as the sharded step moves a table's dense sum where ``keras_zero_collective.foldable`` lets it (a dense
-  gradient, or slices under ``global_clipnorm``): in the same all-to-all and all-gather, split evenly over the
-  owners' rows, whose padding counts them: ``embedding`` is what the tables add to ``2 (N-1) s``.
+  counted inside the all-to-all and all-gather, split evenly over the owners' rows (their padding included), as
+  the step moves a table's dense sum where ``keras_zero_collective.foldable`` lets it (a dense gradient, or slices
+  under ``global_clipnorm``); elsewhere the strategy gathers the slices, at most about that many bytes.
+  ``embedding`` is what the tables add to ``2 (N-1) s``.
 """
 
 from typing import Any, Dict
