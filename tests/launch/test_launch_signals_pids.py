@@ -89,3 +89,29 @@ def test_exit_status_reports_a_signal_as_negative():
     proc.stdout.close()
     proc.stderr.close()
     assert proc.returncode == -signal.SIGKILL
+
+
+_STOPS_75 = ("import signal, sys, time\n"
+             "signal.signal(signal.SIGUSR1, lambda *a: sys.exit(75))\n"
+             "print('ready', flush=True)\n"
+             "time.sleep(60)\n")
+
+
+def test_a_task_gets_a_forwarded_signal_once_and_stops_with_its_own_exit_code(monkeypatch):
+    """A second delivery of the preemption signal can land after the task's handler ran (Python puts the default
+    action back while it exits) and kill it, so a task that stopped with 75 would be reported killed by the signal:
+    the task leading its group gets the group's signal alone; a process outside a group of its own gets it by PID."""
+    leader = start_process([PY, "-c", _STOPS_75], stderr=subprocess.DEVNULL)
+    outsider = subprocess.Popen([PY, "-c", _STOPS_75], stdout=subprocess.PIPE)  # in pytest's process group
+    track([leader.pid, outsider.pid])
+    for proc in (leader, outsider):
+        assert proc.stdout.readline().strip() == b"ready"
+    calls = _spy(monkeypatch)
+    terminate([leader, outsider], sig=signal.SIGUSR1, grace=20)
+    forwarded = [c for c in calls if c[2] == signal.SIGUSR1]  # then the SIGKILL for what a task left in its group
+    assert [c for c in forwarded if c[1] == leader.pid] == [("killpg", leader.pid, signal.SIGUSR1)]
+    assert [c for c in forwarded if c[1] == outsider.pid] == [("killpg", outsider.pid, signal.SIGUSR1),
+                                                               ("kill", outsider.pid, signal.SIGUSR1)]
+    assert (leader.returncode, outsider.returncode) == (75, 75)
+    for proc in (leader, outsider):
+        proc.stdout.close()
