@@ -1,7 +1,8 @@
 """Cost per call of the collectives ZeRO-1 over Horovod ranks could use (docs/guides/horovod.md): the gradients by
 Horovod's reduce-scatter of a flat buffer laid out by owner (each owner's part padded to the largest), by an
-all-to-all of that buffer summed by each receiver, or by one grouped all-reduce, the updated values by one all-gather of a flat buffer or by a broadcast per variable from its
-owner. Run in Horovod ranks: ``tfaccel launch --backend horovod -np N -- python scripts/hvd_zero_collectives.py``;
+all-to-all of that buffer summed by each receiver, or by one grouped all-reduce, the updated values by one
+all-gather of a flat buffer or by a broadcast per variable from its owner. Run in Horovod ranks:
+``tfaccel launch --backend horovod -np N -- python scripts/hvd_zero_collectives.py``;
 rank 0 prints one JSON line (milliseconds per call, in a ``tf.function``)."""
 
 import json
@@ -26,13 +27,13 @@ def _functions(owners: List[int], sizes: List[int], size: int, rank: int) -> Dic
         mine = [tf.reshape(g, [-1]) for g, o in zip(grads, owners) if o == owner]
         return tf.concat(mine, 0) if mine else tf.zeros([0])
 
+    def by_owner(grads: Any) -> Any:  # each owner's gradients, padded to the largest owner's share, in rank order
+        return tf.concat([tf.concat([flat(grads, r), tf.zeros([pad - segments[r]])], 0) for r in range(size)], 0)
+
     return {  # named: the ranks' graphs differ (each gathers its own variables)
-        "reducescatter_flat": tf.function(lambda g: hvd.reducescatter(tf.concat(
-            [tf.concat([flat(g, r), tf.zeros([pad - segments[r]])], 0) for r in range(size)], 0),
-            op=hvd.Average, name="zrs")),
-        "alltoall_flat": tf.function(lambda g: tf.reduce_sum(tf.reshape(hvd.alltoall(tf.concat(
-            [tf.concat([flat(g, r), tf.zeros([pad - segments[r]])], 0) for r in range(size)], 0),
-            name="zaa", ignore_name_scope=True), [size, pad]), 0) / size),
+        "reducescatter_flat": tf.function(lambda g: hvd.reducescatter(by_owner(g), op=hvd.Average, name="zrs")),
+        "alltoall_flat": tf.function(lambda g: tf.reduce_sum(tf.reshape(
+            hvd.alltoall(by_owner(g), name="zaa", ignore_name_scope=True), [size, pad]), 0) / size),
         "grouped_allreduce": tf.function(lambda g: hvd.grouped_allreduce(list(g), op=hvd.Average, name="zar")),
         "allgather_flat": tf.function(lambda g: hvd.allgather(flat(g, rank), name="zag")),
         "broadcast_per_variable": tf.function(lambda g: [hvd.broadcast(t, root_rank=o, name=f"zbc{i}")
