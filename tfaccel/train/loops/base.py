@@ -16,7 +16,8 @@ from tfaccel.log import get_logger
 from tfaccel.train.fit_context import FitContext
 
 __all__ = ["Loop", "LoopResult", "EpochHooks", "step_data", "python_logs", "should_validate", "metrics_or_logs",
-           "run_epochs", "evaluation_pass", "steps_per_execution", "STEPS_PER_EXECUTION_AUTO_MAX"]
+           "run_epochs", "evaluation_pass", "steps_per_execution", "whole_calls", "pass_blockers",
+           "STEPS_PER_EXECUTION_AUTO_MAX"]
 
 # Upper bound of steps_per_execution="auto" (measured: 64 steps per execution + XLA gave 6.3x a naive fit here).
 STEPS_PER_EXECUTION_AUTO_MAX = 64
@@ -37,6 +38,19 @@ class LoopResult:
     epoch_seconds: List[float]
     steps: int
     details: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def pass_blockers(data: Any, validation_steps: Optional[int]) -> List[str]:
+    """Why a loop that trains one pass over in-memory arrays per epoch, every batch, and then evaluates every
+    validation batch, would not train what Keras ``fit`` trains: ``steps_per_epoch`` other than one pass (Keras runs
+    that many steps of its data iterator), or ``validation_steps`` (Keras evaluates that many batches). ``data``: the
+    prepared arrays (``FitData`` of kind ``"arrays"``)."""
+    blockers = []
+    if data.steps_per_epoch != -(-data.num_examples // data.batch_size):
+        blockers.append(f"steps_per_epoch={data.steps_per_epoch} is not one pass over the arrays")
+    if validation_steps is not None:
+        blockers.append("validation_steps is given")
+    return blockers
 
 
 class Loop(abc.ABC):
@@ -103,7 +117,27 @@ def steps_per_execution(ctx: "FitContext", *, keras_fit: bool) -> Tuple[int, str
         # A dataset of unknown length: Keras would end its last call where the data ends, but reports the batch
         # numbers of a full call, so the steps run could not be counted.
         return 1, "1: per-batch callbacks must see every batch" if per_batch else "1: epoch length unknown"
-    return min(steps, STEPS_PER_EXECUTION_AUTO_MAX), f"auto: min(steps/epoch={steps}, {STEPS_PER_EXECUTION_AUTO_MAX})"
+    bound = min(steps, STEPS_PER_EXECUTION_AUTO_MAX)
+    counts = {"steps_per_epoch": ctx.request.steps_per_epoch,
+              "validation_steps": ctx.request.validation.steps if ctx.data.validation is not None else None}
+    counts = {name: count for name, count in counts.items() if count} if keras_fit else {}
+    spe = whole_calls(bound, *counts.values())
+    if spe == bound:
+        return bound, f"auto: min(steps/epoch={steps}, {STEPS_PER_EXECUTION_AUTO_MAX})"
+    given = " and ".join(f"{name}={count}" for name, count in counts.items())
+    return spe, (f"auto: {spe}, the most steps per call up to {bound} that divide {given}: Keras' train and test "
+                 "functions end a call only where the data ends, so a call must end where the epoch (or the "
+                 "evaluation) does, or it would run further than Keras fit runs")
+
+
+def whole_calls(bound: int, *counts: int) -> int:
+    """The most steps per execution, up to ``bound``, that divide every one of ``counts`` (1 at worst).
+
+    Keras 3.15's train and test functions run ``steps_per_execution`` steps per call unless the data ends first,
+    whatever ``steps_per_epoch`` or ``validation_steps`` says: on a repeated dataset, ``steps_per_epoch=70`` with 64
+    steps per call trains 128 steps an epoch, and ``validation_steps=2`` with 8 evaluates every validation batch.
+    """
+    return next(spe for spe in range(max(bound, 1), 0, -1) if all(count % spe == 0 for count in counts))
 
 
 def step_data(x: Any, y: Any, sample_weight: Any, *, constants: bool = False) -> Any:

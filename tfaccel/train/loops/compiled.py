@@ -19,7 +19,7 @@ from tfaccel.train.callback_hooks import batch_hook_reasons
 from tfaccel.train.data import example_order
 from tfaccel.train.decisions import write_record
 from tfaccel.train.fit_context import FitContext
-from tfaccel.train.loops.base import Loop, LoopResult, evaluation_pass, run_epochs, step_data
+from tfaccel.train.loops.base import Loop, LoopResult, evaluation_pass, pass_blockers, run_epochs, step_data
 
 if TYPE_CHECKING:
     from tfaccel.train.xla_payback import XlaAuto
@@ -354,8 +354,10 @@ class CompiledLoop(Loop):
             f"{backend.describe()} with {backend.num_replicas_in_sync} replica(s)"]
         if data.kind != "arrays":
             blockers.append(f"data is {data.what}, not in-memory arrays")
-        elif data.validation is not None and data.validation[1] is None and data.validation[2] is None:
-            blockers.append("validation_data is not arrays")
+        else:
+            if data.validation is not None and data.validation[1] is None and data.validation[2] is None:
+                blockers.append("validation_data is not arrays")
+            blockers += pass_blockers(data, request.validation.steps)
         if request.backups.backup_freq:
             blockers.append("backup_freq asks for step-level backups")
         blockers += compiled_blockers(ctx.model, callbacks=ctx.user_callbacks,

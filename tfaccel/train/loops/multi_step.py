@@ -28,7 +28,8 @@ from tfaccel.compat import keras_internals
 from tfaccel.errors import ConfigError
 from tfaccel.train.data import example_order
 from tfaccel.train.fit_context import FitContext
-from tfaccel.train.loops.base import Loop, LoopResult, evaluation_pass, run_epochs, step_data, steps_per_execution
+from tfaccel.train.loops.base import (Loop, LoopResult, evaluation_pass, pass_blockers, run_epochs, step_data,
+                                      steps_per_execution)
 
 __all__ = ["MULTI_STEP_STRATEGIES", "MultiStepLoop", "multi_step_blockers", "uneven_batch_warning", "replica_splits",
            "run_multi_step"]
@@ -74,7 +75,7 @@ def multi_step_blockers(model: Any, *, backend: Any, data: Any, validation_steps
         blockers += _batch_blockers("validation ", _num_examples(data.validation[0]),
                                     validation_batch_size or data.batch_size, replicas)
     return blockers + _batch_blockers("", data.num_examples, data.batch_size, replicas) \
-        + _pass_blockers(data, validation_steps)
+        + pass_blockers(data, validation_steps)
 
 
 def _num_examples(x: Any) -> int:
@@ -111,15 +112,6 @@ def uneven_batch_warning(backend: Any, data: Any) -> Optional[str]:
            f"use a batch_size or a number of examples that leaves at least {replicas} examples in the last batch")
     return (f"fit: {'; '.join(found)}, so this job runs Keras fit, one step per call, instead of tfaccel's "
             f"multi-step loop (measured 1.9-5.4x the examples/s under multi_worker); to train on the fast path, {fix}")
-
-
-def _pass_blockers(data: Any, validation_steps: Optional[int]) -> List[str]:
-    blockers = []
-    if data.steps_per_epoch != -(-data.num_examples // data.batch_size):
-        blockers.append(f"steps_per_epoch={data.steps_per_epoch} is not one pass over the arrays")
-    if validation_steps is not None:
-        blockers.append("validation_steps is given")
-    return blockers
 
 
 class _ReplicatedPass:

@@ -1,0 +1,80 @@
+"""``steps_per_epoch`` and ``validation_steps``: tfaccel.fit trains and evaluates the steps Keras ``model.fit`` does
+(differential tests, one device, each copy of the model from the same seed).
+
+Found by random ``fit`` arguments against plain ``model.fit``: the compiled loop trained every batch of the arrays
+whatever ``steps_per_epoch`` said and evaluated every validation batch whatever ``validation_steps`` said (it now
+leaves such a job to Keras' fit, saying why); and ``steps_per_execution="auto"`` could make Keras' own fit run past
+them (its train and test functions end a call only where the data ends: 64 steps a call trained 128 of a repeated
+dataset's ``steps_per_epoch=70``).
+"""
+
+from typing import Any, Dict, Tuple
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfaccel
+from tfaccel.train.loops.base import whole_calls
+
+X = np.random.default_rng(0).normal(size=(37, 4)).astype("float32")  # batch 5: 8 batches, the last of 2
+Y = np.random.default_rng(1).integers(0, 3, size=(37,)).astype("int32")
+XV = np.random.default_rng(2).normal(size=(11, 4)).astype("float32")
+YV = np.random.default_rng(3).integers(0, 3, size=(11,)).astype("int32")
+
+
+def _model() -> keras.Model:
+    keras.utils.set_random_seed(7)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
+                              keras.layers.Dense(3, activation="softmax")])
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    return model
+
+
+def _both(**kwargs: Any) -> Tuple[tfaccel.FitResult, Dict[str, Any]]:
+    """Plain ``model.fit`` and ``tfaccel.fit`` of the same job; asserts the same history, weights and steps."""
+    reference = _model()
+    history = reference.fit(verbose=0, **kwargs).history
+    with tfaccel.scope(strategy="default", jit_compile=False):
+        model = _model()
+    result = tfaccel.fit(model, verbose=0, **kwargs)
+    assert sorted(result.history) == sorted(history)
+    for key, values in history.items():
+        np.testing.assert_allclose(result.history[key], values, rtol=1e-5, atol=1e-7, err_msg=key)
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    assert int(model.optimizer.iterations) == int(reference.optimizer.iterations)
+    return result, history
+
+
+@pytest.mark.parametrize("steps, epochs", [(2, 1), (3, 3)])
+def test_steps_per_epoch_fewer_than_the_batches_of_arrays(steps: int, epochs: int) -> None:
+    """Keras trains ``steps`` batches an epoch, its iterator going on from where the last epoch stopped."""
+    result, _ = _both(x=X, y=Y, batch_size=5, epochs=epochs, shuffle=False, steps_per_epoch=steps)
+    assert result.steps == steps * epochs
+    assert f"steps_per_epoch={steps} is not one pass over the arrays" in result.details["loops_rejected"]["compiled"]
+
+
+def test_validation_steps_evaluates_that_many_batches() -> None:
+    result, history = _both(x=X, y=Y, batch_size=5, epochs=2, shuffle=False, validation_data=(XV, YV),
+                            validation_steps=2, validation_batch_size=3)
+    assert "validation_steps is given" in result.details["loops_rejected"]["compiled"]
+    full = _model().fit(X, Y, batch_size=5, epochs=2, shuffle=False, validation_data=(XV, YV),
+                        validation_batch_size=3, verbose=0).history
+    assert history["val_loss"][0] != pytest.approx(full["val_loss"][0])  # 2 batches of 3 are not all 11 examples
+
+
+def test_a_repeated_dataset_trains_exactly_steps_per_epoch() -> None:
+    """70 steps an epoch of a repeated dataset: 35 steps a call (64 would train 128 an epoch)."""
+    data = tf.data.Dataset.from_tensor_slices((X, Y)).batch(5).repeat()
+    result, _ = _both(x=data, epochs=2, steps_per_epoch=70)
+    assert result.steps == 140
+    assert result.details["steps_per_execution"].startswith("35 (auto: 35, the most steps per call")
+
+
+@pytest.mark.parametrize("bound, counts, expected", [(64, (70,), 35), (64, (128,), 64), (64, (67,), 1),
+                                                     (64, (70, 6), 2), (8, (8, 2), 2), (5, (), 5), (64, (64,), 64)])
+def test_whole_calls_divides_every_count(bound: int, counts: Tuple[int, ...], expected: int) -> None:
+    assert whole_calls(bound, *counts) == expected
