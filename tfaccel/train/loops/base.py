@@ -17,7 +17,7 @@ from tfaccel.train.fit_context import FitContext
 
 __all__ = ["Loop", "LoopResult", "EpochHooks", "step_data", "python_logs", "should_validate", "metrics_or_logs",
            "run_epochs", "evaluation_pass", "steps_per_execution", "whole_calls", "pass_blockers",
-           "STEPS_PER_EXECUTION_AUTO_MAX"]
+           "unknown_batch_size", "STEPS_PER_EXECUTION_AUTO_MAX"]
 
 # Upper bound of steps_per_execution="auto" (measured: 64 steps per execution + XLA gave 6.3x a naive fit here).
 STEPS_PER_EXECUTION_AUTO_MAX = 64
@@ -159,6 +159,21 @@ def step_data(x: Any, y: Any, sample_weight: Any, *, constants: bool = False) ->
     if sample_weight is not None and isinstance(y, (list, tuple, dict)):
         sample_weight = tf.nest.map_structure(lambda _: sample_weight, y)  # one array for every output
     return tf.nest.map_structure(convert, keras.utils.pack_x_y_sample_weight(x, y, sample_weight))
+
+
+def unknown_batch_size(batch: Any) -> Any:
+    """``batch`` (a step's nested tensors) with the batch dimension unknown to the trace, as Keras fit's batches of
+    arrays have it (its data adapters batch a ``tf.data`` pipeline without ``drop_remainder``: shape ``(None, ...)``),
+    so that code reading ``x.shape[0]`` sees what it sees under ``fit``. Keras 3.15's per-output loss trackers do:
+    they weight each batch's loss by ``y_pred.shape[0]``, and by nothing where that is None, so a known batch size
+    reported other per-output losses than ``fit`` for a job with a partial last batch. The values are unchanged."""
+    def hide(t: Any) -> Any:
+        shape = tf.TensorShape(t.shape)
+        if shape.rank is None or shape.rank == 0 or shape[0] is None:
+            return t
+        return tf.compat.v1.placeholder_with_default(t, [None] + shape[1:].as_list())
+
+    return tf.nest.map_structure(hide, batch)
 
 
 def python_logs(logs: Any) -> Dict[str, Any]:

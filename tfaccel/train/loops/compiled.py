@@ -19,7 +19,8 @@ from tfaccel.train.callback_hooks import batch_hook_reasons
 from tfaccel.train.data import example_order
 from tfaccel.train.decisions import write_record
 from tfaccel.train.fit_context import FitContext
-from tfaccel.train.loops.base import Loop, LoopResult, evaluation_pass, pass_blockers, run_epochs, step_data
+from tfaccel.train.loops.base import (Loop, LoopResult, evaluation_pass, pass_blockers, run_epochs, step_data,
+                                      unknown_batch_size)
 
 if TYPE_CHECKING:
     from tfaccel.train.xla_payback import XlaAuto
@@ -67,7 +68,7 @@ class _Pass:
         self.warm_s: Optional[float] = None  # what its first call (graph optimisation, XLA compile) cost: warm()
 
         def one_step(batch: Any) -> Any:
-            out = self._strategy.run(step, args=(batch,))
+            out = self._strategy.run(step, args=(unknown_batch_size(batch),))
             return tf.nest.map_structure(tf.convert_to_tensor, out)
 
         self._one_step = one_step
