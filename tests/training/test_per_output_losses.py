@@ -2,12 +2,13 @@
 loops, a partial last batch included (differential tests against plain ``model.fit``, same seed).
 
 Keras 3.15 weights each batch's per-output loss by ``y_pred.shape[0]``, the *static* batch size, which its fit
-never knows (its batches of arrays have shape ``(None, ...)``), so every batch counts the same. tfaccel's compiled
-and multi-step loops gathered batches of a known size: the per-output losses were averaged by example instead
-(``cls_loss`` 1.280 against Keras' 1.358 here), while ``loss``, the metrics and the weights agreed. Found by random
-``fit`` arguments against plain ``model.fit``.
+never knows (its batches of arrays have shape ``(None, ...)``), so every batch counts the same. tfaccel's compiled,
+multi-step and parameter-server loops gathered batches of a known size: the per-output losses were averaged by
+example instead (``cls_loss`` 1.280 against Keras' 1.358 here), while ``loss``, the metrics and the weights agreed.
+Found by random ``fit`` arguments against plain ``model.fit``.
 """
 
+from pathlib import Path
 from typing import Any, Dict, List
 
 import keras
@@ -15,8 +16,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import harness
 import tfaccel
 
+PS_JOB = Path(__file__).parent / "scripts" / "ps_two_outputs_job.py"
 R = np.random.default_rng(0)
 X = R.normal(size=(41, 4)).astype("float32")  # batch 16: 16, 16 and a partial 9
 Y = {"cls": R.integers(0, 3, size=(41,)).astype("int32"), "reg": R.normal(size=(41, 1)).astype("float32")}
@@ -61,3 +64,13 @@ def test_the_multi_step_loop_reports_kerass_per_output_losses(cpu_replicas: List
     with tfaccel.scope(strategy="mirrored", jit_compile=False):
         model = _model()
     _check(history, tfaccel.fit(model, **kwargs), "multi_step")
+
+
+def test_the_parameter_server_loop_reports_kerass_per_output_losses(tmp_path: Path) -> None:
+    """A chief + 1 worker + 1 ps on loopback (one worker: the closures run in order, as fit's steps)."""
+    out = harness.run_small_ps_cluster(PS_JOB, tmp_path, timeout=170)
+    assert out["loop"].startswith("parameter_server"), out["loop"]
+    assert sorted(out["history"]) == sorted(out["expected"]) == ["cls_loss", "loss", "reg_loss"]
+    for key, values in out["expected"].items():
+        np.testing.assert_allclose(out["history"][key], values, rtol=1e-5, err_msg=key)
+    assert out["max_weight_diff"] <= 1e-5
