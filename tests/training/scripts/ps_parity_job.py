@@ -58,11 +58,18 @@ def compile_(model):
                   metrics=["accuracy", "mae"])
 
 
-def main() -> int:
+def serve_unless_chief() -> str:
+    """On a ps or worker task: serves until $PS_TEST_DONE exists, then exits. On the chief: returns that path (the
+    chief creates the file when it is done)."""
     task = json.loads(os.environ["TF_CONFIG"])["task"]
     done = os.environ["PS_TEST_DONE"]
     if task["type"] in ("ps", "worker"):
         serve(task["type"], task["index"], done)
+    return done
+
+
+def main() -> int:
+    done = serve_unless_chief()
     try:
         import keras
         import numpy as np

@@ -1,6 +1,6 @@
 """Child program of tests/training/test_per_output_losses.py: one task of a chief + 1 worker + 1 ps cluster.
 
-The ps and worker tasks serve (ps_parity_job.serve). The chief trains a model with two outputs (loss weights, a
+The ps and worker tasks serve (ps_parity_job.serve_unless_chief). The chief trains a model with two outputs (loss weights, a
 partial last batch, sample weights) with plain Keras ``model.fit`` on this process and with ``tfaccel.fit`` under
 strategy="parameter_server", from the same initial weights; prints one JSON line with both histories.
 """
@@ -11,7 +11,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from ps_parity_job import data, serve  # noqa: E402
+from ps_parity_job import data, serve_unless_chief  # noqa: E402
 
 
 def build():
@@ -31,10 +31,7 @@ def compile_(model):
 
 
 def main() -> int:
-    task = json.loads(os.environ["TF_CONFIG"])["task"]
-    done = os.environ["PS_TEST_DONE"]
-    if task["type"] in ("ps", "worker"):
-        serve(task["type"], task["index"], done)
+    done = serve_unless_chief()
     try:
         import keras
         import numpy as np
