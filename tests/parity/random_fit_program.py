@@ -1,7 +1,8 @@
-"""Random ``fit`` jobs, each trained by plain ``model.fit`` and by ``tfaccel.fit`` on one device; prints one JSON
-line per job: its arguments and every difference found (none: the same history, weights, callback files).
+"""Random ``fit`` jobs, each trained by plain ``model.fit`` and by ``tfaccel.fit``, on one device or under
+``mirrored`` over 2 virtual CPUs (plain fit under Keras' own MirroredStrategy: see reference_strategy); prints one
+JSON line per job: its arguments and every difference found (none: the same history, weights, callback files).
 
-    python random_fit_program.py SEED COUNT
+    python random_fit_program.py SEED COUNT [default|mirrored]
 
 A job draws its model (one input, a dict or a list of two, two outputs with loss weights, BatchNormalization and
 Dropout), optimizer (a schedule, clipping), data (arrays, a dataset, a repeated dataset with ``steps_per_epoch``, a
@@ -26,19 +27,26 @@ os.environ["TFACCEL_CACHE_DIR"] = tempfile.mkdtemp()  # no XLA decision of an ea
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-N = 41  # batches of 4, 7 or 16 leave a partial last batch
+N = 41  # batches of 4, 7 or 16 leave a partial last batch (one device)
+# Under mirrored (2 replicas), batches that split evenly over them: Keras' own fit under a MirroredStrategy fails on
+# a first batch that does not (it reduces that batch across the replicas to build the model), and on a later one
+# weighs the replicas' parts equally (docs/guides/debugging-divergence.md, uneven-last-batch): 40 examples in
+# batches of 4, 8 or 16, 8 for validation.
+MIRRORED_EXAMPLES, MIRRORED_VALIDATION = 40, 8
 _R = np.random.default_rng(0)
 X4, X3 = _R.normal(size=(N, 4)).astype("float32"), _R.normal(size=(N, 3)).astype("float32")
 Y, YR = _R.integers(0, 3, size=(N,)).astype("int32"), _R.normal(size=(N, 1)).astype("float32")
 SW = _R.uniform(0.2, 2.0, size=(N,)).astype("float32")
+TOKENS, VTOKENS = _R.integers(0, 20, size=(N, 5)).astype("int32"), _R.integers(0, 20, size=(9, 5)).astype("int32")
 V4, V3 = _R.normal(size=(9, 4)).astype("float32"), _R.normal(size=(9, 3)).astype("float32")
 VY, VYR = _R.integers(0, 3, size=(9,)).astype("int32"), _R.normal(size=(9, 1)).astype("float32")
 
 
-def draw(rng: random.Random) -> Dict[str, Any]:
-    """One job's choices."""
+def draw(rng: random.Random, extras: random.Random, strategy: str = "default") -> Dict[str, Any]:
+    """One job's choices (under ``mirrored``: batches that split evenly, no XLA, as Keras' fit there needs)."""
+    mirrored = strategy == "mirrored"
     job = {"model": rng.choice(["one_input", "dict_inputs", "list_inputs", "two_outputs", "bn_dropout"]),
-           "batch": rng.choice([4, 7, 16]), "epochs": rng.choice([1, 2, 3]),
+           "batch": rng.choice([4, 8, 16] if mirrored else [4, 7, 16]), "epochs": rng.choice([1, 2, 3]),
            "optimizer": rng.choice(["adam", "sgd_momentum", "adamw_schedule", "rmsprop_clipnorm"]),
            "weighted_metrics": rng.random() < 0.3, "compiled_spe": rng.choice([1, 1, 3]),
            "jit": rng.choice([False, False, True]),
@@ -48,6 +56,17 @@ def draw(rng: random.Random) -> Dict[str, Any]:
            "steps_per_epoch": rng.choice([None, None, None, 2, 3]), "validation_steps": rng.choice([None, None, 2]),
            "validation_freq": rng.choice([1, 1, 2])}
     job["initial_epoch"] = rng.choice([0, 1]) if job["epochs"] > 1 else 0
+    job["examples"], job["validation_examples"] = (MIRRORED_EXAMPLES, MIRRORED_VALIDATION) if mirrored else (N, 9)
+    draw_extras(extras, job, mirrored)
+    if mirrored:
+        job["jit"] = False  # Keras' fit under a MirroredStrategy fails with jit_compile=True on CPUs
+        # Keras 3.15's fit under a MirroredStrategy drew a PyDataset's batches in an order that changed from run to
+        # run (a two-output model with weighted metrics: 3 outcomes in 6 runs), and so did the next fit in the
+        # process: a reference that does not repeat. Not drawn there (docs/guides/keras-parity.md).
+        job["data"] = "dataset" if job["data"] == "py_dataset" else job["data"]
+        if clips(job):  # a one-device reference: see reference_strategy
+            job["model"] = "one_input" if job["model"] == "bn_dropout" else job["model"]
+            job["keep_order"] = True
     if job["data"] == "repeated":
         job["steps_per_epoch"] = rng.choice([5, 70])
     if job["data"] != "arrays":
@@ -58,11 +77,42 @@ def draw(rng: random.Random) -> Dict[str, Any]:
     return job
 
 
+def draw_extras(rng: random.Random, job: Dict[str, Any], mirrored: bool) -> None:
+    """More of what users pass, drawn from a stream of its own (the choices of draw() stay those of its seed): a
+    head of logits with a loss object, metric objects, an Embedding model, more callbacks (one reading every
+    batch), a second ``fit`` of the same model, ``validation_batch_size``, fit's default batch size."""
+    job["head"] = rng.choice(["softmax", "softmax", "logits"])
+    job["metric_objects"] = rng.random() < 0.3
+    if rng.random() < 0.15:
+        job["model"] = "embedding"
+    job["extra_callback"] = rng.choice(["none", "none", "none", "reduce_lr", "terminate_on_nan", "per_batch",
+                                        "backup_restore", "best_checkpoint"])
+    job["fit_twice"] = rng.random() < 0.2
+    wants_batch = rng.random()
+    if job["data"] == "arrays" and job["validation"] != "none" and wants_batch < 0.2:
+        job["validation_batch_size"] = 4 if mirrored else 3
+    if job["data"] == "arrays" and wants_batch > 0.9:
+        job["batch"] = None  # fit's default, 32
+
+
+def clips(job: Dict[str, Any]) -> bool:
+    return job["optimizer"] == "rmsprop_clipnorm"
+
+
+def reference_strategy(job: Dict[str, Any], mirrored: Any) -> Any:
+    """Where plain ``fit`` trains the job's reference: under Keras' own MirroredStrategy, or on one device for an
+    optimizer that clips (Keras 3.15 clips each replica's partial gradient, before the all-reduce; tfaccel clips
+    the reduced one, as one device does, and its plan says so). BatchNormalization normalises per replica, so a
+    model with it has no one-device reference under 2 replicas: draw() leaves it out of the clipping jobs."""
+    return tf.distribute.get_strategy() if clips(job) else mirrored
+
+
 def build(job: Dict[str, Any]) -> Any:
     keras.utils.set_random_seed(7)
-    a = keras.Input((4,), name="a")
+    tokens = job["model"] == "embedding"
+    a = keras.Input((5,), name="a", dtype="int32") if tokens else keras.Input((4,), name="a")
     inputs: Any = a
-    hidden = a
+    hidden = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(20, 4)(a)) if tokens else a
     if job["model"] in ("dict_inputs", "list_inputs"):
         b = keras.Input((3,), name="b")
         hidden = keras.layers.Concatenate()([a, b])
@@ -70,18 +120,24 @@ def build(job: Dict[str, Any]) -> Any:
     hidden = keras.layers.Dense(8, activation="relu")(hidden)
     if job["model"] == "bn_dropout":
         hidden = keras.layers.Dropout(0.3)(keras.layers.BatchNormalization()(hidden))
-    loss: Any = "sparse_categorical_crossentropy"
-    metrics: Any = ["accuracy"]
+    logits = job.get("head") == "logits"
+    loss: Any = (keras.losses.SparseCategoricalCrossentropy(from_logits=True) if logits
+                 else "sparse_categorical_crossentropy")
+    metrics: Any = ([keras.metrics.SparseCategoricalAccuracy(name="acc"),
+                     keras.metrics.SparseTopKCategoricalAccuracy(k=2, name="top2")] if job.get("metric_objects")
+                    else ["accuracy"])
     extra: Dict[str, Any] = {}
+    head = None if logits else "softmax"
     if job["model"] == "two_outputs":
-        outputs: Any = {"cls": keras.layers.Dense(3, activation="softmax", name="cls")(hidden),
+        outputs: Any = {"cls": keras.layers.Dense(3, activation=head, name="cls")(hidden),
                         "reg": keras.layers.Dense(1, name="reg")(hidden)}
-        loss, metrics = {"cls": loss, "reg": "mse"}, {"cls": ["accuracy"], "reg": ["mae"]}
+        loss, metrics = {"cls": loss, "reg": "mse"}, {"cls": metrics, "reg": ["mae"]}
         extra["loss_weights"] = {"cls": 1.0, "reg": 0.5}
     else:
-        outputs = keras.layers.Dense(3, activation="softmax")(hidden)
-    if job["weighted_metrics"]:
-        extra["weighted_metrics"] = metrics
+        outputs = keras.layers.Dense(3, activation=head)(hidden)
+    if job["weighted_metrics"]:  # metric objects are not shared between the two lists
+        extra["weighted_metrics"] = (metrics if not job.get("metric_objects") else {"cls": ["accuracy"]}
+                                     if job["model"] == "two_outputs" else ["accuracy"])
     optimizer = {"adam": lambda: keras.optimizers.Adam(0.01),
                  "sgd_momentum": lambda: keras.optimizers.SGD(0.05, momentum=0.9),
                  "adamw_schedule": lambda: keras.optimizers.AdamW(keras.optimizers.schedules.ExponentialDecay(
@@ -93,7 +149,9 @@ def build(job: Dict[str, Any]) -> Any:
     return model
 
 
-def _inputs(job: Dict[str, Any], x4: Any, x3: Any) -> Any:
+def _inputs(job: Dict[str, Any], x4: Any, x3: Any, tokens: Any) -> Any:
+    if job["model"] == "embedding":
+        return tokens
     return {"a": x4, "b": x3} if job["model"] == "dict_inputs" else [x4, x3] if job["model"] == "list_inputs" else x4
 
 
@@ -107,24 +165,29 @@ class Batches(keras.utils.PyDataset):
         self.parts, self.batch = parts, batch
 
     def __len__(self) -> int:
-        return -(-N // self.batch)
+        return -(-len(tf.nest.flatten(self.parts)[0]) // self.batch)
 
     def __getitem__(self, i: int) -> tuple:
         return tf.nest.map_structure(lambda a: a[i * self.batch:(i + 1) * self.batch], self.parts)
 
 
 def fit_arguments(job: Dict[str, Any], out: str) -> Dict[str, Any]:
-    x, y = _inputs(job, X4, X3), _targets(job, Y, YR)
+    n, v = job["examples"], job["validation_examples"]
+    x, y, sw = _inputs(job, X4[:n], X3[:n], TOKENS[:n]), _targets(job, Y[:n], YR[:n]), SW[:n]
     kwargs: Dict[str, Any] = {"epochs": job["epochs"], "initial_epoch": job["initial_epoch"], "verbose": 0}
-    parts = (x, y, SW) if job["weights"] == "sample" else (x, y)
+    parts = (x, y, sw) if job["weights"] == "sample" else (x, y)
     if job["data"] == "arrays":
-        kwargs.update(x=x, y=y, batch_size=job["batch"], shuffle=False)
+        kwargs.update(x=x, y=y, shuffle=False)
+        if job["batch"]:
+            kwargs["batch_size"] = job["batch"]
         if job["weights"] == "sample":
-            kwargs["sample_weight"] = SW
+            kwargs["sample_weight"] = sw
         elif job["weights"] == "class":
             kwargs["class_weight"] = {0: 0.5, 1: 2.0, 2: 1.0}
     elif job["data"] == "py_dataset":
         kwargs["x"] = Batches(parts, job["batch"])
+        if job.get("keep_order"):
+            kwargs["shuffle"] = False  # fit shuffles a PyDataset's batches, in another order under a strategy
     else:
         data = tf.data.Dataset.from_tensor_slices(parts).batch(job["batch"])
         kwargs["x"] = data.repeat() if job["data"] == "repeated" else data
@@ -133,9 +196,11 @@ def fit_arguments(job: Dict[str, Any], out: str) -> Dict[str, Any]:
     if job["validation"] == "split":
         kwargs["validation_split"] = 0.2
     elif job["validation"] == "arrays":
-        kwargs["validation_data"] = (_inputs(job, V4, V3), _targets(job, VY, VYR))
+        kwargs["validation_data"] = (_inputs(job, V4[:v], V3[:v], VTOKENS[:v]), _targets(job, VY[:v], VYR[:v]))
     if job["validation"] != "none":
         kwargs["validation_freq"] = job["validation_freq"]
+        if job.get("validation_batch_size"):
+            kwargs["validation_batch_size"] = job["validation_batch_size"]
         if job["validation_steps"]:
             kwargs["validation_steps"] = job["validation_steps"]
     kwargs["callbacks"] = {
@@ -146,8 +211,39 @@ def fit_arguments(job: Dict[str, Any], out: str) -> Dict[str, Any]:
         "checkpoint": [keras.callbacks.ModelCheckpoint(os.path.join(out, "m-{epoch}.weights.h5"),
                                                        save_weights_only=True)],
         "lr_scheduler": [keras.callbacks.LearningRateScheduler(lambda epoch, rate: 0.01 * 0.5 ** epoch)],
-    }[job["callback"]]
+    }[job["callback"]] + _extra_callbacks(job.get("extra_callback", "none"), out)
     return kwargs
+
+
+class BatchLog(keras.callbacks.Callback):
+    """What a callback reading every batch sees: the batch number and the logs' loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: List[List[float]] = []
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self.seen.append([batch, round(float((logs or {}).get("loss", float("nan"))), 5)])
+
+
+def _extra_callbacks(name: str, out: str) -> List[Any]:
+    return {"none": [], "per_batch": [BatchLog()], "terminate_on_nan": [keras.callbacks.TerminateOnNaN()],
+            "reduce_lr": [keras.callbacks.ReduceLROnPlateau(monitor="loss", factor=0.5, patience=0, min_delta=0.05)],
+            "backup_restore": [keras.callbacks.BackupAndRestore(os.path.join(out, "backup"))],
+            "best_checkpoint": [keras.callbacks.ModelCheckpoint(os.path.join(out, "best.keras"), monitor="loss",
+                                                                save_best_only=True)]}[name]
+
+
+def train_job(job: Dict[str, Any], model: Any, fit: Any, out: str) -> Dict[str, Any]:
+    """``fit(**arguments)`` (returns the history dict) once, or twice for a job that fits the model again (one more
+    epoch, from epoch 0); the outcome of both."""
+    arguments = fit_arguments(job, out)
+    history = fit(**arguments)
+    logs = [c.seen for c in arguments["callbacks"] if isinstance(c, BatchLog)]
+    if job.get("fit_twice"):
+        again = fit(**{**arguments, "epochs": 1, "initial_epoch": 0})
+        history = {**history, **{f"again_{k}": v for k, v in again.items()}}
+    return {**outcome(model, history, out), "batch_logs": logs}
 
 
 def outcome(model: Any, history: Dict[str, List[float]], out: str) -> Dict[str, Any]:
@@ -178,18 +274,46 @@ def differences(want: Dict[str, Any], got: Dict[str, Any]) -> List[str]:
     for index, (a, b) in enumerate(zip(want["weights"], got["weights"])):
         if not np.allclose(a, b, rtol=1e-4, atol=1e-5):
             found.append(f"weight {index}: {np.max(np.abs(np.subtract(a, b))):.2e} apart")
-    found += [f"{what}: {want[what]!r} != {got[what]!r}" for what in ("files", "csv") if want[what] != got[what]]
+    found += [f"{what}: {want[what]!r} != {got[what]!r}" for what in ("files", "batch_logs")
+              if want[what] != got[what]]
+    if not same_csv(want["csv"], got["csv"]):
+        found.append(f"csv: {want['csv']!r} != {got['csv']!r}")
     return found
 
 
-def main(seed: int, count: int) -> None:
+def same_csv(want: Any, got: Any) -> bool:
+    """The CSVLogger files hold the same rows, numbers equal to the history's tolerance (the reference of a job
+    under mirrored may run on one device: the last digits of a float differ)."""
+    if want is None or got is None:
+        return want == got
+    rows = [[line.split(",") for line in text.splitlines()] for text in (want, got)]
+    if len(rows[0]) != len(rows[1]) or any(len(a) != len(b) for a, b in zip(*rows)):
+        return False
+
+    def close(a: str, b: str) -> bool:
+        try:
+            return bool(np.isclose(float(a), float(b), rtol=1e-5, atol=1e-6))
+        except ValueError:
+            return a == b
+    return all(close(a, b) for row_a, row_b in zip(*rows) for a, b in zip(row_a, row_b))
+
+
+def main(seed: int, count: int, strategy: str = "default") -> None:
     rng = random.Random(seed)
-    jobs = [draw(rng) for _ in range(count)]
+    extras = random.Random(seed + 1_000_003)
+    jobs = [draw(rng, extras, strategy) for _ in range(count)]
+    keras_strategy = tf.distribute.get_strategy()
+    if strategy == "mirrored":  # 2 virtual CPUs, set up without tfaccel (imported after the plain fits)
+        (cpu,) = tf.config.list_physical_devices("CPU")
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        keras_strategy = tf.distribute.MirroredStrategy([d.name for d in tf.config.list_logical_devices("CPU")],
+                                                        cross_device_ops=tf.distribute.ReductionToOneDevice())
 
     def plain(job: Dict[str, Any]) -> Any:
         def train(out: str) -> Dict[str, Any]:
-            model = build(job)
-            return outcome(model, model.fit(**fit_arguments(job, out)).history, out)
+            with reference_strategy(job, keras_strategy).scope():
+                model = build(job)
+            return train_job(job, model, lambda **arguments: model.fit(**arguments).history, out)
         return train
 
     references = [run(plain(job)) for job in jobs]
@@ -197,13 +321,20 @@ def main(seed: int, count: int) -> None:
 
     for job, want in zip(jobs, references):
         def train(out: str, job: Dict[str, Any] = job) -> Dict[str, Any]:
-            with tfaccel.scope(strategy="default", jit_compile=job["jit"]):
+            with tfaccel.scope(strategy=strategy, jit_compile=job["jit"]):
                 model = build(job)
-            result = tfaccel.fit(model, **fit_arguments(job, out))
-            return {**outcome(model, result.history, out), "loop": result.details.get("loop_name")}
+            loops = []
+
+            def fit(**arguments: Any) -> Dict[str, List[float]]:
+                result = tfaccel.fit(model, **arguments)
+                loops.append(result.details.get("loop_name"))
+                return result.history
+            return {**train_job(job, model, fit, out), "loop": loops[0]}
         got = run(train)
-        print(json.dumps({"job": job, "loop": got.get("loop"), "differences": differences(want, got)}), flush=True)
+        errors = [outcome.get("error", "")[:120] for outcome in (want, got)]
+        print(json.dumps({"job": job, "loop": got.get("loop"), "differences": differences(want, got),
+                          **({"errors": errors} if any(errors) else {})}), flush=True)
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]))
+    main(int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:])

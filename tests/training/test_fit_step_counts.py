@@ -8,7 +8,7 @@ them (its train and test functions end a call only where the data ends: 64 steps
 dataset's ``steps_per_epoch=70``).
 """
 
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import keras
 import numpy as np
@@ -24,21 +24,21 @@ XV = np.random.default_rng(2).normal(size=(11, 4)).astype("float32")
 YV = np.random.default_rng(3).integers(0, 3, size=(11,)).astype("int32")
 
 
-def _model() -> keras.Model:
+def _model(steps_per_execution: int = 1) -> keras.Model:
     keras.utils.set_random_seed(7)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
                               keras.layers.Dense(3, activation="softmax")])
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy",
-                  metrics=["accuracy"])
+                  metrics=["accuracy"], steps_per_execution=steps_per_execution)
     return model
 
 
-def _both(**kwargs: Any) -> Tuple[tfaccel.FitResult, Dict[str, Any]]:
+def _both(compiled_steps: int = 1, **kwargs: Any) -> Tuple[tfaccel.FitResult, Dict[str, Any]]:
     """Plain ``model.fit`` and ``tfaccel.fit`` of the same job; asserts the same history, weights and steps."""
-    reference = _model()
+    reference = _model(compiled_steps)
     history = reference.fit(verbose=0, **kwargs).history
     with tfaccel.scope(strategy="default", jit_compile=False):
-        model = _model()
+        model = _model(compiled_steps)
     result = tfaccel.fit(model, verbose=0, **kwargs)
     assert sorted(result.history) == sorted(history)
     for key, values in history.items():
@@ -72,6 +72,27 @@ def test_a_repeated_dataset_trains_exactly_steps_per_epoch() -> None:
     result, _ = _both(x=data, epochs=2, steps_per_epoch=70)
     assert result.steps == 140
     assert result.details["steps_per_execution"].startswith("35 (auto: 35, the most steps per call")
+
+
+@pytest.mark.parametrize("validation_steps", [None, 2])
+def test_without_batch_size_keras_batches_the_examples_by_steps_per_epoch(validation_steps: Optional[int]) -> None:
+    """No ``batch_size``, ``steps_per_epoch=3``: Keras' array adapter batches 37 examples by 13 (the examples over
+    the steps, rounded up), not by its default 32, and the validation arrays by 32 or, with ``validation_steps``,
+    by theirs (11 examples over 2 steps: 6). tfaccel took 32 for both."""
+    result, _ = _both(x=X, y=Y, epochs=2, shuffle=False, steps_per_epoch=3, validation_data=(XV, YV),
+                      validation_steps=validation_steps)
+    assert "global batch 13 (Keras: 37 examples / steps_per_epoch=3)" in result.details["data"]
+
+
+def test_compiled_steps_per_execution_that_does_not_divide_steps_per_epoch_runs_as_in_keras_and_warns(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The model compiled with 3 steps per call, ``steps_per_epoch=2``: Keras' fit runs 3 steps an epoch (its call
+    ends only where the data ends); tfaccel trains the same and says why, instead of silently."""
+    data = tf.data.Dataset.from_tensor_slices((X, Y)).batch(5).repeat()
+    result, _ = _both(compiled_steps=3, x=data, epochs=2, steps_per_epoch=2)  # optimizer.iterations: 6 both ways
+    assert result.details["steps_per_execution"].startswith("3 (as compiled")
+    warned = [r.getMessage() for r in caplog.records if "does not divide steps_per_epoch=2" in r.getMessage()]
+    assert warned and "steps_per_execution=3 (as compiled)" in warned[0], [r.getMessage() for r in caplog.records]
 
 
 @pytest.mark.parametrize("bound, counts, expected", [(64, (70,), 35), (64, (128,), 64), (64, (67,), 1),

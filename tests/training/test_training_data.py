@@ -20,8 +20,8 @@ from strategies_logs import tfaccel_records  # noqa: E402
 
 import tfaccel  # noqa: E402
 from tfaccel.errors import ConfigError  # noqa: E402
-from tfaccel.train.data import (DEFAULT_BATCH_SIZE, agree_on_seed, example_stream, is_batched,  # noqa: E402
-                                prepare_data)
+from tfaccel.train.data import DEFAULT_BATCH_SIZE, example_stream, is_batched, prepare_data  # noqa: E402
+from tfaccel.train.seeds import agree_on_seed  # noqa: E402
 
 
 def _arrays(n=40):

@@ -7,10 +7,11 @@ import keras
 
 from tfaccel.compat.keras_generation import check_keras3_model
 from tfaccel.errors import ConfigError, invalid_choice
-from tfaccel.train.data import DEFAULT_BATCH_SIZE, check_seed, is_batched
+from tfaccel.train.data import DEFAULT_BATCH_SIZE, is_batched
 from tfaccel.train.request import OPTIMIZER_NAMES
 from tfaccel.train.request import check_int
 from tfaccel.train.scope import scope
+from tfaccel.train.seeds import check_seed
 
 __all__ = ["check_build_inputs", "build_compiled", "make_optimizer", "global_batch"]
 

@@ -28,7 +28,7 @@ from tfaccel.resilience import job as resilience
 from tfaccel.resilience.backups import Throughput
 from tfaccel.resilience.evaluator import evaluator_callbacks
 from tfaccel.resilience.keras_callbacks import worker_callbacks
-from tfaccel.train.data import agree_on_seed, check_data_for_backend, example_shape, prepare_data
+from tfaccel.train.data import check_data_for_backend, example_shape, prepare_data, validation_batch_size
 from tfaccel.train.fit_context import FitContext
 from tfaccel.train.loops import choose
 from tfaccel.train.loops.multi_step import uneven_batch_warning
@@ -37,6 +37,7 @@ from tfaccel.train.phases import Phases
 from tfaccel.train.request import FitRequest
 from tfaccel.train.result import FitResult
 from tfaccel.train.scope import plan_for_model
+from tfaccel.train.seeds import agree_on_seed
 from tfaccel.train.xla_payback import job_decision
 from tfaccel.train.zero import give_back_callbacks, shard_optimizer_state, xla_fallback
 from tfaccel.xla import decided_per_job, resolve_compile_jit
@@ -68,6 +69,9 @@ def prepare(model: Any, request: FitRequest) -> Tuple[FitContext, "Loop"]:
                             validation_data=request.validation.data, batch_size=request.batch_size,
                             shuffle=request.shuffle, steps_per_epoch=request.steps_per_epoch, seed=request.seed)
         check_data_for_backend(data, num_workers=backend.num_workers, uses_keras_fit=backend.uses_keras_fit)
+        given = request.validation
+        request = dataclasses.replace(request, validation=dataclasses.replace(given, batch_size=validation_batch_size(
+            data, batch_size=request.batch_size, validation_batch_size=given.batch_size, validation_steps=given.steps)))
     ctx = FitContext(model, request, plan, backend, requested_jit, data, _verbose(request.verbose, backend.is_chief),
                      user_callbacks=list(request.callbacks), phases=phases)
     with phases("loop_choice_s"):

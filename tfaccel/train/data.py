@@ -11,20 +11,20 @@ so that every worker agrees and a resumed job sees exactly the batches an uninte
 import collections.abc
 import dataclasses
 import math
-import random
-import secrets
 from typing import Any, Dict, Optional, Tuple
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tfaccel.compat.keras_internals import class_weight_to_sample_weights, global_random_seed, train_validation_split
+from tfaccel.compat.keras_internals import class_weight_to_sample_weights, train_validation_split
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
+from tfaccel.train.seeds import check_seed
 
 __all__ = ["FitData", "keras_adapted", "check_data_for_backend", "batches_per_epoch", "example_shape", "prepare_data",
-           "example_order", "example_stream", "is_batched", "check_seed", "agree_on_seed", "DEFAULT_BATCH_SIZE"]
+           "example_order", "example_stream", "is_batched", "DEFAULT_BATCH_SIZE",
+           "keras_batch_size", "validation_batch_size"]
 
 DEFAULT_BATCH_SIZE = 32  # Keras' own default for arrays
 
@@ -76,56 +76,6 @@ def is_batched(dataset: Any) -> bool:
     specs = tf.nest.flatten(dataset.element_spec)
     return bool(specs) and all(getattr(s, "shape", None) is not None and s.shape.rank and s.shape[0] is None
                                for s in specs)
-
-
-def check_seed(seed: Any) -> Optional[int]:
-    """``seed`` as an int, or None.
-
-    Raises:
-        ConfigError: not a whole number.
-    """
-    if seed is None:
-        return None
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise ConfigError(f"seed must be a whole number or None; received {seed!r}")
-    return int(seed)
-
-
-def agree_on_seed(seed: Optional[int], *, backend: Any, announce: bool = True) -> int:
-    """The seed of the example order, the same in every process of the job.
-
-    ``None`` draws a fresh seed on the first worker (logged at INFO where ``announce``, else at DEBUG: ``fit``'s
-    ``verbose=0``; ``FitResult.details["seed"]`` holds it either way) and shares it with the others: a
-    MultiWorkerMirrored all-reduce, or a Horovod broadcast.
-    """
-    if seed is not None:
-        return int(seed)
-    fresh, source = _fresh_seed()
-    fresh = fresh if backend.worker_index == 0 else 0
-    if backend.num_workers > 1 and backend.broadcast is not None:  # processes outside tf.distribute (Horovod)
-        fresh = int(backend.broadcast(fresh, "tfaccel_seed"))
-    elif backend.num_workers > 1:
-        strategy = backend.strategy
-        def first_replica_only() -> Any:  # the first replica of the whole job is on worker 0
-            first = tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0)
-            return tf.where(first, tf.constant(fresh, tf.int64), tf.constant(0, tf.int64))
-
-        shared = strategy.run(first_replica_only)
-        fresh = int(strategy.reduce(tf.distribute.ReduceOp.SUM, shared, axis=None))
-    if backend.is_chief:
-        say = get_logger().info if announce else get_logger().debug
-        say("seed=None: drew seed %d for the example order%s (pass seed=%d to repeat it)", fresh, source, fresh)
-    return fresh
-
-
-def _fresh_seed() -> Tuple[int, str]:
-    """A seed for ``seed=None``: after ``keras.utils.set_random_seed(s)``, drawn from Python's ``random`` (which it
-    seeds), so a rerun of the script repeats the order and a second ``fit`` gets another one, as Keras' own
-    ``shuffle=True`` does; else a fresh one. Returns (seed, where it came from, for the log line)."""
-    keras_seed = global_random_seed()
-    if keras_seed is not None:
-        return random.randrange(2**31 - 1), f" from keras.utils.set_random_seed({keras_seed})"
-    return secrets.randbelow(2**31 - 1), ""
 
 
 def _length(a: Any) -> int:
@@ -227,12 +177,31 @@ def prepare_data(x: Any, y: Any = None, *, sample_weight: Any = None, class_weig
         (x, y, sample_weight), validation = _split(x, y, sample_weight, validation_split)
     n = _check_arrays(x, y, sample_weight)
     sample_weight = _class_weights(y, class_weight, sample_weight)
-    batch = int(batch_size or DEFAULT_BATCH_SIZE)
+    batch = int(batch_size or keras_batch_size(n, steps_per_epoch))
     steps = steps_per_epoch or math.ceil(n / batch)
-    note = (f"arrays: {n} examples, global batch {batch}{' (Keras default)' if batch_size is None else ''}, "
+    default = f" (Keras: {n} examples / steps_per_epoch={steps_per_epoch})" if steps_per_epoch else " (Keras default)"
+    note = (f"arrays: {n} examples, global batch {batch}{default if batch_size is None else ''}, "
             f"{steps} steps/epoch" + (f", last batch {n % batch}" if n % batch else "") +
             (f", validation {_length(validation[0])} examples" if validation and _is_arrays(validation[0]) else ""))
     return FitData("arrays", x, y, sample_weight, validation, n, batch, steps, shuffle, seed_, None, note)
+
+
+def keras_batch_size(num_examples: int, steps: Optional[int]) -> int:
+    """The batch size Keras' array adapter takes where ``fit`` is given none: the examples over ``steps`` (fit's
+    ``steps_per_epoch``, or ``validation_steps`` for the validation arrays), rounded up, or 32 without steps."""
+    return math.ceil(num_examples / steps) if steps else DEFAULT_BATCH_SIZE
+
+
+def validation_batch_size(data: FitData, *, batch_size: Optional[int], validation_batch_size: Optional[int],
+                          validation_steps: Optional[int]) -> Optional[int]:
+    """The batch size of the validation arrays, as ``fit`` takes it: ``validation_batch_size``, else ``batch_size``
+    as given (not the training batch Keras worked out from ``steps_per_epoch``), else Keras' array adapter's own
+    (:func:`keras_batch_size` of ``validation_steps``). None where the validation data is not arrays."""
+    if validation_batch_size or batch_size:
+        return validation_batch_size or batch_size
+    if data.validation is None or not _is_arrays(data.validation[0]):
+        return None
+    return keras_batch_size(_length(data.validation[0]), validation_steps)
 
 
 def keras_adapted(x: Any) -> Optional[str]:

@@ -17,7 +17,7 @@ from tfaccel.train.fit_context import FitContext
 
 __all__ = ["Loop", "LoopResult", "EpochHooks", "step_data", "python_logs", "should_validate", "metrics_or_logs",
            "run_epochs", "evaluation_pass", "steps_per_execution", "whole_calls", "pass_blockers",
-           "unknown_batch_size", "STEPS_PER_EXECUTION_AUTO_MAX"]
+           "unknown_batch_size", "gather_batch", "STEPS_PER_EXECUTION_AUTO_MAX"]
 
 # Upper bound of steps_per_execution="auto" (measured: 64 steps per execution + XLA gave 6.3x a naive fit here).
 STEPS_PER_EXECUTION_AUTO_MAX = 64
@@ -107,10 +107,19 @@ def steps_per_execution(ctx: "FitContext", *, keras_fit: bool) -> Tuple[int, str
         if requested not in ("auto", 1):
             get_logger().warning("steps_per_execution=%s %s", requested, fallback[1])
         return 1, fallback[0]
-    if requested != "auto":
-        return int(requested), "given"
-    if model.steps_per_execution != 1:
-        return model.steps_per_execution, "as compiled"
+    counts = {"steps_per_epoch": ctx.request.steps_per_epoch,
+              "validation_steps": ctx.request.validation.steps if ctx.data.validation is not None else None}
+    counts = {name: count for name, count in counts.items() if count} if keras_fit else {}
+    if requested != "auto" or model.steps_per_execution != 1:
+        spe, why = (int(requested), "given") if requested != "auto" else (model.steps_per_execution, "as compiled")
+        past = {name: count for name, count in counts.items() if count % spe}
+        if past:
+            get_logger().warning(
+                "steps_per_execution=%d (%s) does not divide %s: Keras fit ends a call of %d steps only where the "
+                "data ends, so it runs further than that (as plain model.fit does with the same arguments); give a "
+                "steps_per_execution that divides it", spe, why,
+                " and ".join(f"{name}={count}" for name, count in past.items()), spe)
+        return spe, why
     per_batch = ctx.per_batch or bool(ctx.request.backups.backup_freq)
     steps = ctx.batches_per_epoch
     if per_batch or not steps:
@@ -118,9 +127,6 @@ def steps_per_execution(ctx: "FitContext", *, keras_fit: bool) -> Tuple[int, str
         # numbers of a full call, so the steps run could not be counted.
         return 1, "1: per-batch callbacks must see every batch" if per_batch else "1: epoch length unknown"
     bound = min(steps, STEPS_PER_EXECUTION_AUTO_MAX)
-    counts = {"steps_per_epoch": ctx.request.steps_per_epoch,
-              "validation_steps": ctx.request.validation.steps if ctx.data.validation is not None else None}
-    counts = {name: count for name, count in counts.items() if count} if keras_fit else {}
     spe = whole_calls(bound, *counts.values())
     if spe == bound:
         return bound, f"auto: min(steps/epoch={steps}, {STEPS_PER_EXECUTION_AUTO_MAX})"
@@ -174,6 +180,12 @@ def unknown_batch_size(batch: Any) -> Any:
         return tf.compat.v1.placeholder_with_default(t, [None] + shape[1:].as_list())
 
     return tf.nest.map_structure(hide, batch)
+
+
+def gather_batch(arrays: Any, indices: Any) -> Any:
+    """The examples ``indices`` of every tensor in ``arrays`` (nested), as one step's batch, its batch dimension
+    unknown to the trace (:func:`unknown_batch_size`)."""
+    return unknown_batch_size(tf.nest.map_structure(lambda t: tf.gather(t, indices), arrays))
 
 
 def python_logs(logs: Any) -> Dict[str, Any]:

@@ -28,8 +28,8 @@ from tfaccel.compat import keras_internals
 from tfaccel.errors import ConfigError
 from tfaccel.train.data import example_order
 from tfaccel.train.fit_context import FitContext
-from tfaccel.train.loops.base import (Loop, LoopResult, evaluation_pass, pass_blockers, run_epochs, step_data,
-                                      steps_per_execution, unknown_batch_size)
+from tfaccel.train.loops.base import (Loop, LoopResult, evaluation_pass, gather_batch, pass_blockers, run_epochs,
+                                      step_data, steps_per_execution)
 
 __all__ = ["MULTI_STEP_STRATEGIES", "MultiStepLoop", "multi_step_blockers", "uneven_batch_warning", "replica_splits",
            "run_multi_step"]
@@ -139,7 +139,7 @@ class _ReplicatedPass:
         # (do_not_convert on one_step_on_data, keras/src/backend/tensorflow/trainer.py), and so does this loop.
         @tf.autograph.experimental.do_not_convert
         def replica_step(values: Any, indices: Any) -> Any:
-            return step(unknown_batch_size(tf.nest.map_structure(lambda t: tf.gather(t, indices), values)))
+            return step(gather_batch(values, indices))
 
         self._replica_step = tf.function(replica_step, jit_compile=True) if jit_compile else replica_step
         self._steps = tf.function(self._run_steps)

@@ -12,7 +12,7 @@ import tensorflow as tf
 from tfaccel.compat import keras_internals, keras_sharded
 from tfaccel.errors import ConfigError
 from tfaccel.train.data import FitData, example_order
-from tfaccel.train.loops.base import step_data, unknown_batch_size
+from tfaccel.train.loops.base import gather_batch, step_data
 from tfaccel.train.loops.ps_input import sharded_dataset_iterator, worker_index_iterator
 
 __all__ = ["STEPS_PER_CLOSURE", "WHY_NO_METRIC_OBJECTS", "exact_assign_add", "leaf_metrics", "check_metrics",
@@ -227,8 +227,8 @@ class Schedule:
             @tf.function
             def arrays_closure(iterator: Any, worker_ids: Any, groups: Any) -> Any:
                 held = next(iterator)  # every array, on this worker
-                return step.run_updates([lambda g=g: [unknown_batch_size(tf.nest.map_structure(
-                    lambda t: tf.gather(t, i), held)) for i in g] for g in groups], next(worker_ids))
+                return step.run_updates([lambda g=g: [gather_batch(held, i) for i in g] for g in groups],
+                                        next(worker_ids))
 
             self._closure = arrays_closure
             self.iterator = iter(self.coordinator.create_per_worker_dataset(
