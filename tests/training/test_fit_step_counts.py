@@ -84,6 +84,16 @@ def test_without_batch_size_keras_batches_the_examples_by_steps_per_epoch(valida
     assert "global batch 13 (Keras: 37 examples / steps_per_epoch=3)" in result.details["data"]
 
 
+def test_without_batch_size_validation_steps_batch_the_validation_arrays_by_their_own_steps() -> None:
+    """No ``batch_size``, 70 validation examples, ``validation_steps=2``: Keras evaluates 2 batches of 35 (every
+    example), not 2 batches of 32 (tfaccel evaluated 64 of the 70)."""
+    rng = np.random.default_rng(4)
+    xv, yv = rng.normal(size=(70, 4)).astype("float32"), rng.integers(0, 3, size=(70,)).astype("int32")
+    _, history = _both(x=X, y=Y, epochs=1, shuffle=False, validation_data=(xv, yv), validation_steps=2)
+    every = _model().fit(X, Y, epochs=1, shuffle=False, validation_data=(xv, yv), verbose=0).history
+    assert history["val_loss"][0] == pytest.approx(every["val_loss"][0], rel=1e-6)
+
+
 def test_compiled_steps_per_execution_that_does_not_divide_steps_per_epoch_runs_as_in_keras_and_warns(
         caplog: pytest.LogCaptureFixture) -> None:
     """The model compiled with 3 steps per call, ``steps_per_epoch=2``: Keras' fit runs 3 steps an epoch (its call
