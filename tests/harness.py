@@ -182,14 +182,18 @@ def assert_all_ok(results: Sequence[TaskResult]) -> None:
 
 
 def last_json_line(text: str) -> dict:
-    """The last line of ``text`` that parses as a JSON object (how child scripts report results)."""
+    """The last line of ``text`` that starts with a JSON object (how child scripts report results). What follows
+    the object on its line is left: ``print`` writes the text and its newline apart, and Ray's log monitor, writing
+    the workers' lines to the driver's stdout from a thread of its own, once wrote between them (CI, 2026-11-30)."""
     for line in reversed(text.strip().splitlines()):
         line = line.strip()
         if line.startswith("{"):
             try:
-                return json.loads(line)
+                found, _ = json.JSONDecoder().raw_decode(line)
             except ValueError:
                 continue
+            if isinstance(found, dict):
+                return found
     raise AssertionError(f"no JSON result line in output:\n{text[-2000:]}")
 
 

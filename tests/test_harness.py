@@ -3,6 +3,8 @@
 import textwrap
 from types import SimpleNamespace
 
+import pytest
+
 import harness
 from tfaccel.launch.procs import pid_alive
 
@@ -53,3 +55,13 @@ def test_the_heavy_files_come_first_in_their_order(pytestconfig):
     conftest.pytest_collection_modifyitems(pytestconfig, items)
     assert [str(item.path.relative_to(harness.REPO_ROOT)) for item in items] == [
         conftest.HEAVY_FIRST[0], conftest.HEAVY_FIRST[1], "tests/test_log.py", "tests/test_devices.py"]
+
+
+def test_last_json_line_takes_the_object_when_another_writer_wrote_after_it_on_its_line() -> None:
+    """Ray's log monitor once wrote a worker's line between a driver's JSON result and its newline (CI run,
+    2026-11-30): the result is still read; a line that is no JSON object is not."""
+    text = ('{"flow": "tfaccel", "error": null}\x1b[36m(PlacementGroupCleaner pid=5003)\x1b[0m Failed to query\n'
+            '\x1b[36m(RayTrainWorker pid=5008)\x1b[0m {"not": "a result"\n')
+    assert harness.last_json_line(text) == {"flow": "tfaccel", "error": None}
+    with pytest.raises(AssertionError, match="no JSON result line"):
+        harness.last_json_line('{"unclosed": \n[1, 2]\n')
