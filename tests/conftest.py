@@ -84,22 +84,27 @@ def _cpu_seconds() -> float:
 
 # Garbage collections, timed while TFACCEL_TEST_CPU_LOG is set: tests here have waited minutes with no CPU (the
 # suite's clean clones, sessions 21-24), twice caught in a collection that tore down an earlier test's tf.data
-# iterator. A full collection still running after GC_STACKS_AFTER_S seconds has every thread's Python stack written
-# to <log>.gc-stacks.<xdist worker> (faulthandler), which names what the iterator's threads were running.
+# iterator. A collection of generation 1 or 2 still running after GC_STACKS_AFTER_S seconds has every thread's Python
+# stack written to <log>.gc-stacks.<xdist worker> (faulthandler), which names what the iterator's threads were
+# running (generation 0 collections are too frequent to arm a watchdog for; the log's gc_gen says which generation
+# the longest collection was: session 26's clean clone waited 96.8 s in one that armed none).
 GC_STACKS_AFTER_S = 20.0
-_gc_times = {"start": 0.0, "longest": 0.0, "total": 0.0, "stacks": None}
+_gc_times = {"start": 0.0, "longest": 0.0, "total": 0.0, "stacks": None, "generation": -1}
 
 
 def _time_collection(phase: str, info: dict) -> None:
+    armed = info["generation"] >= 1 and _gc_times["stacks"] is not None
     if phase == "start":
         _gc_times["start"] = time.monotonic()
-        if info["generation"] == 2 and _gc_times["stacks"] is not None:
+        if armed:
             faulthandler.dump_traceback_later(GC_STACKS_AFTER_S, file=_gc_times["stacks"])
         return
-    if info["generation"] == 2 and _gc_times["stacks"] is not None:
+    if armed:
         faulthandler.cancel_dump_traceback_later()
     took = time.monotonic() - _gc_times["start"]
-    _gc_times["longest"], _gc_times["total"] = max(_gc_times["longest"], took), _gc_times["total"] + took
+    if took > _gc_times["longest"]:
+        _gc_times["longest"], _gc_times["generation"] = took, info["generation"]
+    _gc_times["total"] += took
 
 
 if os.environ.get("TFACCEL_TEST_CPU_LOG"):
@@ -113,19 +118,21 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
     """``TFACCEL_TEST_CPU_LOG=path``: one JSON line per test with its wall and CPU seconds (this process and the
     children it waited for, setup included), so the suite's time on 2 cores can be planned by CPU, not only by wall
     (a file that runs 4 processes at once costs more than its wall time), and the seconds its garbage collections
-    took (``gc_s``, the longest ``gc_max``)."""
+    took (``gc_s``, the longest ``gc_max`` and its generation ``gc_gen``)."""
     log = os.environ.get("TFACCEL_TEST_CPU_LOG")
     if not log:
         yield
         return
     cpu, wall = _cpu_seconds(), time.monotonic()
     _gc_times["longest"] = _gc_times["total"] = 0.0
+    _gc_times["generation"] = -1
     if _gc_times["stacks"] is not None:
         _gc_times["stacks"].write(f"--- {item.nodeid}\n")
         _gc_times["stacks"].flush()
     yield
     line = {"test": item.nodeid, "wall": round(time.monotonic() - wall, 2), "cpu": round(_cpu_seconds() - cpu, 2),
             "gc_s": round(_gc_times["total"], 2), "gc_max": round(_gc_times["longest"], 2),
+            "gc_gen": _gc_times["generation"],
             "end": round(time.time(), 1), "worker": os.environ.get("PYTEST_XDIST_WORKER", "")}
     with open(log, "a") as fh:
         fh.write(json.dumps(line) + "\n")
