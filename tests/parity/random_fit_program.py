@@ -90,8 +90,8 @@ def draw_extras(rng: random.Random, job: Dict[str, Any], mirrored: bool) -> None
     wants_batch = rng.random()
     if job["data"] == "arrays" and job["validation"] != "none" and wants_batch < 0.2:
         job["validation_batch_size"] = 4 if mirrored else 3
-    if job["data"] == "arrays" and wants_batch > 0.9:
-        job["batch"] = None  # Keras' own: 32, or the examples over steps_per_epoch
+    if job["data"] == "arrays" and wants_batch > 0.9 and not (mirrored and job["steps_per_epoch"]):
+        job["batch"] = None  # Keras' own: 32, or the examples over steps_per_epoch (which may be odd)
 
 
 def clips(job: Dict[str, Any]) -> bool:
