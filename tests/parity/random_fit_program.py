@@ -60,10 +60,6 @@ def draw(rng: random.Random, extras: random.Random, strategy: str = "default") -
     draw_extras(extras, job, mirrored)
     if mirrored:
         job["jit"] = False  # Keras' fit under a MirroredStrategy fails with jit_compile=True on CPUs
-        # Keras 3.15's fit under a MirroredStrategy drew a PyDataset's batches in an order that changed from run to
-        # run (a two-output model with weighted metrics: 3 outcomes in 6 runs), and so did the next fit in the
-        # process: a reference that does not repeat. Not drawn there (docs/guides/keras-parity.md).
-        job["data"] = "dataset" if job["data"] == "py_dataset" else job["data"]
         if clips(job) and job["model"] == "bn_dropout":  # a one-device reference: see reference_strategy
             job["model"] = "one_input"
     if job["data"] == "repeated":
@@ -159,18 +155,22 @@ def _targets(job: Dict[str, Any], y: Any, yr: Any) -> Any:
 
 
 class Batches(keras.utils.PyDataset):
-    def __init__(self, parts: tuple, batch: int) -> None:
+    """Batches as views of the arrays (as users write them), or as copies (``copies``: plain Keras' reference under
+    a MirroredStrategy, where TensorFlow writes into views: tfaccel.compat.tf_generator_alias)."""
+
+    def __init__(self, parts: tuple, batch: int, copies: bool = False) -> None:
         super().__init__()
-        self.parts, self.batch = parts, batch
+        self.parts, self.batch, self.copies = parts, batch, copies
 
     def __len__(self) -> int:
         return -(-len(tf.nest.flatten(self.parts)[0]) // self.batch)
 
     def __getitem__(self, i: int) -> tuple:
-        return tf.nest.map_structure(lambda a: a[i * self.batch:(i + 1) * self.batch], self.parts)
+        return tf.nest.map_structure(lambda a: np.array(a[i * self.batch:(i + 1) * self.batch], copy=self.copies),
+                                     self.parts)
 
 
-def fit_arguments(job: Dict[str, Any], out: str) -> Dict[str, Any]:
+def fit_arguments(job: Dict[str, Any], out: str, copies: bool = False) -> Dict[str, Any]:
     n, v = job["examples"], job["validation_examples"]
     x, y, sw = _inputs(job, X4[:n], X3[:n], TOKENS[:n]), _targets(job, Y[:n], YR[:n]), SW[:n]
     kwargs: Dict[str, Any] = {"epochs": job["epochs"], "initial_epoch": job["initial_epoch"], "verbose": 0}
@@ -184,7 +184,7 @@ def fit_arguments(job: Dict[str, Any], out: str) -> Dict[str, Any]:
         elif job["weights"] == "class":
             kwargs["class_weight"] = {0: 0.5, 1: 2.0, 2: 1.0}
     elif job["data"] == "py_dataset":
-        kwargs["x"] = Batches(parts, job["batch"])
+        kwargs["x"] = Batches(parts, job["batch"], copies)
     else:
         data = tf.data.Dataset.from_tensor_slices(parts).batch(job["batch"])
         kwargs["x"] = data.repeat() if job["data"] == "repeated" else data
@@ -231,10 +231,10 @@ def _extra_callbacks(name: str, out: str) -> List[Any]:
                                                                 save_best_only=True)]}[name]
 
 
-def train_job(job: Dict[str, Any], model: Any, fit: Any, out: str) -> Dict[str, Any]:
+def train_job(job: Dict[str, Any], model: Any, fit: Any, out: str, copies: bool = False) -> Dict[str, Any]:
     """``fit(**arguments)`` (returns the history dict) once, or twice for a job that fits the model again (one more
-    epoch, from epoch 0); the outcome of both."""
-    arguments = fit_arguments(job, out)
+    epoch, from epoch 0); the outcome of both. ``copies``: a PyDataset returns copies (see Batches)."""
+    arguments = fit_arguments(job, out, copies)
     history = fit(**arguments)
     logs = [c.seen for c in arguments["callbacks"] if isinstance(c, BatchLog)]
     if job.get("fit_twice"):
@@ -310,7 +310,8 @@ def main(seed: int, count: int, strategy: str = "default") -> None:
         def train(out: str) -> Dict[str, Any]:
             with reference_strategy(job, keras_strategy).scope():
                 model = build(job)
-            return train_job(job, model, lambda **arguments: model.fit(**arguments).history, out)
+            return train_job(job, model, lambda **arguments: model.fit(**arguments).history, out,
+                             copies=strategy == "mirrored")
         return train
 
     references = [run(plain(job)) for job in jobs]

@@ -12,15 +12,16 @@ go through ``tfaccel.train.data.example_stream`` instead, whose order is a funct
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import keras
 import tensorflow as tf
 
-from tfaccel.compat import keras_mwms
+from tfaccel.compat import keras_mwms, tf_generator_alias
 from tfaccel.errors import ConfigError
 from tfaccel.train.data import FitData, example_stream
 from tfaccel.train.fit_context import FitContext
 from tfaccel.train.loops.base import Loop, LoopResult, steps_per_execution
 
-__all__ = ["KerasFitLoop", "uses_stream", "run_keras_fit", "fix_symbolic_build"]
+__all__ = ["KerasFitLoop", "uses_stream", "run_keras_fit", "fix_symbolic_build", "copy_generator_batches"]
 
 
 def uses_stream(data: FitData, *, backend: Any, backups: bool) -> bool:
@@ -94,6 +95,21 @@ def run_keras_fit(model: Any, *, data: FitData, backend: Any, epochs: int, initi
                       steps=int(sum(step_counter.epoch_steps)))
 
 
+def copy_generator_batches(data: FitData, *, replicas: int) -> Optional[str]:
+    """Copies each batch a ``PyDataset`` or a generator yields before TensorFlow reads it, over several replicas.
+
+    TensorFlow 2.21 writes into those arrays when a batch is split over replicas (``tfaccel.compat.tf_generator_alias``):
+    the user's data changes and the next epochs train on it. Returns what was done, for the plan (None when the
+    data is neither, or on one replica, or when the fix is off: its log line says why).
+    """
+    validation = data.validation[0] if data.validation is not None else None
+    feeds_generator = data.kind in ("py_dataset", "keras") or isinstance(validation, keras.utils.PyDataset)
+    if replicas <= 1 or not feeds_generator or not tf_generator_alias.apply():
+        return None
+    return (f"each batch of the PyDataset / generator is copied before it is split over {replicas} replicas, "
+            f"which write into the arrays otherwise ({tf_generator_alias.NAME})")
+
+
 def fix_symbolic_build(model: Any, *, replicas: int, keras_loop: str) -> Optional[str]:
     """Lets Keras fit build the model over several replicas from one replica's batch, or refuses before training.
 
@@ -155,6 +171,9 @@ class KerasFitLoop(Loop):
                                   keras_loop=ctx.details.get("loop", "Keras fit"))
         if note:
             ctx.details["symbolic_build"] = note
+        copies = copy_generator_batches(ctx.data, replicas=ctx.model.distribute_strategy.num_replicas_in_sync)
+        if copies:
+            ctx.details["batch_copies"] = copies
         validation = ctx.request.validation
         return run_keras_fit(ctx.model, data=ctx.data, backend=ctx.backend, epochs=ctx.request.epochs,
                              initial_epoch=ctx.start_epoch, start_step=ctx.start_step,
