@@ -62,6 +62,10 @@ def draw(rng: random.Random, extras: random.Random, strategy: str = "default") -
         job["jit"] = False  # Keras' fit under a MirroredStrategy fails with jit_compile=True on CPUs
         if clips(job) and job["model"] == "bn_dropout":  # a one-device reference: see reference_strategy
             job["model"] = "one_input"
+        if clips(job) and job["data"] == "py_dataset":
+            # Keras' fit under a strategy builds the model from a first iterator of the PyDataset, which draws an
+            # epoch order of its own: each epoch's order is then one draw later than on one device
+            job["data"] = "dataset"
     if job["data"] == "repeated":
         job["steps_per_epoch"] = rng.choice([5, 70])
     if job["data"] != "arrays":
