@@ -7,6 +7,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from keras.src.trainers.data_adapters import generator_data_adapter
 
 import tfaccel
 from tfaccel.compat import tf_generator_alias
@@ -95,3 +96,23 @@ def test_copy_arrays_copies_numpy_leaves_only():
     batch = tf_generator_alias.copy_arrays((a[:4], {"t": t, "none": None}))
     assert batch[0].base is None and np.array_equal(batch[0], a[:4])
     assert batch[1]["t"] is t and batch[1]["none"] is None
+
+
+def test_a_generator_s_batches_are_copied_too(clean_tf_config, cpu_replicas):
+    def batches(data):
+        while True:
+            yield from (data[i] for i in range(len(data)))
+
+    x, y = _arrays()
+    with tf.distribute.MirroredStrategy(cpu_replicas).scope():
+        plain = _regression()
+    reference = plain.fit(batches(Views(x, y, copies=True)), steps_per_epoch=5, epochs=EPOCHS, verbose=0).history
+    with tfaccel.scope(strategy="mirrored"):
+        model = _regression()
+    result = tfaccel.fit(model, batches(Views(x, y)), steps_per_epoch=5, epochs=EPOCHS, verbose=0)
+    assert tf_generator_alias.NAME in result.details["batch_copies"]
+    np.testing.assert_array_equal(y, _arrays()[1])
+    np.testing.assert_allclose(result.history["loss"], reference["loss"], rtol=1e-5)
+    adapter = generator_data_adapter.GeneratorDataAdapter(batches(Views(x, y)))
+    adapter.get_tf_dataset()
+    assert getattr(adapter.generator, "_tfaccel_copies_batches", False)  # the adapter reads the copying generator
