@@ -45,7 +45,7 @@ def _regression() -> keras.Model:
 
 
 def _plain_mirrored_fit(data: keras.utils.PyDataset, devices: list) -> dict:
-    with tf.distribute.MirroredStrategy(devices).scope():
+    with tf.distribute.MirroredStrategy(devices, cross_device_ops=tf.distribute.ReductionToOneDevice()).scope():
         model = _regression()
     return model.fit(data, epochs=EPOCHS, shuffle=False, verbose=0).history
 
@@ -104,7 +104,7 @@ def test_a_generator_s_batches_are_copied_too(clean_tf_config, cpu_replicas):
             yield from (data[i] for i in range(len(data)))
 
     x, y = _arrays()
-    with tf.distribute.MirroredStrategy(cpu_replicas).scope():
+    with tf.distribute.MirroredStrategy(cpu_replicas, cross_device_ops=tf.distribute.ReductionToOneDevice()).scope():
         plain = _regression()
     reference = plain.fit(batches(Views(x, y, copies=True)), steps_per_epoch=5, epochs=EPOCHS, verbose=0).history
     with tfaccel.scope(strategy="mirrored"):
