@@ -22,7 +22,8 @@ from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
 from tfaccel.train.seeds import check_seed
 
-__all__ = ["FitData", "keras_adapted", "check_data_for_backend", "batches_per_epoch", "example_shape", "prepare_data",
+__all__ = ["FitData", "keras_adapted", "is_python_iterator", "check_data_for_backend", "batches_per_epoch",
+           "example_shape", "prepare_data",
            "example_order", "example_stream", "is_batched", "DEFAULT_BATCH_SIZE",
            "keras_batch_size", "validation_batch_size"]
 
@@ -204,11 +205,16 @@ def validation_batch_size(data: FitData, *, batch_size: Optional[int], validatio
     return keras_batch_size(_length(data.validation[0]), validation_steps)
 
 
+def is_python_iterator(x: Any) -> bool:
+    """A Python generator or iterator (what Keras' ``GeneratorDataAdapter`` reads), not a ``tf.data`` one."""
+    return isinstance(x, collections.abc.Iterator) and not isinstance(x, (tf.data.Iterator, str, bytes))
+
+
 def keras_adapted(x: Any) -> Optional[str]:
     """What ``x`` is when it is input Keras' own data adapters take but tfaccel does not prepare (a Python generator
     or iterator, sparse or ragged tensors, a dict of arrays with None for an optional input: Keras'
     ``GeneratorDataAdapter`` and its array adapter), for messages; None for anything else."""
-    if isinstance(x, collections.abc.Iterator) and not isinstance(x, (tf.data.Iterator, str, bytes)):
+    if is_python_iterator(x):
         return "a Python generator"
     leaves = tf.nest.flatten(x)
     if len(leaves) > 1 and any(leaf is None for leaf in leaves):

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from tfaccel.compat import keras_mwms, tf_generator_alias
 from tfaccel.errors import ConfigError
-from tfaccel.train.data import FitData, example_stream
+from tfaccel.train.data import FitData, example_stream, is_python_iterator
 from tfaccel.train.fit_context import FitContext
 from tfaccel.train.loops.base import Loop, LoopResult, steps_per_execution
 
@@ -95,6 +95,11 @@ def run_keras_fit(model: Any, *, data: FitData, backend: Any, epochs: int, initi
                       steps=int(sum(step_counter.epoch_steps)))
 
 
+def _read_from_generator(x: Any) -> bool:
+    """Whether Keras' fit reads ``x`` through ``from_generator``: a ``PyDataset``, or a Python generator/iterator."""
+    return isinstance(x, keras.utils.PyDataset) or is_python_iterator(x)
+
+
 def copy_generator_batches(data: FitData, *, replicas: int) -> Optional[str]:
     """Copies each batch a ``PyDataset`` or a generator yields before TensorFlow reads it, over several replicas.
 
@@ -103,8 +108,7 @@ def copy_generator_batches(data: FitData, *, replicas: int) -> Optional[str]:
     data is neither, or on one replica, or when the fix is off: its log line says why).
     """
     validation = data.validation[0] if data.validation is not None else None
-    feeds_generator = data.kind in ("py_dataset", "keras") or isinstance(validation, keras.utils.PyDataset)
-    if replicas <= 1 or not feeds_generator or not tf_generator_alias.apply():
+    if replicas <= 1 or not any(map(_read_from_generator, (data.x, validation))) or not tf_generator_alias.apply():
         return None
     return (f"each batch of the PyDataset / generator is copied before it is split over {replicas} replicas, "
             f"which write into the arrays otherwise ({tf_generator_alias.NAME})")
@@ -167,11 +171,11 @@ class KerasFitLoop(Loop):
 
     def run(self, ctx: "FitContext") -> LoopResult:
         # the model's own strategy: a Horovod rank trains one replica per process under the default strategy
-        note = fix_symbolic_build(ctx.model, replicas=ctx.model.distribute_strategy.num_replicas_in_sync,
-                                  keras_loop=ctx.details.get("loop", "Keras fit"))
+        replicas = ctx.model.distribute_strategy.num_replicas_in_sync
+        note = fix_symbolic_build(ctx.model, replicas=replicas, keras_loop=ctx.details.get("loop", "Keras fit"))
         if note:
             ctx.details["symbolic_build"] = note
-        copies = copy_generator_batches(ctx.data, replicas=ctx.model.distribute_strategy.num_replicas_in_sync)
+        copies = copy_generator_batches(ctx.data, replicas=replicas)
         if copies:
             ctx.details["batch_copies"] = copies
         validation = ctx.request.validation
