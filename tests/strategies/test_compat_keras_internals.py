@@ -94,6 +94,15 @@ def test_optimizer_strategy_and_learning_rate_or_schedule():
     assert float(keras_internals.learning_rate_or_schedule(plain).numpy()) == 0.25
 
 
+def test_model_strategy_is_the_one_the_model_was_created_under():
+    import tensorflow as tf
+
+    assert keras_internals.model_strategy(_model()) is None
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope():
+        assert keras_internals.model_strategy(_model()) is strategy
+
+
 def test_backup_and_restore_epoch(tmp_path):
     """Keras' BackupAndRestore tells the model where an interrupted fit resumes; tfaccel's epoch driver reads it."""
     import keras

@@ -108,8 +108,11 @@ def test_a_generator_s_batches_are_copied_too(clean_tf_config, cpu_replicas):
         while True:
             yield from (data[i] for i in range(len(data)))
 
+    # The reference is plain Keras on one device: under a strategy plain Keras skips some of a generator's first
+    # batches, how many depending on timing (tfaccel keeps them: tests/strategies/test_compat_generator_build.py).
     x, y = _arrays()
-    reference = _plain_mirrored(cpu_replicas).fit(batches(Views(x, y, copies=True)), steps_per_epoch=5, epochs=EPOCHS, verbose=0).history
+    reference = _regression().fit(batches(Views(x, y, copies=True)), steps_per_epoch=5, epochs=EPOCHS,
+                                  verbose=0).history
     with tfaccel.scope(strategy="mirrored"):
         model = _regression()
     result = tfaccel.fit(model, batches(Views(x, y)), steps_per_epoch=5, epochs=EPOCHS, verbose=0)

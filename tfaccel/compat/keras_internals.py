@@ -10,7 +10,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 __all__ = ["CHECKED_ON", "train_validation_split", "class_weight_to_sample_weights", "reduce_per_replica",
            "symbolic_build", "compile_objects", "loss_tracker", "flatten_layers", "per_worker_value", "maybe_merge_call",
-           "load_cifar_batch", "backup_and_restore_epoch", "optimizer_strategy", "learning_rate_or_schedule", "global_random_seed"]
+           "load_cifar_batch", "backup_and_restore_epoch", "optimizer_strategy", "learning_rate_or_schedule", "global_random_seed",
+           "model_strategy"]
 
 CHECKED_ON = {"keras": "3.15.1", "tensorflow": "2.21.0"}
 
@@ -81,6 +82,12 @@ def backup_and_restore_epoch(model: Any) -> Optional[int]:
 def optimizer_strategy(optimizer: Any) -> Optional[Any]:
     """The ``tf.distribute`` strategy a Keras 3 TF optimizer bound itself to when it was created (or None)."""
     return getattr(optimizer, "_distribution_strategy", None)
+
+
+def model_strategy(model: Any) -> Optional[Any]:
+    """The ``tf.distribute`` strategy a Keras 3 TF model was created under (None outside any): with one, Keras' fit
+    and evaluate build the model from a first batch of the data before training."""
+    return getattr(model, "_distribute_strategy", None)
 
 
 def learning_rate_or_schedule(optimizer: Any) -> Any:

@@ -27,6 +27,15 @@ structured-data examples with ``StringLookup``) or on parts of different sizes (
 replicas: ``Input 0: [11,4] != input 1: [10,4]``). ``tfaccel.train.loops.keras_fit`` applies the fix for every job
 of Keras fit over several replicas.
 
+The replaced ``_maybe_symbolic_build`` also stops it taking a Python generator's batches (no upstream report found,
+searched keras-team/keras issues 2026-12-01; seen with Keras 3.15.1): it reads its first batch from an iterator of
+the distributed dataset that ``fit`` then throws away (``epoch_iterator.reset()``), and that iterator's prefetching
+pulls batches from the user's generator, which the training iterator never sees. Plain Keras under
+``MirroredStrategy`` trained a 5-step epoch on the generator's batches 0, 1, 6, 7, 8 (its two first batches, which
+the adapter had peeked and yields again, then what the prefetching had left; how many it takes depends on timing,
+so the history changed from run to run), where Keras on one device trains on 0-4. While the model is built, the
+adapter's generator yields only copies of the batches it peeked, so training starts where one device's does.
+
 The fix is applied by the ``multi_worker`` strategy factory, is idempotent and reversible
 (:func:`remove`), and can be switched off with ``TFACCEL_DISABLE_COMPAT=keras_mwms``.
 
@@ -37,8 +46,9 @@ tfaccel runs several steps per call with its own loop instead (``tfaccel.train.l
 ``strategy.run`` in ``tf.range``, no distributed iterator), and Keras ``fit`` here runs one step per call.
 """
 
+import contextlib
 import threading
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
 from tfaccel.compat import VersionWindow, is_disabled, outside_versions, switched_off
 from tfaccel.errors import ConfigError
@@ -108,6 +118,25 @@ def is_applied() -> bool:
     return bool(_originals)
 
 
+@contextlib.contextmanager
+def _peeked_batches_only(iterator: Any) -> Iterator[None]:
+    """While the model is built: a Python generator's adapter (Keras' ``GeneratorDataAdapter``, the one adapter with
+    ``_first_batches``) yields only the batches it peeked, not the user's generator (the build's iterator is thrown
+    away, and its prefetching would take batches training never sees). No step runs on the build's batch, so
+    nothing writes into those arrays (tfaccel.compat.tf_generator_alias)."""
+    adapter = getattr(iterator, "data_adapter", None)
+    peeked = getattr(adapter, "_first_batches", None)
+    if not peeked or not callable(getattr(adapter, "generator", None)):
+        yield
+        return
+    generator = adapter.generator
+    adapter.generator = lambda: iter(peeked)
+    try:
+        yield
+    finally:
+        adapter.generator = generator
+
+
 def _make_symbolic_build(original: Callable, module: Any) -> Callable:
     def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = None) -> None:
         strategy = self._distribute_strategy
@@ -115,15 +144,18 @@ def _make_symbolic_build(original: Callable, module: Any) -> Callable:
             return original(self, iterator=iterator, data_batch=data_batch)
         import tensorflow as tf
 
-        for _, _, it in iterator:
-            batch = next(it)
-            distributed = module.tree.map_structure(lambda x: isinstance(x, tf.distribute.DistributedValues), batch)
-            if all(module.tree.flatten(distributed)):
-                # Only the shapes matter for building; an eager cross-worker reduce is what fails upstream.
-                data_batch = module.tree.map_structure(lambda v: strategy.experimental_local_results(v)[0], batch)
+        with _peeked_batches_only(iterator):
+            for _, _, it in iterator:
+                batch = next(it)
+                break
             else:
-                data_batch = batch
-            break
+                batch = data_batch
+        distributed = module.tree.map_structure(lambda x: isinstance(x, tf.distribute.DistributedValues), batch)
+        if all(module.tree.flatten(distributed)):
+            # Only the shapes matter for building; an eager cross-worker reduce is what fails upstream.
+            data_batch = module.tree.map_structure(lambda v: strategy.experimental_local_results(v)[0], batch)
+        else:
+            data_batch = batch
         with strategy.scope():
             try:
                 self._symbolic_build(data_batch=data_batch)

@@ -15,13 +15,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import keras
 import tensorflow as tf
 
-from tfaccel.compat import keras_mwms, tf_generator_alias
+from tfaccel.compat import keras_internals, keras_mwms, tf_generator_alias
 from tfaccel.errors import ConfigError
 from tfaccel.train.data import FitData, example_stream, is_python_iterator
 from tfaccel.train.fit_context import FitContext
 from tfaccel.train.loops.base import Loop, LoopResult, steps_per_execution
 
-__all__ = ["KerasFitLoop", "uses_stream", "run_keras_fit", "fix_symbolic_build", "copy_generator_batches"]
+__all__ = ["KerasFitLoop", "uses_stream", "run_keras_fit", "fix_symbolic_build", "copy_generator_batches",
+           "keep_generator_batches"]
 
 
 def uses_stream(data: FitData, *, backend: Any, backups: bool) -> bool:
@@ -114,6 +115,22 @@ def copy_generator_batches(data: FitData, *, replicas: int) -> Optional[str]:
             f"which write into the arrays otherwise ({tf_generator_alias.NAME})")
 
 
+def keep_generator_batches(model: Any, data: FitData) -> Optional[str]:
+    """Keeps Keras from taking a Python generator's batches to build the model under a strategy.
+
+    Keras 3.15's fit and evaluate under a strategy (one replica too) build the model from an iterator they throw
+    away, whose prefetching takes a timing-dependent number of the generator's batches that training never sees
+    (``tfaccel.compat.keras_mwms`` builds from the batches Keras' adapter peeked instead). Returns what was done, for
+    the plan; None without a strategy or a generator, or when the fix is off (its log line says why).
+    """
+    validation = data.validation[0] if data.validation is not None else None
+    if (keras_internals.model_strategy(model) is None or not any(map(is_python_iterator, (data.x, validation)))
+            or not keras_mwms.apply()):
+        return None
+    return ("the model is built from the generator's first batches, which Keras' adapter had already read, not from "
+            f"batches training would then never see ({keras_mwms.NAME})")
+
+
 def fix_symbolic_build(model: Any, *, replicas: int, keras_loop: str) -> Optional[str]:
     """Lets Keras fit build the model over several replicas from one replica's batch, or refuses before training.
 
@@ -175,6 +192,9 @@ class KerasFitLoop(Loop):
         note = fix_symbolic_build(ctx.model, replicas=replicas, keras_loop=ctx.details.get("loop", "Keras fit"))
         if note:
             ctx.details["symbolic_build"] = note
+        kept = keep_generator_batches(ctx.model, ctx.data)
+        if kept:
+            ctx.details["generator_batches"] = kept
         copies = copy_generator_batches(ctx.data, replicas=replicas)
         if copies:
             ctx.details["batch_copies"] = copies
