@@ -34,7 +34,9 @@ pulls batches from the user's generator, which the training iterator never sees.
 ``MirroredStrategy`` trained a 5-step epoch on the generator's batches 0, 1, 6, 7, 8 (its two first batches, which
 the adapter had peeked and yields again, then what the prefetching had left; how many it takes depends on timing,
 so the history changed from run to run), where Keras on one device trains on 0-4. While the model is built, the
-adapter's generator yields only copies of the batches it peeked, so training starts where one device's does.
+adapter's generator yields only the batches it peeked, so training starts where one device's does. (A validation
+generator still loses batches between validation runs, on one device too: each run starts a new iterator, and what
+the last one had prefetched is gone; measured with ``validation_steps=3``: 0, 1, 2 then 0, 1, 4 on one device.)
 
 The fix is applied by the ``multi_worker`` strategy factory, is idempotent and reversible
 (:func:`remove`), and can be switched off with ``TFACCEL_DISABLE_COMPAT=keras_mwms``.

@@ -123,9 +123,7 @@ def keep_generator_batches(model: Any, data: FitData) -> Optional[str]:
     (``tfaccel.compat.keras_mwms`` builds from the batches Keras' adapter peeked instead). Returns what was done, for
     the plan; None without a strategy or a generator, or when the fix is off (its log line says why).
     """
-    validation = data.validation[0] if data.validation is not None else None
-    if (keras_internals.model_strategy(model) is None or not any(map(is_python_iterator, (data.x, validation)))
-            or not keras_mwms.apply()):
+    if keras_internals.model_strategy(model) is None or not is_python_iterator(data.x) or not keras_mwms.apply():
         return None
     return ("the model is built from the generator's first batches, which Keras' adapter had already read, not from "
             f"batches training would then never see ({keras_mwms.NAME})")
