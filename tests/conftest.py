@@ -24,6 +24,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # `import harness`
 
+import gc_watch  # noqa: E402
 import harness  # noqa: E402
 
 from tfaccel.launch.procs import pid_alive  # noqa: E402
@@ -92,7 +93,8 @@ def _cpu_seconds() -> float:
 # iterator. A collection of generation 1 or 2 still running after GC_STACKS_AFTER_S seconds has every thread's Python
 # stack written to <log>.gc-stacks.<xdist worker> (faulthandler), which names what the iterator's threads were
 # running (generation 0 collections are too frequent to arm a watchdog for; the log's gc_gen says which generation
-# the longest collection was: session 26's clean clone waited 96.8 s in one that armed none).
+# the longest collection was: session 26's clean clone waited 96.8 s in one that armed none). The wait is in native
+# code, so gc_watch appends py-spy's native stacks of the process as well.
 GC_STACKS_AFTER_S = 20.0
 _gc_times = {"start": 0.0, "longest": 0.0, "total": 0.0, "stacks": None, "generation": -1}
 
@@ -103,9 +105,11 @@ def _time_collection(phase: str, info: dict) -> None:
         _gc_times["start"] = time.monotonic()
         if armed:
             faulthandler.dump_traceback_later(GC_STACKS_AFTER_S, file=_gc_times["stacks"])
+            gc_watch.begin()
         return
     if armed:
         faulthandler.cancel_dump_traceback_later()
+        gc_watch.end()
     took = time.monotonic() - _gc_times["start"]
     if took > _gc_times["longest"]:
         _gc_times["longest"], _gc_times["generation"] = took, info["generation"]
@@ -116,6 +120,7 @@ if os.environ.get("TFACCEL_TEST_CPU_LOG"):
     _gc_times["stacks"] = open(  # noqa: SIM115 (open for the process's life)
         f"{os.environ['TFACCEL_TEST_CPU_LOG']}.gc-stacks.{os.environ.get('PYTEST_XDIST_WORKER', 'main')}", "a")
     gc.callbacks.append(_time_collection)
+    gc_watch.start(_gc_times["stacks"].name, after_s=GC_STACKS_AFTER_S)  # the native stacks too (py-spy)
 
 
 @pytest.hookimpl(hookwrapper=True)
