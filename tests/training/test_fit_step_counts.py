@@ -101,6 +101,7 @@ def test_compiled_steps_per_execution_that_does_not_divide_steps_per_epoch_runs_
     data = tf.data.Dataset.from_tensor_slices((X, Y)).batch(5).repeat()
     result, _ = _both(compiled_steps=3, x=data, epochs=2, steps_per_epoch=2)  # optimizer.iterations: 6 both ways
     assert result.details["steps_per_execution"].startswith("3 (as compiled")
+    assert result.steps == 6  # what ran (the optimizer's count), not steps_per_epoch x epochs
     warned = [r.getMessage() for r in caplog.records if "does not divide steps_per_epoch=2" in r.getMessage()]
     assert warned and "steps_per_execution=3 (as compiled)" in warned[0], [r.getMessage() for r in caplog.records]
 
