@@ -17,11 +17,6 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# oneDNN off in the tests and their children (harness.CHILD_ENV): on this suite's tiny models its kernels cost more
-# CPU than Eigen's (2026-12-01, 2-core VM: tests/training/test_train_compiled.py 68.7 user s on, 63.5 off;
-# test_zero.py's sharded parity 127 s on, 112 s off). TensorFlow turns it on by default only on some processors,
-# so users run both; the bench keeps the machine's default. `TF_ENABLE_ONEDNN_OPTS=1` runs the tests with it.
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # `import harness`
 
 import gc_watch  # noqa: E402

@@ -43,7 +43,6 @@ def with_optional_imports(environ: Mapping[str, str]) -> Dict[str, str]:
 # 2). Parameter-server tasks set their own (workers + 1).
 CHILD_ENV = {
     "TF_CPP_MIN_LOG_LEVEL": "2",
-    "TF_ENABLE_ONEDNN_OPTS": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "0"),  # as in the test process (conftest.py)
     "TF_NUM_INTRAOP_THREADS": "1",
     "TF_NUM_INTEROP_THREADS": "2",
     "OMP_NUM_THREADS": "1",
