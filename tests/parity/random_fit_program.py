@@ -14,10 +14,11 @@ dataset with sample weights, a ``PyDataset``), validation (split, arrays, ``vali
 
 import json
 import os
+import itertools
 import random
 import sys
 import tempfile
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -42,8 +43,10 @@ V4, V3 = _R.normal(size=(9, 4)).astype("float32"), _R.normal(size=(9, 3)).astype
 VY, VYR = _R.integers(0, 3, size=(9,)).astype("int32"), _R.normal(size=(9, 1)).astype("float32")
 
 
-def draw(rng: random.Random, extras: random.Random, strategy: str = "default") -> Dict[str, Any]:
-    """One job's choices (under ``mirrored``: batches that split evenly, no XLA, as Keras' fit there needs)."""
+def draw(rng: random.Random, extras: random.Random, strategy: str = "default",
+         forms: Optional[random.Random] = None) -> Dict[str, Any]:
+    """One job's choices (under ``mirrored``: batches that split evenly, no XLA, as Keras' fit there needs).
+    ``forms``, a third stream, turns half the ``PyDataset`` jobs into a Python generator of the same batches."""
     mirrored = strategy == "mirrored"
     job = {"model": rng.choice(["one_input", "dict_inputs", "list_inputs", "two_outputs", "bn_dropout"]),
            "batch": rng.choice([4, 8, 16] if mirrored else [4, 7, 16]), "epochs": rng.choice([1, 2, 3]),
@@ -58,9 +61,11 @@ def draw(rng: random.Random, extras: random.Random, strategy: str = "default") -
     job["initial_epoch"] = rng.choice([0, 1]) if job["epochs"] > 1 else 0
     job["examples"], job["validation_examples"] = (MIRRORED_EXAMPLES, MIRRORED_VALIDATION) if mirrored else (N, 9)
     draw_extras(extras, job, mirrored)
+    if forms is not None and job["data"] == "py_dataset" and forms.random() < 0.5:
+        job["data"] = "generator"
     if mirrored:
         job["jit"] = False  # Keras' fit under a MirroredStrategy fails with jit_compile=True on CPUs
-        if clips(job) and job["model"] == "bn_dropout":  # a one-device reference: see reference_strategy
+        if (clips(job) or job["data"] == "generator") and job["model"] == "bn_dropout":  # see reference_strategy
             job["model"] = "one_input"
         if clips(job) and job["data"] == "py_dataset":
             # Keras' fit under a strategy builds the model from a first iterator of the PyDataset, which draws an
@@ -102,8 +107,11 @@ def reference_strategy(job: Dict[str, Any], mirrored: Any) -> Any:
     """Where plain ``fit`` trains the job's reference: under Keras' own MirroredStrategy, or on one device for an
     optimizer that clips (Keras 3.15 clips each replica's partial gradient, before the all-reduce; tfaccel clips
     the reduced one, as one device does, and its plan says so). BatchNormalization normalises per replica, so a
-    model with it has no one-device reference under 2 replicas: draw() leaves it out of the clipping jobs."""
-    return tf.distribute.get_strategy() if clips(job) else mirrored
+    model with it has no one-device reference under 2 replicas: draw() leaves it out of the clipping jobs. A
+    Python generator is trained on one device too: Keras' fit under a strategy lets the iterator it builds the
+    model from take some of the generator's first batches (how many depends on timing), tfaccel does not
+    (tfaccel.compat.keras_mwms)."""
+    return tf.distribute.get_strategy() if clips(job) or job["data"] == "generator" else mirrored
 
 
 def build(job: Dict[str, Any]) -> Any:
@@ -189,6 +197,10 @@ def fit_arguments(job: Dict[str, Any], out: str, copies: bool = False) -> Dict[s
             kwargs["class_weight"] = {0: 0.5, 1: 2.0, 2: 1.0}
     elif job["data"] == "py_dataset":
         kwargs["x"] = Batches(parts, job["batch"], copies)
+    elif job["data"] == "generator":  # as users write one: forever, with steps_per_epoch
+        batches = Batches(parts, job["batch"], copies)
+        kwargs["x"] = (batches[i] for _ in itertools.count() for i in range(len(batches)))
+        kwargs["steps_per_epoch"] = job["steps_per_epoch"] or len(batches)
     else:
         data = tf.data.Dataset.from_tensor_slices(parts).batch(job["batch"])
         kwargs["x"] = data.repeat() if job["data"] == "repeated" else data
@@ -301,8 +313,8 @@ def same_csv(want: Any, got: Any) -> bool:
 
 def main(seed: int, count: int, strategy: str = "default") -> None:
     rng = random.Random(seed)
-    extras = random.Random(seed + 1_000_003)
-    jobs = [draw(rng, extras, strategy) for _ in range(count)]
+    extras, forms = random.Random(seed + 1_000_003), random.Random(seed + 2_000_003)
+    jobs = [draw(rng, extras, strategy, forms) for _ in range(count)]
     keras_strategy = tf.distribute.get_strategy()
     if strategy == "mirrored":  # 2 virtual CPUs, set up without tfaccel (imported after the plain fits)
         (cpu,) = tf.config.list_physical_devices("CPU")
