@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from typing import Any, Callable, Dict, List, Optional
 
 import keras
@@ -31,7 +30,7 @@ from tfaccel.resilience.shard_backup import (SHARDS_FIELD, agree_written, check_
                                              writes_shards)
 from tfaccel.strategies.process_sum import strategy_sum
 
-__all__ = ["BackupState", "read_backup", "load_backup_weights", "StepBackup", "ChiefCheckpoint", "Throughput",
+__all__ = ["BackupState", "read_backup", "load_backup_weights", "StepBackup", "ChiefCheckpoint",
            "PS_BACKUP_FORMAT", "write_checkpoint_backup", "restore_checkpoint_backup"]
 
 _STATE_FILE = "tfaccel_backup.json"
@@ -301,54 +300,6 @@ class ChiefCheckpoint(keras.callbacks.Callback):
                 self._ckpt().write(os.path.join(tmp, "ckpt"))
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
-
-
-class Throughput(keras.callbacks.Callback):
-    """The callback that times epochs; the first epoch (tracing, XLA compilation) is reported apart."""
-
-    def __init__(self, *, examples_per_step: int) -> None:
-        super().__init__()
-        self.examples_per_step = examples_per_step
-        self.epoch_seconds: List[float] = []
-        self.epoch_steps: List[int] = []
-        self._t0 = 0.0
-        self._steps = 0
-
-    def on_epoch_begin(self, epoch: int, logs: Optional[Dict] = None) -> None:
-        self._t0 = time.perf_counter()
-        self._steps, self._last_batch = 0, -1
-        self._iterations = self._optimizer_iterations()
-
-    def on_train_batch_end(self, batch: int, logs: Optional[Dict] = None) -> None:
-        # Keras numbers a call of several steps by its last step, also where the epoch ends inside it
-        self._steps = min(batch + 1, self.params.get("steps") or batch + 1)
-        self._last_batch = batch
-
-    def on_epoch_end(self, epoch: int, logs: Optional[Dict] = None) -> None:
-        self.epoch_seconds.append(time.perf_counter() - self._t0)
-        self.epoch_steps.append(self._steps_run())
-
-    def _optimizer_iterations(self) -> Optional[int]:
-        optimizer = getattr(self.model, "optimizer", None)
-        iterations = getattr(optimizer, "iterations", None)
-        return None if iterations is None else int(iterations.numpy())
-
-    def _steps_run(self) -> int:
-        """The epoch's steps. Keras' batch numbers alone cannot say how many steps its last call of several ran: a
-        call ends early where the data ends (batch numbers run ahead), and past ``steps_per_epoch`` where the data
-        goes on (a compiled ``steps_per_execution`` of 3 with ``steps_per_epoch=2`` runs 3). The optimizer's step
-        counter says which, where it moved by one per step: within those two bounds."""
-        before, after = self._iterations, self._optimizer_iterations()
-        ran = None if before is None or after is None else after - before
-        return ran if ran is not None and self._steps <= ran <= self._last_batch + 1 else self._steps
-
-    def examples_per_sec(self) -> float:
-        """Examples per second over the epochs after the first (all of them when only one ran)."""
-        secs, steps = self.epoch_seconds, self.epoch_steps
-        if len(secs) > 1:  # leave out the first epoch: it pays for tracing and compilation
-            secs, steps = secs[1:], steps[1:]
-        total = sum(secs)
-        return float(sum(steps) * self.examples_per_step / total) if total > 0 else 0.0
 
 
 def log_progress(message: str) -> None:

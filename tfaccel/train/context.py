@@ -25,7 +25,6 @@ from tfaccel.log import get_logger
 from tfaccel.memory import enable_recompute
 from tfaccel.precision import check_output_dtype, unwrap_loss_scale
 from tfaccel.resilience import job as resilience
-from tfaccel.resilience.backups import Throughput
 from tfaccel.resilience.evaluator import evaluator_callbacks
 from tfaccel.resilience.keras_callbacks import worker_callbacks
 from tfaccel.train.data import check_data_for_backend, example_shape, prepare_data, validation_batch_size
@@ -38,6 +37,7 @@ from tfaccel.train.request import FitRequest
 from tfaccel.train.result import FitResult
 from tfaccel.train.scope import plan_for_model
 from tfaccel.train.seeds import agree_on_seed
+from tfaccel.train.throughput import Throughput
 from tfaccel.train.xla_payback import job_decision
 from tfaccel.train.zero import give_back_callbacks, shard_optimizer_state, xla_fallback
 from tfaccel.xla import decided_per_job, resolve_compile_jit
