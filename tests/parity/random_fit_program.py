@@ -12,9 +12,9 @@ dataset with sample weights, a ``PyDataset``), validation (split, arrays, ``vali
 ``fit`` runs before the first ``tfaccel.fit`` (which may patch Keras internals for the rest of the process).
 """
 
+import itertools
 import json
 import os
-import itertools
 import random
 import sys
 import tempfile

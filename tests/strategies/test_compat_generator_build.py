@@ -15,12 +15,11 @@ STEPS, EPOCHS = 5, 2
 
 
 class Numbered:
-    """A generator of batches of 8 whose inputs are all the batch's number; ``trained`` (``evaluated``) lists, per
-    replica step, the number of each batch the model trained (evaluated) on, read in ``train_step`` (``test_step``)."""
+    """A generator of batches of 8 whose inputs are all the batch's number; ``trained`` lists, per replica step, the
+    number of each batch the model trained on (read in ``train_step``)."""
 
     def __init__(self) -> None:
         self.trained: list = []
-        self.evaluated: list = []
 
     def batches(self):
         number = 0
@@ -29,16 +28,12 @@ class Numbered:
             number += 1
 
     def model(self) -> keras.Model:
-        trained, evaluated = self.trained, self.evaluated
+        trained = self.trained
 
         class Recording(keras.Sequential):
             def train_step(self, data):
                 tf.py_function(lambda x: trained.append(int(x.numpy()[0, 0])), [data[0]], [])
                 return super().train_step(data)
-
-            def test_step(self, data):
-                tf.py_function(lambda x: evaluated.append(int(x.numpy()[0, 0])), [data[0]], [])
-                return super().test_step(data)
 
         model = Recording([keras.Input((4,)), keras.layers.Dense(1)])
         model.compile(optimizer="sgd", loss="mse")
@@ -80,4 +75,3 @@ def test_without_a_strategy_nothing_is_needed(clean_tf_config):
         model = data.model()
     result = tfaccel.fit(model, data.batches(), steps_per_epoch=STEPS, epochs=1, verbose=0)
     assert data.trained == list(range(STEPS)) and "generator_batches" not in result.details
-

@@ -17,7 +17,8 @@ class Throughput(keras.callbacks.Callback):
         self.epoch_seconds: List[float] = []
         self.epoch_steps: List[int] = []
         self._t0 = 0.0
-        self._steps = 0
+        self._steps, self._last_batch = 0, -1  # this epoch's steps as Keras numbers them, its last batch number
+        self._iterations: Optional[int] = None  # the optimizer's step counter when the epoch began
 
     def on_epoch_begin(self, epoch: int, logs: Optional[Dict] = None) -> None:
         self._t0 = time.perf_counter()
