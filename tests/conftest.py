@@ -89,7 +89,8 @@ def _cpu_seconds() -> float:
 # stack written to <log>.gc-stacks.<xdist worker> (faulthandler), which names what the iterator's threads were
 # running (generation 0 collections are too frequent to arm a watchdog for; the log's gc_gen says which generation
 # the longest collection was: session 26's clean clone waited 96.8 s in one that armed none). The wait is in native
-# code, so gc_watch appends py-spy's native stacks of the process as well.
+# code, so gc_watch appends py-spy's native stacks of the process as well: they showed the iterator's destructor
+# waiting for its tf.data autotuning thread (docs/testing.md, session 29).
 GC_STACKS_AFTER_S = 20.0
 _gc_times = {"start": 0.0, "longest": 0.0, "total": 0.0, "stacks": None, "generation": -1}
 
