@@ -51,9 +51,10 @@ def _both(compiled_steps: int = 1, **kwargs: Any) -> Tuple[tfaccel.FitResult, Di
 
 @pytest.mark.parametrize("steps, epochs", [(2, 1), (3, 3)])
 def test_steps_per_epoch_fewer_than_the_batches_of_arrays(steps: int, epochs: int) -> None:
-    """Keras trains ``steps`` batches an epoch, its iterator going on from where the last epoch stopped."""
+    """Keras trains ``steps`` batches an epoch, its iterator going on from where the last epoch stopped, until the 8
+    batches run out (3 x 3: 3, 3, then 2, and Keras warns "ran out of data")."""
     result, _ = _both(x=X, y=Y, batch_size=5, epochs=epochs, shuffle=False, steps_per_epoch=steps)
-    assert result.steps == steps * epochs
+    assert result.steps == min(steps * epochs, 8)
     assert f"steps_per_epoch={steps} is not one pass over the arrays" in result.details["loops_rejected"]["compiled"]
 
 
@@ -110,3 +111,12 @@ def test_compiled_steps_per_execution_that_does_not_divide_steps_per_epoch_runs_
                                                      (64, (70, 6), 2), (8, (8, 2), 2), (5, (), 5), (64, (64,), 64)])
 def test_whole_calls_divides_every_count(bound: int, counts: Tuple[int, ...], expected: int) -> None:
     assert whole_calls(bound, *counts) == expected
+
+
+def test_a_dataset_that_ends_inside_a_call_counts_the_steps_it_ran() -> None:
+    """8 batches of unknown cardinality, 64 steps a call: Keras numbers the call by its 64th step although the data
+    ended after 8 (it warns "ran out of data"); FitResult.steps counts the 8 of each epoch that trained."""
+    data = tf.data.Dataset.from_tensor_slices((X, Y)).batch(5).filter(lambda x, y: True)  # cardinality unknown
+    assert int(data.cardinality()) == int(tf.data.UNKNOWN_CARDINALITY)
+    result, _ = _both(64, x=data, epochs=2)
+    assert result.steps == 16

@@ -17,18 +17,19 @@ class Throughput(keras.callbacks.Callback):
         self.epoch_seconds: List[float] = []
         self.epoch_steps: List[int] = []
         self._t0 = 0.0
-        self._steps, self._last_batch = 0, -1  # this epoch's steps as Keras numbers them, its last batch number
+        # this epoch's steps as Keras numbers them, its last batch number, and the one before it (-1: none)
+        self._steps, self._last_batch, self._batch_before = 0, -1, -1
         self._iterations: Optional[int] = None  # the optimizer's step counter when the epoch began
 
     def on_epoch_begin(self, epoch: int, logs: Optional[Dict] = None) -> None:
         self._t0 = time.perf_counter()
-        self._steps, self._last_batch = 0, -1
+        self._steps, self._last_batch, self._batch_before = 0, -1, -1
         self._iterations = self._optimizer_iterations()
 
     def on_train_batch_end(self, batch: int, logs: Optional[Dict] = None) -> None:
         # Keras numbers a call of several steps by its last step, also where the epoch ends inside it
         self._steps = min(batch + 1, self.params.get("steps") or batch + 1)
-        self._last_batch = batch
+        self._batch_before, self._last_batch = self._last_batch, batch
 
     def on_epoch_end(self, epoch: int, logs: Optional[Dict] = None) -> None:
         self.epoch_seconds.append(time.perf_counter() - self._t0)
@@ -43,10 +44,12 @@ class Throughput(keras.callbacks.Callback):
         """The epoch's steps. Keras' batch numbers alone cannot say how many steps its last call of several ran: a
         call ends early where the data ends (batch numbers run ahead), and past ``steps_per_epoch`` where the data
         goes on (a compiled ``steps_per_execution`` of 3 with ``steps_per_epoch=2`` runs 3). The optimizer's step
-        counter says which, where it moved by one per step: within those two bounds."""
+        counter says which, where it moved by one per step: at least one step past the call before the last, at
+        most the last batch number + 1."""
         before, after = self._iterations, self._optimizer_iterations()
         ran = None if before is None or after is None else after - before
-        return ran if ran is not None and self._steps <= ran <= self._last_batch + 1 else self._steps
+        fewest = min(self._steps, self._batch_before + 2)
+        return ran if ran is not None and fewest <= ran <= self._last_batch + 1 else self._steps
 
     def examples_per_sec(self) -> float:
         """Examples per second over the epochs after the first (all of them when only one ran)."""
