@@ -34,6 +34,8 @@ N = 41  # batches of 4, 7 or 16 leave a partial last batch (one device)
 # weighs the replicas' parts equally (docs/guides/debugging-divergence.md, uneven-last-batch): 40 examples in
 # batches of 4, 8 or 16, 8 for validation.
 MIRRORED_EXAMPLES, MIRRORED_VALIDATION = 40, 8
+# Data whose mirrored jobs are compared with plain fit on one device (reference_strategy).
+ONE_DEVICE_DATA = ("generator", "py_dataset")
 _R = np.random.default_rng(0)
 X4, X3 = _R.normal(size=(N, 4)).astype("float32"), _R.normal(size=(N, 3)).astype("float32")
 Y, YR = _R.integers(0, 3, size=(N,)).astype("int32"), _R.normal(size=(N, 1)).astype("float32")
@@ -65,12 +67,8 @@ def draw(rng: random.Random, extras: random.Random, strategy: str = "default",
         job["data"] = "generator"
     if mirrored:
         job["jit"] = False  # Keras' fit under a MirroredStrategy fails with jit_compile=True on CPUs
-        if (clips(job) or job["data"] == "generator") and job["model"] == "bn_dropout":  # see reference_strategy
+        if (clips(job) or job["data"] in ONE_DEVICE_DATA) and job["model"] == "bn_dropout":  # see reference_strategy
             job["model"] = "one_input"
-        if clips(job) and job["data"] == "py_dataset":
-            # Keras' fit under a strategy builds the model from a first iterator of the PyDataset, which draws an
-            # epoch order of its own: each epoch's order is then one draw later than on one device
-            job["data"] = "dataset"
     if job["data"] == "repeated":
         job["steps_per_epoch"] = rng.choice([5, 70])
     if job["data"] != "arrays":
@@ -108,10 +106,11 @@ def reference_strategy(job: Dict[str, Any], mirrored: Any) -> Any:
     optimizer that clips (Keras 3.15 clips each replica's partial gradient, before the all-reduce; tfaccel clips
     the reduced one, as one device does, and its plan says so). BatchNormalization normalises per replica, so a
     model with it has no one-device reference under 2 replicas: draw() leaves it out of the clipping jobs. A
-    Python generator is trained on one device too: Keras' fit under a strategy lets the iterator it builds the
-    model from take some of the generator's first batches (how many depends on timing), tfaccel does not
-    (tfaccel.compat.keras_mwms)."""
-    return tf.distribute.get_strategy() if clips(job) or job["data"] == "generator" else mirrored
+    Python generator and a ``PyDataset`` are trained on one device too: Keras' fit under a strategy builds the
+    model from an iterator it throws away, which takes some of a generator's first batches (how many depends on
+    timing) and draws a shuffled ``PyDataset``'s order (each epoch then trains on the order one device trains the
+    next on); tfaccel starts no such iterator (tfaccel.compat.keras_mwms)."""
+    return tf.distribute.get_strategy() if clips(job) or job["data"] in ONE_DEVICE_DATA else mirrored
 
 
 def build(job: Dict[str, Any]) -> Any:

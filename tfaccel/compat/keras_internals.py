@@ -47,6 +47,13 @@ def symbolic_build(model: Any, data_batch: Any) -> None:
     model._symbolic_build(data_batch=data_batch)
 
 
+def needs_symbolic_build(model: Any) -> bool:
+    """Whether Keras' symbolic build still has something to build from a batch: a layer, the compiled metrics or
+    the compiled loss not built yet (the optimizer it builds from the variables alone)."""
+    return not all(layer.built for layer in flatten_layers(model)) or any(
+        part is not None and not part.built for part in compile_objects(model))
+
+
 def compile_objects(model: Any) -> Tuple[Any, Any]:
     """(the loss, the metrics container) that ``model.compile`` made: a new ``compile`` makes new ones."""
     return getattr(model, "_compile_loss", None), getattr(model, "_compile_metrics", None)

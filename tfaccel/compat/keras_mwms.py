@@ -27,16 +27,26 @@ structured-data examples with ``StringLookup``) or on parts of different sizes (
 replicas: ``Input 0: [11,4] != input 1: [10,4]``). ``tfaccel.train.loops.keras_fit`` applies the fix for every job
 of Keras fit over several replicas.
 
-The replaced ``_maybe_symbolic_build`` also stops it taking a Python generator's batches (no upstream report found,
-searched keras-team/keras issues 2026-12-01; seen with Keras 3.15.1): it reads its first batch from an iterator of
-the distributed dataset that ``fit`` then throws away (``epoch_iterator.reset()``), and that iterator's prefetching
-pulls batches from the user's generator, which the training iterator never sees. Plain Keras under
-``MirroredStrategy`` trained a 5-step epoch on the generator's batches 0, 1, 6, 7, 8 (its two first batches, which
-the adapter had peeked and yields again, then what the prefetching had left; how many it takes depends on timing,
-so the history changed from run to run), where Keras on one device trains on 0-4. While the model is built, the
-adapter's generator yields only the batches it peeked, so training starts where one device's does. (A validation
-generator still loses batches between validation runs, on one device too: each run starts a new iterator, and what
-the last one had prefetched is gone; measured with ``validation_steps=3``: 0, 1, 2 then 0, 1, 4 on one device.)
+The replaced ``_maybe_symbolic_build`` also starts no iterator of the training data where none is needed (no
+upstream report found, searched keras-team/keras issues 2026-12-01; seen with Keras 3.15.1). Keras reads its first
+batch from an iterator of the distributed dataset that ``fit`` then throws away (``epoch_iterator.reset()``):
+
+* that iterator's prefetching pulls batches from a Python generator that the training iterator never sees. Plain
+  Keras under ``MirroredStrategy`` trained a 5-step epoch on the generator's batches 0, 1, 6, 7, 8 (its two first
+  batches, which the adapter had peeked and yields again, then what the prefetching had left; how many it takes
+  depends on timing, so the history changed from run to run), where Keras on one device trains on 0-4;
+* creating it draws an order: a shuffled ``PyDataset``'s epochs then each trained on the order one device trains
+  the *next* epoch on, and a seeded ``dataset.shuffle`` (each new iterator takes the next of its seeds) on orders
+  one device never trains (16 examples, ``shuffle(16, seed=0).batch(4)``, 2 epochs: one device trained the 1st and
+  3rd of the dataset's orders, mirrored the 2nd and 4th).
+
+So the model is built from the data's spec (a ``tf.data.Dataset``'s element spec, or the signature Keras' adapter
+took from a ``PyDataset``'s or a generator's first batches) where every shape but the batch axis is known, as one
+device builds it when it traces the train function; not at all where the model is already built (an
+``evaluate``'s build, every validation run); else from the batches Keras' adapter had already peeked (a generator
+yields only those while the model is built). (A validation generator still loses batches between validation runs,
+on one device too: each run starts a new iterator, and what the last one had prefetched is gone; measured with
+``validation_steps=3``: 0, 1, 2 then 0, 1, 4 on one device.)
 
 The fix is applied by the ``multi_worker`` strategy factory, is idempotent and reversible
 (:func:`remove`), and can be switched off with ``TFACCEL_DISABLE_COMPAT=keras_mwms``.
@@ -53,6 +63,7 @@ import threading
 from typing import Any, Callable, Dict, Iterator, Optional
 
 from tfaccel.compat import VersionWindow, is_disabled, outside_versions, switched_off
+from tfaccel.compat.keras_internals import needs_symbolic_build
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
 
@@ -139,25 +150,57 @@ def _peeked_batches_only(iterator: Any) -> Iterator[None]:
         adapter.generator = generator
 
 
+def _data_spec(iterator: Any) -> Any:
+    """The spec of a batch of the data behind Keras' epoch iterator (a ``tf.data.Dataset``'s element spec, or the
+    signature Keras' adapter took from a ``PyDataset``'s or a generator's first batches), where each leaf's shape
+    is known but for its first axis (a batch's shapes are all the build needs); None otherwise. Building from it
+    starts no iterator: one that Keras starts and drops draws an order of a seeded ``shuffle`` or a shuffled
+    ``PyDataset``, so the epochs trained on other orders than on one device."""
+    import tensorflow as tf
+
+    adapter = getattr(iterator, "data_adapter", None)
+    dataset = getattr(adapter, "_dataset", None)
+    spec = dataset.element_spec if isinstance(dataset, tf.data.Dataset) else getattr(adapter, "_output_signature",
+                                                                                     None)
+    leaves = tf.nest.flatten(spec)
+    if not leaves or not all(isinstance(leaf, tf.TensorSpec) and leaf.shape.rank
+                             and leaf.shape[1:].is_fully_defined() for leaf in leaves):
+        return None
+    return spec
+
+
+def _first_batch(iterator: Any, data_batch: Any, strategy: Any, module: Any) -> Any:
+    """The first batch of Keras' epoch iterator (a generator's peeked batches only), one replica's part of it."""
+    import tensorflow as tf
+
+    with _peeked_batches_only(iterator):
+        for _, _, it in iterator:
+            batch = next(it)
+            break
+        else:
+            batch = data_batch
+    distributed = module.tree.map_structure(lambda x: isinstance(x, tf.distribute.DistributedValues), batch)
+    if all(module.tree.flatten(distributed)):
+        # Only the shapes matter for building; an eager cross-worker reduce is what fails upstream.
+        return module.tree.map_structure(lambda v: strategy.experimental_local_results(v)[0], batch)
+    return batch
+
+
 def _make_symbolic_build(original: Callable, module: Any) -> Callable:
     def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = None) -> None:
         strategy = self._distribute_strategy
         if strategy is None or iterator is None:
             return original(self, iterator=iterator, data_batch=data_batch)
-        import tensorflow as tf
-
-        with _peeked_batches_only(iterator):
-            for _, _, it in iterator:
-                batch = next(it)
-                break
-            else:
-                batch = data_batch
-        distributed = module.tree.map_structure(lambda x: isinstance(x, tf.distribute.DistributedValues), batch)
-        if all(module.tree.flatten(distributed)):
-            # Only the shapes matter for building; an eager cross-worker reduce is what fails upstream.
-            data_batch = module.tree.map_structure(lambda v: strategy.experimental_local_results(v)[0], batch)
-        else:
-            data_batch = batch
+        # No iterator where no batch is needed: the model is built, or the data's spec gives the shapes (batch axis
+        # unknown, as on one device, where Keras builds the model in the train function traced from that spec).
+        # No retry from a batch where that build fails: a failed build can leave the model marked built.
+        needed = needs_symbolic_build(self)
+        spec = _data_spec(iterator) if needed else None
+        if not needed or spec is not None:
+            with strategy.scope():
+                self._symbolic_build(data_batch=spec)
+            return
+        data_batch = _first_batch(iterator, data_batch, strategy, module)
         with strategy.scope():
             try:
                 self._symbolic_build(data_batch=data_batch)

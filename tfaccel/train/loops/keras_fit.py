@@ -22,7 +22,7 @@ from tfaccel.train.fit_context import FitContext
 from tfaccel.train.loops.base import Loop, LoopResult, steps_per_execution
 
 __all__ = ["KerasFitLoop", "uses_stream", "run_keras_fit", "fix_symbolic_build", "copy_generator_batches",
-           "keep_generator_batches"]
+           "build_without_reading"]
 
 
 def uses_stream(data: FitData, *, backend: Any, backups: bool) -> bool:
@@ -115,18 +115,22 @@ def copy_generator_batches(data: FitData, *, replicas: int) -> Optional[str]:
             f"which write into the arrays otherwise ({tf_generator_alias.NAME})")
 
 
-def keep_generator_batches(model: Any, data: FitData) -> Optional[str]:
-    """Keeps Keras from taking a Python generator's batches to build the model under a strategy.
+def build_without_reading(model: Any, data: FitData) -> Optional[str]:
+    """Keeps Keras from reading the training data to build the model under a strategy.
 
-    Keras 3.15's fit and evaluate under a strategy (one replica too) build the model from an iterator they throw
-    away, whose prefetching takes a timing-dependent number of the generator's batches that training never sees
-    (``tfaccel.compat.keras_mwms`` builds from the batches Keras' adapter peeked instead). Returns what was done, for
-    the plan; None without a strategy or a generator, or when the fix is off (its log line says why).
+    Keras 3.15's fit and evaluate under a strategy (one replica too) build the model from a batch of an iterator
+    they throw away. Its prefetching takes a timing-dependent number of a Python generator's batches that training
+    never sees; creating it draws an order of a seeded ``dataset.shuffle`` or a shuffled ``PyDataset``, so the epochs
+    train on other orders than on one device. ``tfaccel.compat.keras_mwms`` builds from the data's spec instead, or
+    from the batches Keras' adapter peeked. Returns what was done, for the plan; None without a strategy, for
+    arrays (tfaccel's own loops), or when the fix is off (its log line says why).
     """
-    if keras_internals.model_strategy(model) is None or not is_python_iterator(data.x) or not keras_mwms.apply():
+    if (keras_internals.model_strategy(model) is None or data.kind not in ("dataset", "py_dataset", "keras")
+            or not keras_mwms.apply()):
         return None
-    return ("the model is built from the generator's first batches, which Keras' adapter had already read, not from "
-            f"batches training would then never see ({keras_mwms.NAME})")
+    return ("the model is built from the data's spec (else from the batches Keras' adapter had already read), not "
+            "from an iterator Keras would throw away, whose prefetching takes a generator's batches and which draws "
+            f"a shuffled order one device does not draw ({keras_mwms.NAME})")
 
 
 def fix_symbolic_build(model: Any, *, replicas: int, keras_loop: str) -> Optional[str]:
@@ -190,9 +194,9 @@ class KerasFitLoop(Loop):
         note = fix_symbolic_build(ctx.model, replicas=replicas, keras_loop=ctx.details.get("loop", "Keras fit"))
         if note:
             ctx.details["symbolic_build"] = note
-        kept = keep_generator_batches(ctx.model, ctx.data)
+        kept = build_without_reading(ctx.model, ctx.data)
         if kept:
-            ctx.details["generator_batches"] = kept
+            ctx.details["build_data"] = kept
         copies = copy_generator_batches(ctx.data, replicas=replicas)
         if copies:
             ctx.details["batch_copies"] = copies
