@@ -186,6 +186,20 @@ def _first_batch(iterator: Any, data_batch: Any, strategy: Any, module: Any) -> 
     return batch
 
 
+def _build(model: Any, strategy: Any, data_batch: Any, share: Callable[[], Any]) -> None:
+    """Keras' symbolic build from ``data_batch`` in the strategy's scope; a model with its own ``train_step`` that
+    cannot be built there is refused (:func:`split_batch_refusal`, shown ``share()``: one replica's share of the
+    first batch, read only then, as training will not start)."""
+    with strategy.scope():
+        try:
+            model._symbolic_build(data_batch=data_batch)
+        except ValueError as exc:
+            refusal = split_batch_refusal(model, strategy, share(), exc)
+            if refusal is None:
+                raise
+            raise refusal from exc
+
+
 def _make_symbolic_build(original: Callable, module: Any) -> Callable:
     def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = None) -> None:
         strategy = self._distribute_strategy
@@ -197,18 +211,10 @@ def _make_symbolic_build(original: Callable, module: Any) -> Callable:
         needed = needs_symbolic_build(self)
         spec = _data_spec(iterator) if needed else None
         if not needed or spec is not None:
-            with strategy.scope():
-                self._symbolic_build(data_batch=spec)
-            return
-        data_batch = _first_batch(iterator, data_batch, strategy, module)
-        with strategy.scope():
-            try:
-                self._symbolic_build(data_batch=data_batch)
-            except ValueError as exc:
-                refusal = split_batch_refusal(self, strategy, data_batch, exc)
-                if refusal is None:
-                    raise
-                raise refusal from exc
+            _build(self, strategy, spec, lambda: _first_batch(iterator, data_batch, strategy, module))
+        else:
+            batch = _first_batch(iterator, data_batch, strategy, module)
+            _build(self, strategy, batch, lambda: batch)
 
     _maybe_symbolic_build.__doc__ = f"tfaccel fix for {UPSTREAM_ISSUES[0]} (see tfaccel.compat.keras_mwms)."
     _maybe_symbolic_build._tfaccel_fix = NAME  # type: ignore[attr-defined]
