@@ -1,8 +1,9 @@
 """The data under a strategy: Keras 3.15's fit builds the model from an iterator it throws away. Its prefetching
 takes some of a Python generator's batches that training never sees (how many depends on timing), and over a
 seeded shuffled tf.data.Dataset it draws one of the dataset's orders, so the epochs train on other orders than
-Keras on one device (one device: the 1st and 3rd of the dataset's orders; mirrored: the 2nd and 4th). tfaccel.compat.keras_mwms builds from the dataset's spec, or from the batches Keras'
-adapter had already read, so training sees what Keras on one device sees."""
+Keras on one device (one device: the 1st and 3rd of the dataset's orders; mirrored: the 2nd and 4th).
+tfaccel.compat.keras_mwms builds from the dataset's spec, or from the batches Keras' adapter had already read, so
+training sees what Keras on one device sees."""
 
 from typing import Any, Callable, Optional
 
