@@ -64,25 +64,27 @@ class Accounting:
     applied stay applied: ClusterCoordinator is at-least-once. So the loop counts instead of assuming: every update
     adds 1 and its examples to the counters of the worker that applied it once the update has run, and every
     closure adds 1 to ``started`` before its first update. The count is not atomic with the update: a worker
-    killed between the two leaves one update applied (``optimizer.iterations`` has it) but not counted.
+    killed between the two leaves one update applied (``optimizer.iterations`` has it) but not counted. A worker's
+    updates and examples are one variable written by one op, so a kill never counts an update without its examples
+    (two variables were written by two ops the ps ran apart: a SIGKILLed worker once left 2 updates counted whose
+    examples were not).
     """
 
     def __init__(self, num_workers: int) -> None:
-        def counter(name: str) -> Any:
-            return tf.Variable(0, dtype=tf.int64, trainable=False, name=name)
+        def counter(name: str, shape: tuple = ()) -> Any:
+            return tf.Variable(tf.zeros(shape, tf.int64), trainable=False, name=name)
 
         self.num_workers = num_workers
         self.started = counter("tfaccel_closures_started")
-        self.updates = [counter(f"tfaccel_updates_worker_{k}") for k in range(num_workers)]
-        self.examples = [counter(f"tfaccel_examples_worker_{k}") for k in range(num_workers)]
+        # [updates, examples] of each worker
+        self.work = [counter(f"tfaccel_work_worker_{k}", (2,)) for k in range(num_workers)]
 
     def count(self, worker: Any, examples: Any) -> Any:
         """One update of ``examples`` examples applied by worker ``worker`` (inside a scheduled function); returns
         a tensor that exists once both counters are written."""
         def on(k: int) -> Callable[[], Any]:
             def add() -> Any:
-                self.updates[k].assign_add(1)
-                self.examples[k].assign_add(examples)
+                self.work[k].assign_add(tf.stack([tf.constant(1, tf.int64), tf.cast(examples, tf.int64)]))
                 return tf.constant(0)
             return add
 
@@ -90,8 +92,9 @@ class Accounting:
 
     def read(self) -> Dict[str, Any]:
         """The counters now (read on the coordinator)."""
-        return {"started": int(self.started.numpy()), "updates": [int(v.numpy()) for v in self.updates],
-                "examples": [int(v.numpy()) for v in self.examples]}
+        work = [v.numpy() for v in self.work]
+        return {"started": int(self.started.numpy()), "updates": [int(w[0]) for w in work],
+                "examples": [int(w[1]) for w in work]}
 
     @staticmethod
     def report(before: Dict[str, Any], after: Dict[str, Any], *, closures: int, updates: int,
