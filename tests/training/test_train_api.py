@@ -106,16 +106,29 @@ def test_dataset_rules(clean_tf_config, caplog):
     assert "Keras fit (data is a tf.data.Dataset" in result.details["loop"] and result.steps == 5
 
 
-def test_batch_size_beside_a_dataset_trains_as_keras_fit(clean_tf_config):
-    """``fit(dataset, batch_size=64)`` runs in Keras (the batch size is ignored); after the 3-line change it must too."""
-    ds = tf.data.Dataset.from_tensor_slices((X, Y)).batch(8)
+BATCHED_PIPELINES = {
+    "batch": lambda ds: ds.batch(8),
+    # static batch dimension (8, 4), as TPUs need: not to be batched again
+    "drop_remainder_prefetch": lambda ds: ds.batch(8, drop_remainder=True).prefetch(2),
+    "drop_remainder_map_cache": lambda ds: ds.batch(8, drop_remainder=True).map(lambda x, y: (x * 1.0, y)).cache(),
+    "rebatch": lambda ds: ds.batch(20).rebatch(8, drop_remainder=True),
+}
+
+
+@pytest.mark.parametrize("pipeline", sorted(BATCHED_PIPELINES))
+def test_batch_size_beside_a_dataset_trains_as_keras_fit(pipeline, clean_tf_config):
+    """``fit(dataset, batch_size=...)`` runs in Keras (the batch size is ignored); after the 3-line change it must too,
+    also where the batch dimension is static (``drop_remainder=True``) and the batching is not the last step."""
+    ds = BATCHED_PIPELINES[pipeline](tf.data.Dataset.from_tensor_slices((X, Y)))
     plain, ours = _scoped(), _scoped()
     ours.set_weights(plain.get_weights())
-    expected = plain.fit(ds, batch_size=64, epochs=2, verbose=0).history
-    result = tfaccel.fit(ours, ds, batch_size=64, epochs=2, verbose=0)
+    expected = plain.fit(ds, batch_size=8, epochs=2, verbose=0).history
+    result = tfaccel.fit(ours, ds, batch_size=8, epochs=2, verbose=0)
     assert result.steps == 2 * 5  # 40 examples in batches of 8, as the dataset has them
     for key, values in expected.items():
         np.testing.assert_allclose(result.history[key], values, rtol=1e-5, atol=1e-6)
+    for a, b in zip(plain.get_weights(), ours.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_seed_none_draws_a_fresh_seed_and_logs_it(clean_tf_config, caplog):

@@ -236,6 +236,15 @@ def test_is_batched():
     assert not is_batched(ds)
     assert is_batched(ds.batch(4))
     assert is_batched(ds.batch(4).map(lambda a, b: (a, b)).prefetch(1))
+    # a static batch dimension: the chain of transformations says it, the element spec cannot
+    assert is_batched(ds.batch(4, drop_remainder=True).prefetch(1))
+    assert is_batched(ds.batch(4, drop_remainder=True).shuffle(2).repeat(2).take(3).with_options(tf.data.Options()))
+    assert is_batched(ds.batch(10).rebatch(4, drop_remainder=True))
+    assert not is_batched(ds.batch(4).unbatch().prefetch(1))
+    assert not is_batched(ds.map(lambda a, b: (a, b)).shuffle(4))
+    # where the chain cannot tell (elements from a function), the element spec decides
+    assert is_batched(ds.batch(4).flat_map(lambda a, b: tf.data.Dataset.from_tensors((a, b))))
+    assert not is_batched(ds.flat_map(lambda a, b: tf.data.Dataset.from_tensors((a, b))))
 
 
 # ---------------------------------------------------------------------------------------------- example_stream

@@ -112,10 +112,12 @@ def test_non_callable_build_model(clean_tf_config):
         tfaccel.compile_and_fit(build(), (np.zeros((4, 8, 8, 1)), np.zeros(4)), loss="mse")
 
 
-def test_batched_dataset_with_global_batch_is_refused(clean_tf_config):
+@pytest.mark.parametrize("drop_remainder", [False, True])
+def test_batched_dataset_with_global_batch_is_refused(drop_remainder, clean_tf_config):
     import tensorflow as tf
 
-    ds = tf.data.Dataset.from_tensor_slices((np.zeros((64, 8, 8, 1), "float32"), np.zeros(64))).batch(8)
+    ds = tf.data.Dataset.from_tensor_slices((np.zeros((64, 8, 8, 1), "float32"), np.zeros(64)))
+    ds = ds.batch(8, drop_remainder=drop_remainder).prefetch(1)  # drop_remainder: a static batch dimension
     calls, counted = _calls()
     with pytest.raises(ConfigError, match="already batched"):
         tfaccel.compile_and_fit(counted, ds, global_batch_size=32, loss="mse", strategy="default")

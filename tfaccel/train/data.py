@@ -17,6 +17,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfaccel.compat import tf_data
 from tfaccel.compat.keras_internals import class_weight_to_sample_weights, train_validation_split
 from tfaccel.errors import ConfigError
 from tfaccel.log import get_logger
@@ -70,10 +71,13 @@ class FitData:
 
 
 def is_batched(dataset: Any) -> bool:
-    """True when a tf.data.Dataset's elements already carry a (unknown-size) batch dimension."""
-    if type(dataset).__name__ in ("BatchDataset", "_BatchDataset", "PaddedBatchDataset", "_PaddedBatchDataset",
-                                  "ParallelBatchDataset", "_ParallelBatchDataset"):
-        return True
+    """True when a tf.data.Dataset's elements are batches: made by a batching transformation, seen through those
+    that keep elements whole (``tfaccel.compat.tf_data.batch_lineage``: a ``batch(32, drop_remainder=True)``
+    followed by ``prefetch`` has elements of static shape ``(32, ...)``); where the chain cannot tell, when every
+    element's first dimension is of unknown size."""
+    lineage = tf_data.batch_lineage(dataset)
+    if lineage is not None:
+        return lineage
     specs = tf.nest.flatten(dataset.element_spec)
     return bool(specs) and all(getattr(s, "shape", None) is not None and s.shape.rank and s.shape[0] is None
                                for s in specs)
