@@ -6,7 +6,8 @@ JSON line per job: its arguments and every difference found (none: the same hist
 
 A job draws its model (one input, a dict or a list of two, two outputs with loss weights, BatchNormalization and
 Dropout), optimizer (a schedule, clipping), data (arrays, a dataset, a repeated dataset with ``steps_per_epoch``, a
-dataset with sample weights, a ``PyDataset``), validation (split, arrays, ``validation_steps``,
+dataset with sample weights, each batched with or without ``drop_remainder`` and then prefetched or mapped and
+cached, a ``batch_size`` beside it or not; a ``PyDataset``), validation (split, arrays, ``validation_steps``,
 ``validation_freq``), weights (sample, class, weighted metrics), callbacks (epoch-level ones, files),
 ``initial_epoch``, ``steps_per_epoch``, the model's ``steps_per_execution`` and ``jit_compile``. Every plain
 ``fit`` runs before the first ``tfaccel.fit`` (which may patch Keras internals for the rest of the process).
@@ -45,10 +46,20 @@ V4, V3 = _R.normal(size=(9, 4)).astype("float32"), _R.normal(size=(9, 3)).astype
 VY, VYR = _R.integers(0, 3, size=(9,)).astype("int32"), _R.normal(size=(9, 1)).astype("float32")
 
 
+PIPELINES = {  # a batched dataset as users build it (drop_remainder=True: a static batch dimension, as TPUs need)
+    "batch": lambda data, batch: data.batch(batch),
+    "batch_prefetch": lambda data, batch: data.batch(batch).prefetch(2),
+    "drop_remainder_prefetch": lambda data, batch: data.batch(batch, drop_remainder=True).prefetch(2),
+    "drop_remainder_map_cache": lambda data, batch: data.batch(batch, drop_remainder=True).map(lambda *t: t).cache(),
+}
+
+
 def draw(rng: random.Random, extras: random.Random, strategy: str = "default",
-         forms: Optional[random.Random] = None) -> Dict[str, Any]:
+         forms: Optional[random.Random] = None, pipelines: Optional[random.Random] = None) -> Dict[str, Any]:
     """One job's choices (under ``mirrored``: batches that split evenly, no XLA, as Keras' fit there needs).
-    ``forms``, a third stream, turns half the ``PyDataset`` jobs into a Python generator of the same batches."""
+    ``forms``, a third stream, turns half the ``PyDataset`` jobs into a Python generator of the same batches;
+    ``pipelines``, a fourth, draws a dataset's pipeline after its batching and a ``batch_size`` beside it (which
+    Keras ignores). Each stream of its own, so that the others' choices stay those of their seeds."""
     mirrored = strategy == "mirrored"
     job = {"model": rng.choice(["one_input", "dict_inputs", "list_inputs", "two_outputs", "bn_dropout"]),
            "batch": rng.choice([4, 8, 16] if mirrored else [4, 7, 16]), "epochs": rng.choice([1, 2, 3]),
@@ -65,6 +76,13 @@ def draw(rng: random.Random, extras: random.Random, strategy: str = "default",
     draw_extras(extras, job, mirrored)
     if forms is not None and job["data"] == "py_dataset" and forms.random() < 0.5:
         job["data"] = "generator"
+    if job["data"] == "generator":
+        # Keras' second fit of the same generator trains batches that depend on timing (its tf.data pipeline pulls
+        # ahead of the steps and drops what it pulled when fit ends: 4 or 5 batches for 3 steps, plain Keras too)
+        job["fit_twice"] = False
+    if pipelines is not None:
+        job["pipeline"] = pipelines.choice(sorted(PIPELINES))
+        job["batch_beside"] = pipelines.random() < 0.3
     if mirrored:
         job["jit"] = False  # Keras' fit under a MirroredStrategy fails with jit_compile=True on CPUs
         if (clips(job) or job["data"] in ONE_DEVICE_DATA) and job["model"] == "bn_dropout":  # see reference_strategy
@@ -201,8 +219,10 @@ def fit_arguments(job: Dict[str, Any], out: str, copies: bool = False) -> Dict[s
         kwargs["x"] = (batches[i] for _ in itertools.count() for i in range(len(batches)))
         kwargs["steps_per_epoch"] = job["steps_per_epoch"] or len(batches)
     else:
-        data = tf.data.Dataset.from_tensor_slices(parts).batch(job["batch"])
+        data = PIPELINES[job.get("pipeline", "batch")](tf.data.Dataset.from_tensor_slices(parts), job["batch"])
         kwargs["x"] = data.repeat() if job["data"] == "repeated" else data
+        if job.get("batch_beside"):
+            kwargs["batch_size"] = job["batch"]
     if job["steps_per_epoch"]:
         kwargs["steps_per_epoch"] = job["steps_per_epoch"]
     if job["validation"] == "split":
@@ -313,7 +333,8 @@ def same_csv(want: Any, got: Any) -> bool:
 def main(seed: int, count: int, strategy: str = "default") -> None:
     rng = random.Random(seed)
     extras, forms = random.Random(seed + 1_000_003), random.Random(seed + 2_000_003)
-    jobs = [draw(rng, extras, strategy, forms) for _ in range(count)]
+    pipelines = random.Random(seed + 3_000_003)
+    jobs = [draw(rng, extras, strategy, forms, pipelines) for _ in range(count)]
     keras_strategy = tf.distribute.get_strategy()
     if strategy == "mirrored":  # 2 virtual CPUs, set up without tfaccel (imported after the plain fits)
         (cpu,) = tf.config.list_physical_devices("CPU")
