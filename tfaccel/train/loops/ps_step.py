@@ -66,7 +66,7 @@ class Accounting:
     closure adds 1 to ``started`` before its first update. The count is not atomic with the update: a worker
     killed between the two leaves one update applied (``optimizer.iterations`` has it) but not counted. A worker's
     updates and examples are one variable written by one op, so a kill never counts an update without its examples
-    (two variables were written by two ops the ps ran apart: a SIGKILLed worker once left 2 updates counted whose
+    (two variables were written by two ops the ps ran apart: a SIGKILLed worker once left an update counted whose
     examples were not).
     """
 
@@ -81,7 +81,7 @@ class Accounting:
 
     def count(self, worker: Any, examples: Any) -> Any:
         """One update of ``examples`` examples applied by worker ``worker`` (inside a scheduled function); returns
-        a tensor that exists once both counters are written."""
+        a tensor that exists once the worker's counter is written."""
         def on(k: int) -> Callable[[], Any]:
             def add() -> Any:
                 self.work[k].assign_add(tf.stack([tf.constant(1, tf.int64), tf.cast(examples, tf.int64)]))
